@@ -1,0 +1,1 @@
+"""From samples to claims: summaries, ratios to the baseline, comparisons."""

@@ -1,0 +1,84 @@
+"""What can change a result, recorded with every run: kernel, CPU, congestion control, offloads, sysctls,
+tool versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from tunnelbench import __version__
+
+SYSCTLS = (
+    "net.ipv4.tcp_congestion_control",
+    "net.core.default_qdisc",
+    "net.ipv4.tcp_rmem",
+    "net.ipv4.tcp_wmem",
+    "net.core.rmem_max",
+    "net.core.wmem_max",
+)
+
+
+def _out(argv: list[str]) -> str:
+    if shutil.which(argv[0]) is None:
+        return "missing"
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "error"
+    return (p.stdout or p.stderr).strip()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def tool_versions() -> dict[str, str]:
+    return {
+        "iperf3": _out(["iperf3", "--version"]).splitlines()[0] if shutil.which("iperf3") else "missing",
+        "ping": _out(["ping", "-V"]).splitlines()[0] if shutil.which("ping") else "missing",
+        "fping": _out(["fping", "--version"]).splitlines()[0] if shutil.which("fping") else "missing",
+        "iproute2": _out(["ip", "-V"]),
+        "nft": _out(["nft", "--version"]),
+    }
+
+
+def collect(host_argv_prefix: list[str] | None = None) -> dict[str, object]:
+    """Environment of the machine; sysctls and offloads are read inside a lab host when a prefix is given."""
+    pre = host_argv_prefix or []
+    env: dict[str, object] = {
+        "tunnelbench_version": __version__,
+        "kernel": platform.release(),
+        "kernel_version": platform.version(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "hostname": platform.node(),
+    }
+    try:
+        env["mem_total_kb"] = int(Path("/proc/meminfo").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    for k in SYSCTLS:
+        env[f"sysctl.{k}"] = _out([*pre, "sysctl", "-n", k])
+    if pre:
+        env["offloads.eth0"] = _offloads(pre)
+    for name, v in tool_versions().items():
+        env[f"tool.{name}"] = v
+    return env
+
+
+def _offloads(pre: list[str]) -> str:
+    out = _out([*pre, "ethtool", "-k", "eth0"])
+    keep = ("tcp-segmentation-offload", "generic-segmentation-offload", "generic-receive-offload",
+            "tx-checksumming", "rx-checksumming")  # fmt: skip
+    return "; ".join(line.strip() for line in out.splitlines() if line.split(":")[0].strip() in keep)

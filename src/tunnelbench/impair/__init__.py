@@ -1,0 +1,1 @@
+"""WAN impairment: profiles, backends (kernel netem or the native engine), calibration."""

@@ -1,0 +1,1 @@
+"""Hosts, topology, process supervision and teardown."""

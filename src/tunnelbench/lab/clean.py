@@ -1,0 +1,78 @@
+"""`tunnelbench clean`: undo what crashed or SIGKILLed runs left behind, using their journals only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunnelbench.lab.journal import REGISTRY, Leftovers, process_alive, registered_runs
+from tunnelbench.lab.netns import destroy_netns, netns_exists
+from tunnelbench.lab.tags import TAG_PREFIX
+
+
+@dataclass
+class CleanReport:
+    removed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)  # look like ours but are in no journal: not touched
+
+
+def _kill(entry: dict) -> str | None:
+    pid, start = entry["pid"], entry.get("start")
+    if not process_alive(pid, start):
+        return None  # gone, or the PID was reused by an unrelated process: not ours
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return f"process {pid} ({' '.join(entry.get('argv', [])[:3])})"
+
+
+def clean_run(run: Leftovers) -> CleanReport:
+    rep = CleanReport()
+    # processes first (a daemon outside our namespaces would survive namespace deletion)
+    for e in run.entries:
+        if e["kind"] == "process":
+            what = _kill(e)
+            if what:
+                rep.removed.append(what)
+    for e in run.entries:
+        if e["kind"] == "netns" and netns_exists(e["name"]):
+            probs = destroy_netns(e["name"])
+            (rep.problems if probs else rep.removed).extend(probs or [f"netns {e['name']}"])
+        elif e["kind"] == "path":
+            p = Path(e["path"])
+            if p.exists() or p.is_symlink():
+                p.unlink()
+                rep.removed.append(f"file {p}")
+        elif e["kind"] == "link":
+            r = subprocess.run(["ip", "-n", e["netns"], "link", "del", e["name"]], capture_output=True, text=True)
+            if r.returncode == 0:
+                rep.removed.append(f"interface {e['name']} in {e['netns']}")
+    if not rep.problems:
+        with contextlib.suppress(OSError), open(run.run_dir / "journal.jsonl", "a") as f:
+            f.write('{"kind": "end", "by": "clean"}\n')
+        (REGISTRY / run.run_id).unlink(missing_ok=True)
+    return rep
+
+
+def clean_all(force: bool = False) -> CleanReport:
+    total = CleanReport()
+    known_ns: set[str] = set()
+    for run in registered_runs():
+        known_ns |= {e["name"] for e in run.entries if e["kind"] == "netns"}
+        if run.owner_alive() and not force:
+            total.skipped.append(f"run {run.run_id} is still running (pid {run.owner_pid}); use --force to clean it")
+            continue
+        r = clean_run(run)
+        total.removed += r.removed
+        total.problems += r.problems
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if name.startswith(TAG_PREFIX) and "-" in name and name not in known_ns and netns_exists(name):
+            total.unknown.append(name)
+    return total

@@ -1,0 +1,170 @@
+"""Hosts: where commands run and daemons live. The namespace lab and (later) SSH implement the same API."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunnelbench.lab.journal import Journal, process_alive
+
+
+class CommandError(RuntimeError):
+    def __init__(self, host: str, argv: Sequence[str], returncode: int | None, output: str):
+        self.host, self.argv, self.returncode, self.output = host, list(argv), returncode, output
+        what = "timed out" if returncode is None else f"exited {returncode}"
+        tail = output.strip()[-600:]
+        super().__init__(f"[{host}] `{shlex.join(argv)}` {what}: {tail}")
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+@dataclass
+class Process:
+    """A long-running process we started on a host, recorded in the journal."""
+
+    host: Host
+    label: str
+    argv: list[str]
+    pid: int
+    log_path: Path | None
+    popen: subprocess.Popen | None = None
+    journal_entry: dict | None = None
+    _exit: int | None = field(default=None, repr=False)
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return self.host.pid_alive(self.pid)
+
+    def returncode(self) -> int | None:
+        return self.popen.poll() if self.popen is not None else None
+
+    def wait(self, timeout: float) -> int | None:
+        if self.popen is None:
+            end = time.monotonic() + timeout
+            while time.monotonic() < end and self.alive():
+                time.sleep(0.02)
+            return None
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds; releases the journal entry."""
+        if self.alive():
+            self.host.signal(self.pid, signal.SIGTERM)
+            if self.wait(grace) is None and self.alive():
+                self.host.signal(self.pid, signal.SIGKILL)
+                self.wait(5)
+        if self.journal_entry is not None and self.host.journal is not None:
+            self.host.journal.release(self.journal_entry)
+            self.journal_entry = None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class Host(ABC):
+    """A machine (or namespace) that runs commands. Everything above the lab talks to hosts only here."""
+
+    name: str
+    underlay_ip: str
+    journal: Journal | None
+    workdir: Path  # per-host folder for configs, keys and logs
+
+    @abstractmethod
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """The local argv that runs `argv` on this host."""
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 30.0,
+        check: bool = True,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Result:
+        t0 = time.monotonic()
+        full_env = None if env is None else {**os.environ, **env}
+        try:
+            p = subprocess.run(
+                self.argv(argv), capture_output=True, text=True, timeout=timeout, input=input, env=full_env
+            )
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            raise CommandError(self.name, argv, None, out) from None
+        res = Result(list(argv), p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+        if check and p.returncode != 0:
+            raise CommandError(self.name, argv, p.returncode, p.stdout + p.stderr)
+        return res
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        label: str,
+        log_path: Path | None,
+        env: dict[str, str] | None = None,
+        stdin_devnull: bool = True,
+    ) -> Process:
+        """Start a long-running process; stdout+stderr go to log_path. Recorded in the journal."""
+        log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        full_env = None if env is None else {**os.environ, **env}
+        try:
+            popen = subprocess.Popen(
+                self.argv(argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL if stdin_devnull else None,
+                env=full_env,
+                start_new_session=True,  # Ctrl-C reaches the runner only; teardown stops daemons in order
+            )
+        finally:
+            if log_path:
+                log.close()
+        entry = self.journal.process(popen.pid, list(argv), self.name) if self.journal else None
+        return Process(self, label, list(argv), popen.pid, log_path, popen, entry)
+
+    def pid_alive(self, pid: int) -> bool:
+        return process_alive(pid, None)
+
+    def signal(self, pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def write_file(self, path: Path, data: str | bytes, mode: int = 0o644) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # create with the final mode so a private key is never world-readable, not even briefly
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(path, mode)
+
+    def read_file(self, path: Path) -> bytes:
+        return path.read_bytes()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {self.underlay_ip}>"

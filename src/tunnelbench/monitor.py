@@ -1,0 +1,99 @@
+"""Per-process CPU and memory of VPN daemons, sampled in a thread while a case runs.
+
+CPU is reported as % of one core (100 = one core busy), summed over a host's daemon processes; RSS as the
+peak of the sampled resident set (MiB). Machine-wide CPU is sampled too: a busy machine means the tools or
+the emulator, not the VPN, may be the bottleneck."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from tunnelbench.lab.host import Process
+from tunnelbench.workloads.base import Outcome, Series
+
+
+@dataclass
+class _Track:
+    host: str
+    proc: psutil.Process
+    last_cpu: float
+    last_t: float
+
+
+@dataclass
+class Monitor:
+    daemons: dict[str, list[Process]]  # host name -> processes
+    interval_s: float = 0.5
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _cpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    _rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    _sys: list[float] = field(default_factory=list)
+    _t0: float = 0.0
+    _tracks: list[_Track] = field(default_factory=list)
+
+    def __enter__(self) -> Monitor:
+        self._t0 = time.monotonic()
+        for host, procs in self.daemons.items():
+            for p in procs:
+                try:
+                    ps = psutil.Process(p.pid)
+                    ct = ps.cpu_times()
+                    self._tracks.append(_Track(host, ps, ct.user + ct.system, time.monotonic()))
+                except psutil.Error:
+                    continue
+        psutil.cpu_percent(None)  # prime the machine-wide counter
+        self._thread = threading.Thread(target=self._loop, name="monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        cpu: dict[str, float] = {}
+        rss: dict[str, float] = {}
+        for t in self._tracks:
+            try:
+                ct = t.proc.cpu_times()
+                mem = t.proc.memory_info().rss
+            except psutil.Error:
+                continue
+            total = ct.user + ct.system
+            dt = now - t.last_t
+            if dt > 0:
+                cpu[t.host] = cpu.get(t.host, 0.0) + 100.0 * (total - t.last_cpu) / dt
+            rss[t.host] = rss.get(t.host, 0.0) + mem / 2**20
+            t.last_cpu, t.last_t = total, now
+        rel = now - self._t0
+        for h, v in cpu.items():
+            self._cpu.setdefault(h, []).append((rel, v))
+        for h, v in rss.items():
+            self._rss.setdefault(h, []).append((rel, v))
+        self._sys.append(psutil.cpu_percent(None))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self._sample()  # closing sample covers the tail of the case
+
+    def add_to(self, out: Outcome) -> None:
+        for host, pts in self._cpu.items():
+            vals = [v for _, v in pts]
+            if vals:
+                # the mean over equal-length intervals is the case's average daemon CPU
+                out.add("daemon_cpu_pct", sum(vals) / len(vals), "%", host)
+                out.add("daemon_cpu_peak_pct", max(vals), "%", host)
+                out.series.append(Series("daemon_cpu_pct", "%", pts, host))
+        for host, pts in self._rss.items():
+            if pts:
+                out.add("daemon_rss_mb", max(v for _, v in pts), "MiB", host)
+        if self._sys:
+            out.add("machine_cpu_pct", sum(self._sys) / len(self._sys), "%")

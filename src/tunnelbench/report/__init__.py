@@ -1,0 +1,1 @@
+"""Terminal tables, the HTML report, exports."""

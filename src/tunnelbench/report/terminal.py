@@ -1,0 +1,63 @@
+"""The terminal summary printed at the end of `run` and by `report`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tunnelbench.analysis.summary import Summary, headline_rows
+from tunnelbench.report.fmt import num, spread
+from tunnelbench.store import Store
+
+
+def vpn_order(store: Store, run_id: str) -> list[str]:
+    return [v["name"] for v in store.vpns(run_id)]
+
+
+def summary_table(summary: Summary, order: list[str], versions: dict[str, str]) -> Table:
+    t = Table(title=f"tunnelbench run {summary.run_id}: median over repetitions", title_justify="left",
+              caption="× internal: median / median of the no-VPN baseline (throughput, latency, time metrics)",
+              caption_justify="left")
+    for col, just in [("VPN", "left"), ("workload", "left"), ("metric", "left"), ("median", "right"),
+                      ("min–max", "right"), ("n", "right"), ("× internal", "right"), ("CPU% cli/srv", "right"),
+                      ("RSS MiB", "right")]:  # fmt: skip
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    rank = {v: i for i, v in enumerate(order)}
+    rows = sorted(headline_rows(summary), key=lambda r: (r.profile, rank.get(r.vpn, 99), r.label, r.metric))
+    last_vpn = None
+    for r in rows:
+        cpu = "–"
+        if r.cpu_client or r.cpu_server:
+            cpu = f"{num(r.cpu_client.median if r.cpu_client else None)}/{num(r.cpu_server.median if r.cpu_server else None)}"
+        vpn_cell = ""
+        if r.vpn != last_vpn:
+            vpn_cell = f"{r.vpn} {versions.get(r.vpn) or ''}".strip()
+            if last_vpn is not None:
+                t.add_section()
+        last_vpn = r.vpn
+        fails = summary.failures.get((r.vpn, r.profile, r.label))
+        label = r.label + (f" [red]({fails} failed)[/]" if fails else "")
+        t.add_row(vpn_cell, label, r.metric, num(r.stat.median, r.unit),
+                  spread(r.stat.lo, r.stat.hi, r.unit), str(r.stat.n),
+                  num(r.ratio) if r.ratio is not None else "", cpu, num(r.rss_max_mb))  # fmt: skip
+    return t
+
+
+def print_summary(store: Store, run_id: str, summary: Summary, console: Console) -> None:
+    versions = {v["name"]: v["version"] for v in store.vpns(run_id)}
+    console.print(summary_table(summary, vpn_order(store, run_id), versions))
+    for vpn, why in summary.skipped.items():
+        console.print(f"[yellow]{vpn}: {why}[/]")
+    failed = {k: v for k, v in summary.failures.items() if k[0] not in summary.skipped}
+    for (vpn, profile, label), n in failed.items():
+        console.print(f"[red]{vpn} {label} ({profile}): {n} failed attempt(s); errors in the report[/]")
+    ph = store.phases(run_id)
+    wall = ph.get("wall")
+    if wall:
+        measure = ph.get("measure", 0.0)
+        other = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(ph.items()) if k not in ("wall", "measure"))
+        console.print(f"wall {wall:.0f} s; measuring {measure:.0f} s ({100 * measure / wall:.0f}%); {other}")
+    env = store.env(run_id)
+    drops = env.get("router.offlab_drops")
+    if drops not in (None, "0"):
+        console.print(f"[yellow]router dropped {drops} packet(s) addressed outside the lab (VPNs probing the internet)[/]")

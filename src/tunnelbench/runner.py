@@ -1,0 +1,270 @@
+"""The orchestrator: scenario -> lab -> tunnel up -> workloads x repetitions -> store.
+
+One VPN at a time on the host set; teardown is verified before the next VPN starts. A failing case is
+retried (daemon logs kept) and never stops the run. Every finished case is committed to the store at once."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tunnelbench import __version__, environment
+from tunnelbench.lab.host import CommandError
+from tunnelbench.lab.journal import Journal
+from tunnelbench.lab.netns import NetnsLab
+from tunnelbench.lab.tags import new_run_id, new_tag
+from tunnelbench.monitor import Monitor
+from tunnelbench.scenario import Scenario
+from tunnelbench.store import DB_NAME, Store
+from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.base import MeshNotReady, VpnDriver
+from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
+
+LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3", "ss", "sysctl")
+CASE_ERRORS = (WorkloadError, CommandError, MeshNotReady, TimeoutError, OSError, RuntimeError, ValueError, KeyError)
+
+
+class Interrupted(Exception):
+    """SIGTERM/SIGINT/SIGHUP: stop measuring, tear down, keep what is stored."""
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    status: str
+    wall_s: float
+
+
+def _raise_interrupted(signum, _frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+class Runner:
+    def __init__(self, scenario: Scenario, scenario_toml: str, console: Console | None = None,
+                 results_root: Path | None = None, profile: str | None = None):  # fmt: skip
+        self.sc = scenario
+        self.toml = scenario_toml
+        self.console = console or Console(stderr=True)
+        self.tag = new_tag()
+        self.run_id = new_run_id(self.tag)
+        self.run_dir = (results_root or Path(scenario.run.results_dir)) / self.run_id
+        self.workloads: list[Workload] = scenario.build_workloads()
+        self.lab: NetnsLab | None = None
+        self.mesh: Mesh | None = None
+        self.progress: Progress | None = None
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _phase(self, vpn: str | None, phase: str, seconds: float) -> None:
+        self.store.add_phase(self.run_id, vpn, phase, seconds)
+
+    def _say(self, msg: str) -> None:
+        (self.progress.console if self.progress else self.console).print(msg, highlight=False)
+
+    def _case_timeout(self, wl: Workload) -> float:
+        return self.sc.run.case_timeout_s or (wl.expected_seconds() * 2 + 30)
+
+    def preflight(self) -> None:
+        missing = [t for t in LAB_TOOLS if shutil.which(t) is None]
+        if missing:
+            raise SystemExit(f"missing lab tools: {', '.join(missing)}; run `tunnelbench doctor` (the README's "
+                             "setup installs them)")  # fmt: skip
+
+    # -- the run -----------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        self.preflight()
+        t_start = time.monotonic()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "scenario.toml").write_text(self.toml)
+        self.store = Store(self.run_dir / DB_NAME)
+        self.journal = Journal(self.run_dir, self.run_id)
+        self.store.begin_run(self.run_id, self.tag, self.toml, __version__)
+        old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+        status = "failed"
+        try:
+            self._build_lab()
+            self._run_vpns()
+            status = "ok"
+        except (Interrupted, KeyboardInterrupt) as e:
+            status = "interrupted"
+            self._say(f"[yellow]interrupted ({e or 'SIGINT'}): tearing down; finished cases are kept[/]")
+            raise
+        finally:
+            # teardown must finish even if a second signal arrives
+            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                signal.signal(s, signal.SIG_IGN)
+            try:
+                self._teardown()
+            finally:
+                self.store.add_phase(self.run_id, None, "wall", time.monotonic() - t_start)
+                self.store.end_run(self.run_id, status)
+                self.store.close()
+                for s, h in old.items():
+                    signal.signal(s, h)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+        return RunResult(self.run_id, self.run_dir, status, time.monotonic() - t_start)
+
+    def _build_lab(self) -> None:
+        t0 = time.monotonic()
+        self.lab = NetnsLab(self.tag, self.sc.lab.hosts, self.run_dir, self.journal)
+        self.lab.build()
+        self.lab.wait_links()
+        env = environment.collect(self.lab.hosts[0].argv([]))
+        env["lab.backend"] = "netns"
+        env["lab.hosts"] = self.sc.lab.hosts
+        env["fairness.mss"] = self.sc.fairness.mss or "none (path default)"
+        env["fairness.tunnel_mtu"] = self.sc.fairness.tunnel_mtu or "none (each VPN's default)"
+        self.store.set_env(self.run_id, env)
+        self._phase(None, "lab_setup", time.monotonic() - t0)
+
+    def _teardown(self) -> None:
+        t0 = time.monotonic()
+        if self.mesh is not None:
+            with contextlib.suppress(Exception):
+                self.mesh.stop()
+        if self.lab is not None:
+            self.store.set_env(self.run_id, {"router.offlab_drops": self.lab.offlab_drops(),
+                                             "router.tunnel_leak_drops": self.lab.offlab_drops("tunnel_leak")})  # fmt: skip
+            problems = self.lab.destroy()
+            for p in problems:
+                self._say(f"[red]teardown problem: {p}[/]")
+        self.journal.end()
+        self._phase(None, "lab_teardown", time.monotonic() - t0)
+
+    def _run_vpns(self) -> None:
+        assert self.lab is not None
+        client = next(h for h in self.lab.hosts if h.name == self.sc.lab.client)
+        server = next(h for h in self.lab.hosts if h.name == self.sc.lab.server)
+        total = len(self.sc.profiles) * len(self.sc.vpns) * self.sc.run.repetitions * len(self.workloads)
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*cols, console=self.console, transient=False) as progress:
+            self.progress = progress
+            task = progress.add_task("starting", total=total)
+            for profile in self.sc.profiles:
+                for vpn in self.sc.vpns:
+                    self._run_vpn(vpn, profile, client, server, progress, task)
+        self.progress = None
+
+    def _run_vpn(self, vpn: str, profile: str, client, server, progress: Progress, task) -> None:
+        assert self.lab is not None
+        cls = DRIVERS[vpn]
+        n_cases = self.sc.run.repetitions * len(self.workloads)
+        avail = cls.availability()
+        if not avail.ok:
+            self.store.set_vpn(self.run_id, vpn, None, "unavailable", avail.reason)
+            for wl in self.workloads:
+                self.store.record_skip(self.run_id, vpn, profile, wl.name, wl.label(), avail.reason)
+            self._say(f"[yellow]{vpn}: skipped: {avail.reason}[/]")
+            progress.advance(task, n_cases)
+            return
+        spec = MeshSpec(hosts=list(self.lab.hosts), tag=self.lab.tag, workdir=self.run_dir,
+                        mtu=self.sc.fairness.tunnel_mtu, options=self.sc.vpn_options.get(vpn, {}))  # fmt: skip
+        driver = cls(spec)
+        mesh = Mesh(driver)
+        progress.update(task, description=f"{vpn}: bringing the mesh up")
+        t0 = time.monotonic()
+        try:
+            driver.configure()
+            self._phase(vpn, "vpn_setup", time.monotonic() - t0)
+            t1 = time.monotonic()
+            self.mesh = mesh
+            mesh.start()
+            waited = mesh.wait_ready(self.sc.run.tunnel_timeout_s)
+            self._phase(vpn, "tunnel_wait", time.monotonic() - t1)
+        except (*CASE_ERRORS,) as e:
+            self._phase(vpn, "tunnel_wait", time.monotonic() - t0)
+            reason = f"mesh did not come up: {e}"
+            self._keep_logs(driver, self.run_dir / "cases" / vpn / "startup-failure")
+            self.store.set_vpn(self.run_id, vpn, avail.version, "failed", reason, getattr(driver, "settings", {}))
+            for wl in self.workloads:
+                self.store.record_skip(self.run_id, vpn, profile, wl.name, wl.label(), reason)
+            self._say(f"[red]{vpn}: {reason}[/]")
+            self._stop_and_verify(mesh, vpn)
+            progress.advance(task, n_cases)
+            return
+        self.store.set_vpn(self.run_id, vpn, avail.version, "ok", "", getattr(driver, "settings", {}))
+        self._say(f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s")
+        for rep in range(1, self.sc.run.repetitions + 1):
+            for wl in self.workloads:
+                progress.update(task, description=f"{vpn} · {wl.label()} · rep {rep}")
+                self._run_case(mesh, wl, profile, rep, client, server)
+                progress.advance(task)
+        self._stop_and_verify(mesh, vpn)
+
+    def _stop_and_verify(self, mesh: Mesh, vpn: str) -> None:
+        assert self.lab is not None
+        t0 = time.monotonic()
+        mesh.stop()
+        self.mesh = None
+        left = mesh.leftovers()
+        if left:
+            # never let the next VPN start on a dirty host set: rebuild the lab from scratch
+            self._say(f"[red]{vpn}: teardown left {left}; rebuilding the lab[/]")
+            self.store.set_env(self.run_id, {f"teardown_leftovers.{vpn}": left})
+            self.lab.destroy()
+            self.lab = NetnsLab(self.tag, self.sc.lab.hosts, self.run_dir, self.journal)
+            self.lab.build()
+            self.lab.wait_links()
+        self._phase(vpn, "teardown", time.monotonic() - t0)
+
+    def _keep_logs(self, driver: VpnDriver, dest: Path) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        for h, procs in driver.procs.items():
+            for p in procs:
+                if p.log_path and p.log_path.exists():
+                    shutil.copy(p.log_path, dest / f"{h}-{p.label}.log")
+
+    def _run_case(self, mesh: Mesh, wl: Workload, profile: str, rep: int, client, server) -> None:
+        for attempt in range(self.sc.run.retries + 1):
+            adir = self.run_dir / "cases" / mesh.vpn / profile / wl.label() / f"r{rep}a{attempt}"
+            adir.mkdir(parents=True, exist_ok=True)
+            cid = self.store.start_case(self.run_id, mesh.vpn, profile, wl.name, wl.label(),
+                                        wl.params.model_dump(), rep, attempt, client.name, server.name, adir)  # fmt: skip
+            t0 = time.monotonic()
+            ctx = CaseContext(mesh, client, server, adir, t0 + self._case_timeout(wl),
+                              {"mss": self.sc.fairness.mss})  # fmt: skip
+            try:
+                with Monitor(mesh.daemons(), self.sc.run.monitor_interval_s) as mon:
+                    out: Outcome = wl.run(ctx)
+                mon.add_to(out)
+                dead = [f"{h}/{p.label}" for h, ps in mesh.daemons().items() for p in ps if not p.alive()]
+                if dead:
+                    raise WorkloadError(f"VPN daemon(s) died during the case: {', '.join(dead)}")
+                if time.monotonic() > ctx.deadline:
+                    raise WorkloadError(f"case exceeded its timeout of {self._case_timeout(wl):.0f} s")
+                self.store.finish_case(cid, "ok", out)
+                self._phase(mesh.vpn, "measure", out.measure_s)
+                self._phase(mesh.vpn, "case_overhead", time.monotonic() - t0 - out.measure_s)
+                return
+            except (Interrupted, KeyboardInterrupt):
+                self.store.finish_case(cid, "interrupted", error="run interrupted")
+                raise
+            except CASE_ERRORS as e:
+                (adir / "error.txt").write_text(traceback.format_exc())
+                self._keep_logs(mesh.driver, adir / "daemon-logs")
+                self.store.finish_case(cid, "failed", error=f"{type(e).__name__}: {e}"[:2000])
+                self._phase(mesh.vpn, "failed_case", time.monotonic() - t0)
+                self._say(f"[red]{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400] + "[/]")
+                self._heal(mesh)
+
+    def _heal(self, mesh: Mesh) -> None:
+        """After a failure: if the mesh is broken, restart it so the retry and later cases get a fair chance."""
+        t0 = time.monotonic()
+        try:
+            dead = any(not p.alive() for ps in mesh.daemons().values() for p in ps)
+            if dead or mesh.pairs_down():
+                self._say(f"[yellow]{mesh.vpn}: restarting the mesh after a failure[/]")
+                mesh.stop()
+                mesh.start()
+                mesh.wait_ready(self.sc.run.tunnel_timeout_s)
+        except CASE_ERRORS as e:
+            self._say(f"[red]{mesh.vpn}: mesh restart failed: {e}[/]")
+        self._phase(mesh.vpn, "tunnel_wait", time.monotonic() - t0)

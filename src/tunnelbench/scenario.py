@@ -1,0 +1,207 @@
+"""The scenario file (TOML): hosts, VPNs, profiles, workloads with their parameters, repetitions, timeouts.
+
+Validation happens before anything starts; every error names the field and what is allowed."""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tunnelbench.impair.profiles import PROFILES
+from tunnelbench.vpns import DRIVERS
+from tunnelbench.workloads import WORKLOADS, Workload
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunCfg(Strict):
+    repetitions: int = Field(3, ge=1, le=10_000, description="repetitions of every case")
+    retries: int = Field(1, ge=0, le=5, description="retries of a failed case (daemon logs are kept)")
+    case_timeout_s: float | None = Field(None, gt=0, description="per-case limit; default: expected time x 2 + 30 s")
+    tunnel_timeout_s: float = Field(60.0, gt=0, le=3600, description="limit for a mesh to come up")
+    monitor_interval_s: float = Field(0.5, ge=0.05, le=10, description="daemon CPU/RSS sampling period")
+    results_dir: str = Field("results", description="where run folders are written")
+
+
+class LabCfg(Strict):
+    backend: Literal["netns"] = "netns"
+    hosts: int = Field(3, ge=2, le=250, description="number of peer hosts")
+    client: str = Field("h1", description="host that runs workload clients (fixed placement)")
+    server: str = Field("h2", description="host that runs workload servers (fixed placement)")
+
+    @model_validator(mode="after")
+    def _placement(self) -> LabCfg:
+        names = [f"h{i}" for i in range(1, self.hosts + 1)]
+        for role in ("client", "server"):
+            if getattr(self, role) not in names:
+                raise ValueError(f"{role} must be one of {', '.join(names)} (got {getattr(self, role)!r})")
+        if self.client == self.server:
+            raise ValueError("client and server must be different hosts")
+        return self
+
+
+class Fairness(Strict):
+    mss: int | None = Field(None, ge=536, le=9000, description="clamp TCP MSS in iperf3 (-M), as seed 004")
+    tunnel_mtu: int | None = Field(None, ge=1280, le=9000, description="common tunnel MTU for every VPN")
+
+
+class WorkloadCfg(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in WORKLOADS:
+            raise ValueError(f"unknown workload {v!r}; allowed: {', '.join(sorted(WORKLOADS))}")
+        return v
+
+    def build(self) -> Workload:
+        cls = WORKLOADS[self.name]
+        return cls(cls.Params(**(self.model_extra or {})))
+
+
+class Scenario(Strict):
+    name: str = "unnamed"
+    description: str = ""
+    vpns: list[str] = Field(default_factory=lambda: ["internal"], min_length=1)
+    profiles: list[str] = Field(default_factory=lambda: ["baseline"], min_length=1)
+    run: RunCfg = Field(default_factory=RunCfg)
+    lab: LabCfg = Field(default_factory=LabCfg)
+    fairness: Fairness = Field(default_factory=Fairness)
+    workloads: list[WorkloadCfg] = Field(min_length=1)
+    vpn_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("vpns")
+    @classmethod
+    def _vpns(cls, v: list[str]) -> list[str]:
+        if v == ["all"]:
+            return list(DRIVERS)
+        for name in v:
+            if name not in DRIVERS:
+                raise ValueError(f"unknown VPN {name!r}; allowed: all, {', '.join(sorted(DRIVERS))}")
+        if len(set(v)) != len(v):
+            raise ValueError("a VPN is listed twice")
+        return v
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if name not in PROFILES:
+                raise ValueError(f"unknown profile {name!r}; allowed: {', '.join(sorted(PROFILES))}")
+        return v
+
+    @field_validator("vpn_options")
+    @classmethod
+    def _vpn_options(cls, v: dict) -> dict:
+        for name in v:
+            if name not in DRIVERS:
+                raise ValueError(f"options for unknown VPN {name!r}; allowed: {', '.join(sorted(DRIVERS))}")
+        return v
+
+    def build_workloads(self) -> list[Workload]:
+        return [w.build() for w in self.workloads]
+
+
+def _fields_of(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _explain(err: dict, data: dict) -> str:
+    loc = list(err["loc"])
+    where = ""
+    for part in loc:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        allowed = _fields_of(parent) if parent else []
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{where}: unknown key{hint}; allowed keys here: {', '.join(allowed)}"
+    if "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
+        msg += f" (got {err['input']!r})"
+    return f"{where}: {msg}"
+
+
+def _model_at(loc: list) -> type[BaseModel] | None:
+    model: type[BaseModel] = Scenario
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return None
+    return model
+
+
+def _validate_workload_params(sc: Scenario, source: str) -> None:
+    problems = []
+    for i, w in enumerate(sc.workloads):
+        cls = WORKLOADS[w.name]
+        try:
+            cls.Params(**(w.model_extra or {}))
+        except ValidationError as e:
+            for err in e.errors():
+                key = ".".join(str(x) for x in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    allowed = list(cls.Params.model_fields)
+                    close = difflib.get_close_matches(key, allowed, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    problems.append(f"workloads[{i}].{key}: unknown parameter of workload {w.name!r}{hint}; "
+                                    f"allowed: {', '.join(allowed)}")  # fmt: skip
+                else:
+                    got = f" (got {err['input']!r})" if "input" in err else ""
+                    problems.append(f"workloads[{i}].{key}: {err['msg']}{got}")
+    if problems:
+        raise ScenarioError(f"{source}: invalid scenario\n  " + "\n  ".join(problems))
+
+
+def parse_scenario(data: dict, source: str = "scenario") -> Scenario:
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as e:
+        lines = [_explain(err, data) for err in e.errors()]
+        raise ScenarioError(f"{source}: invalid scenario\n  " + "\n  ".join(lines)) from None
+    _validate_workload_params(sc, source)
+    return sc
+
+
+def load_scenario(path: Path | None = None) -> tuple[Scenario, str]:
+    """Load a scenario file (or the built-in default); returns the model and the TOML text."""
+    if path is None:
+        text = resources.files("tunnelbench").joinpath("scenarios/default.toml").read_text()
+        source = "built-in default scenario"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ScenarioError(f"cannot read scenario {path}: {e.strerror}") from None
+        source = str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{source}: not valid TOML: {e}") from None
+    return parse_scenario(data, source), text
+
+
+def builtin_scenarios() -> list[str]:
+    return sorted(p.name.removesuffix(".toml") for p in resources.files("tunnelbench").joinpath("scenarios").iterdir()
+                  if p.name.endswith(".toml"))  # fmt: skip

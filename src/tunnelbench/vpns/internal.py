@@ -1,0 +1,29 @@
+"""No VPN: workloads run over the underlay addresses. The baseline every ratio is taken against."""
+
+from __future__ import annotations
+
+import platform
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+
+
+class Internal(VpnDriver):
+    name = "internal"
+    summary = "no VPN: plain underlay path through the router (the baseline)"
+
+    @classmethod
+    def version(cls) -> str:
+        return f"linux {platform.release()}"
+
+    def tunnel_ip(self, host: Host) -> str:
+        return host.underlay_ip
+
+    def configure(self) -> None:
+        pass
+
+    def start(self, host: Host) -> None:
+        pass
+
+    def leftovers(self, host: Host) -> list[str]:
+        return []

@@ -1,0 +1,77 @@
+"""WireGuard in userspace: Debian's wireguard-go, configured with wg(8). Full mesh, one peer per host.
+
+wireguard-go keeps its UAPI socket in /var/run/wireguard/<ifname>.sock, shared by every namespace, so
+interface names must be unique on the machine (the base class puts the run tag in them)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+
+LISTEN_PORT = 51820
+UAPI_DIR = Path("/var/run/wireguard")
+
+
+class WireguardGo(VpnDriver):
+    name = "wireguard-go"
+    summary = "WireGuard, userspace Go implementation (Debian wireguard-go + wg)"
+    binaries = ("wireguard-go", "wg")
+    default_mtu = 1420
+
+    @classmethod
+    def version(cls) -> str:
+        return cls._first_line(["wireguard-go", "--version"], "wireguard-go").split()[-1]
+
+    def configure(self) -> None:
+        self.keys: dict[str, tuple[Path, str]] = {}
+        for h in self.spec.hosts:
+            d = self.host_dir(h)
+            priv = h.run(["wg", "genkey"]).stdout.strip()
+            key_path = d / "private.key"
+            h.write_file(key_path, priv + "\n", 0o600)
+            pub = h.run(["wg", "pubkey"], input=priv + "\n").stdout.strip()
+            self.keys[h.name] = (key_path, pub)
+
+    def start(self, host: Host) -> None:
+        ifname = self.ifname(host)
+        d = self.host_dir(host)
+        sock = UAPI_DIR / f"{ifname}.sock"
+        if host.journal:
+            host.journal.path_entry(str(sock))
+        # -f keeps it in the foreground so the PID we hold is the daemon's
+        proc = host.spawn(["wireguard-go", "-f", ifname], label="wireguard-go", log_path=d / "daemon.log",
+                          env={"LOG_LEVEL": "error"})  # fmt: skip
+        self.procs[host.name].append(proc)
+        self.wait_for("wireguard-go UAPI socket", lambda: sock.exists() or not proc.alive(), timeout=10)
+        if not proc.alive():
+            raise RuntimeError(f"wireguard-go exited: {proc.log_tail()}")
+        key_path, _ = self.keys[host.name]
+        cmd = ["wg", "set", ifname, "listen-port", str(LISTEN_PORT), "private-key", str(key_path)]
+        for peer in self.spec.hosts:
+            if peer is host:
+                continue
+            cmd += ["peer", self.keys[peer.name][1], "endpoint", f"{peer.underlay_ip}:{LISTEN_PORT}",
+                    "allowed-ips", f"{self.tunnel_ip(peer)}/32"]  # fmt: skip
+        host.run(cmd)
+        host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/{self.tunnel_prefixlen}", "dev", ifname])
+        host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
+
+    def after_stop(self, host: Host) -> None:
+        ifname = self.ifname(host)
+        if self.link_exists(host, ifname):
+            host.run(["ip", "link", "del", ifname], check=False)
+        sock = UAPI_DIR / f"{ifname}.sock"
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        if host.journal:
+            host.journal.release({"kind": "path", "path": str(sock)})
+
+    def leftovers(self, host: Host) -> list[str]:
+        found = super().leftovers(host)
+        sock = UAPI_DIR / f"{self.ifname(host)}.sock"
+        if sock.exists():
+            found.append(f"file {sock}")
+        return found

@@ -1,0 +1,110 @@
+"""The workload interface: parameters and metrics declared as data, and a runner that drives real tools
+between tunnel addresses. A workload never knows which VPN is under test."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import Mesh
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # one name everywhere: store, report, CSV; the unit is in the name
+    unit: str
+    better: Literal["higher", "lower", "none"]
+    description: str
+
+
+@dataclass
+class Sample:
+    name: str
+    value: float
+    unit: str
+    host: str | None = None
+
+
+@dataclass
+class Series:
+    name: str
+    unit: str
+    points: list[tuple[float, float]]  # (seconds since case start, value)
+    host: str | None = None
+
+
+@dataclass
+class Outcome:
+    samples: list[Sample] = field(default_factory=list)
+    series: list[Series] = field(default_factory=list)
+    artifacts: list[Path] = field(default_factory=list)
+    measure_s: float = 0.0  # seconds spent measuring (tool running), for the run's time budget
+
+    def add(self, name: str, value: float | None, unit: str, host: str | None = None) -> None:
+        if value is not None:
+            self.samples.append(Sample(name, float(value), unit, host))
+
+
+class WorkloadError(RuntimeError):
+    pass
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class CaseContext:
+    mesh: Mesh
+    client: Host
+    server: Host
+    artifact_dir: Path
+    deadline: float  # time.monotonic() by which the case must end
+    options: dict = field(default_factory=dict)  # scenario-wide knobs such as MSS clamping
+
+    def remaining(self, floor: float = 1.0) -> float:
+        return max(floor, self.deadline - time.monotonic())
+
+    @property
+    def server_ip(self) -> str:
+        return self.mesh.tunnel_ip(self.server)
+
+    @property
+    def client_ip(self) -> str:
+        return self.mesh.tunnel_ip(self.client)
+
+
+class Workload(ABC):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    tools: ClassVar[tuple[str, ...]] = ()
+    Params: ClassVar[type[Params]] = Params
+    metrics: ClassVar[tuple[MetricSpec, ...]] = ()
+    headline: ClassVar[tuple[str, ...]] = ()  # the metrics the terminal summary shows
+
+    def label(self) -> str:
+        """Case key of this parameterisation (e.g. tcp-p4, udp-100M)."""
+        return self.name
+
+    def __init__(self, params: Params):
+        self.params = params
+
+    @abstractmethod
+    def expected_seconds(self) -> float:
+        """How long one case should take when all is well (the case timeout is derived from it)."""
+
+    @abstractmethod
+    def run(self, ctx: CaseContext) -> Outcome: ...
+
+    @classmethod
+    def metric(cls, name: str) -> MetricSpec:
+        for m in cls.metrics:
+            if m.name == name:
+                return m
+        raise KeyError(name)

@@ -1,0 +1,93 @@
+"""ICMP echo RTT over the tunnel on an idle path (iputils ping with timestamps)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+from pydantic import Field
+
+from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Series, Workload, WorkloadError
+
+REPLY = re.compile(r"^\[(?P<ts>[\d.]+)\] .*icmp_seq=(?P<seq>\d+) .*time=(?P<rtt>[\d.]+) ms")
+SUMMARY = re.compile(r"(?P<tx>\d+) packets transmitted, (?P<rx>\d+) (packets )?received")
+RTT_LINE = re.compile(r"= (?P<min>[\d.]+)/(?P<avg>[\d.]+)/(?P<max>[\d.]+)/(?P<mdev>[\d.]+) ms")
+
+
+def parse_ping(text: str) -> dict:
+    """Parse `ping -D` output: per-reply RTTs (first reply per seq; duplicates ignored) and the summary."""
+    rtts: dict[int, tuple[float, float]] = {}
+    for line in text.splitlines():
+        m = REPLY.match(line)
+        if m and "DUP!" not in line:
+            rtts.setdefault(int(m["seq"]), (float(m["ts"]), float(m["rtt"])))
+    s = SUMMARY.search(text)
+    if not s:
+        raise WorkloadError("ping printed no summary line")
+    tx, rx = int(s["tx"]), int(s["rx"])
+    return {"transmitted": tx, "received": rx, "replies": rtts, "summary": RTT_LINE.search(text)}
+
+
+def rtt_samples(parsed: dict, out: Outcome, prefix: str = "rtt") -> None:
+    tx = parsed["transmitted"]
+    out.add(f"{prefix}_loss_pct" if prefix != "rtt" else "ping_loss_pct",
+            100.0 * (tx - parsed["received"]) / tx if tx else None, "%")  # fmt: skip
+    vals = np.array([r for _, r in sorted(parsed["replies"].values())])
+    if vals.size == 0:
+        return
+    out.add(f"{prefix}_min_ms", vals.min(), "ms")
+    out.add(f"{prefix}_avg_ms", vals.mean(), "ms")
+    out.add(f"{prefix}_max_ms", vals.max(), "ms")
+    # mdev as iputils computes it: population standard deviation
+    out.add(f"{prefix}_mdev_ms", vals.std(), "ms")
+    for q in (50, 95, 99):
+        out.add(f"{prefix}_p{q}_ms", float(np.percentile(vals, q)), "ms")
+
+
+class PingParams(Params):
+    count: int = Field(100, ge=1, le=1_000_000, description="echo requests")
+    interval_s: float = Field(0.05, ge=0.002, le=10, description="seconds between requests (ping -i)")
+    size: int = Field(56, ge=16, le=65000, description="ICMP payload bytes (ping -s)")
+    timeout_s: float = Field(2.0, gt=0, le=60, description="wait for a late reply (ping -W)")
+
+
+class Ping(Workload):
+    name = "ping"
+    summary = "ICMP echo RTT on an idle tunnel"
+    tools = ("ping",)
+    headline = ("rtt_p50_ms", "rtt_p99_ms", "ping_loss_pct")
+    Params = PingParams
+    metrics = (
+        MetricSpec("rtt_min_ms", "ms", "lower", "minimum RTT"),
+        MetricSpec("rtt_avg_ms", "ms", "lower", "mean RTT"),
+        MetricSpec("rtt_max_ms", "ms", "lower", "maximum RTT"),
+        MetricSpec("rtt_mdev_ms", "ms", "lower", "RTT standard deviation (ping's mdev)"),
+        MetricSpec("rtt_p50_ms", "ms", "lower", "median RTT"),
+        MetricSpec("rtt_p95_ms", "ms", "lower", "95th percentile RTT"),
+        MetricSpec("rtt_p99_ms", "ms", "lower", "99th percentile RTT"),
+        MetricSpec("ping_loss_pct", "%", "lower", "echo requests without reply"),
+    )
+
+    def label(self) -> str:
+        return "ping"
+
+    def expected_seconds(self) -> float:
+        return self.params.count * self.params.interval_s + self.params.timeout_s
+
+    def run(self, ctx: CaseContext) -> Outcome:
+        p = self.params
+        argv = ["ping", "-D", "-n", "-c", str(p.count), "-i", f"{p.interval_s:g}", "-s", str(p.size),
+                "-W", f"{p.timeout_s:g}", ctx.server_ip]  # fmt: skip
+        t0 = time.monotonic()
+        res = ctx.client.run(argv, timeout=ctx.remaining(), check=False)
+        ran = time.monotonic() - t0
+        (ctx.artifact_dir / "ping.txt").write_text(res.stdout + res.stderr)
+        parsed = parse_ping(res.stdout)
+        out = Outcome(measure_s=ran)
+        rtt_samples(parsed, out)
+        replies = sorted(parsed["replies"].values())
+        if replies:
+            t_first = replies[0][0]
+            out.series.append(Series("rtt_ms", "ms", [(ts - t_first, r) for ts, r in replies]))
+        return out

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tunnelbench.lab.journal import Journal
+from tunnelbench.lab.netns import NetnsLab
+from tunnelbench.lab.tags import new_run_id, new_tag
+
+LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3")
+
+
+def lab_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    missing = [t for t in LAB_TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"missing tools: {', '.join(missing)}"
+    return None
+
+
+@pytest.fixture
+def lab_factory(tmp_path: Path):
+    why = lab_missing()
+    if why:
+        pytest.skip(why)
+    made: list[NetnsLab] = []
+
+    def make(n_hosts: int = 3) -> NetnsLab:
+        tag = new_tag()
+        run_dir = tmp_path / new_run_id(tag)
+        journal = Journal(run_dir, run_dir.name)
+        lab = NetnsLab(tag, n_hosts, run_dir, journal)
+        made.append(lab)
+        lab.build()
+        lab.wait_links()
+        return lab
+
+    yield make
+    for lab in made:
+        lab.destroy()
+        lab.journal.end()

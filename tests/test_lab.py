@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from tunnelbench.lab.addressing import host_ip, router_ip
+from tunnelbench.lab.journal import read_open_entries
+from tunnelbench.lab.netns import netns_exists
+
+
+def test_hosts_reach_each_other_through_router(lab_factory):
+    lab = lab_factory(3)
+    h1, h2, h3 = lab.hosts
+    assert h1.run(["ping", "-c1", "-W2", h3.underlay_ip]).returncode == 0
+    # the path crosses the router: TTL drops by one
+    out = h1.run(["ping", "-c1", "-W2", h2.underlay_ip]).stdout
+    assert "ttl=63" in out
+    assert h1.underlay_ip == host_ip(1) and router_ip(1) == "10.100.1.1"
+
+
+def test_router_drops_and_counts_offlab_traffic(lab_factory):
+    lab = lab_factory(2)
+    before = lab.offlab_drops()
+    # 192.0.2.1 is TEST-NET-1; it never leaves the router namespace (no uplink) and must be counted
+    lab.hosts[0].run(["ping", "-c2", "-i0.05", "-W1", "192.0.2.1"], check=False)
+    assert lab.offlab_drops() >= before + 2
+
+
+def test_destroy_leaves_nothing_and_releases_journal(lab_factory):
+    lab = lab_factory(2)
+    p = lab.hosts[0].spawn(["sleep", "300"], label="sleeper", log_path=None)
+    names = [h.netns for h in [*lab.hosts, lab.router]]
+    assert all(netns_exists(n) for n in names)
+    assert lab.destroy() == []
+    assert not any(netns_exists(n) for n in names)
+    assert not p.alive()
+    open_kinds = {e["kind"] for e in read_open_entries(lab.journal.path)}
+    assert "netns" not in open_kinds

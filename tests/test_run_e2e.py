@@ -1,0 +1,138 @@
+"""The CLI end to end: a small real run, then runs killed mid-case (SIGKILL + clean, SIGTERM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tunnelbench.lab.journal import process_alive
+from tunnelbench.lab.netns import netns_exists
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+SCENARIO = """
+name = "e2e"
+vpns = ["internal", "wireguard-go"]
+[run]
+repetitions = {reps}
+[lab]
+hosts = 2
+[[workloads]]
+name = "tcp"
+duration_s = {dur}
+omit_s = 0
+[[workloads]]
+name = "ping"
+count = 20
+interval_s = 0.01
+"""
+
+
+def tb(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tunnelbench.cli", *args], capture_output=True, text=True,
+                          timeout=300, **kw)  # fmt: skip
+
+
+def start(tmp_path: Path, reps: int, dur: float) -> tuple[subprocess.Popen, Path]:
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(reps=reps, dur=dur))
+    results = tmp_path / "results"
+    p = subprocess.Popen([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results", str(results)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return p, results
+
+
+def wait_for_cases(results: Path, vpn: str, n_ok: int, timeout: float = 120) -> Path:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for db in results.glob("*/results.sqlite"):
+            try:
+                c = sqlite3.connect(db, timeout=5)
+                got = c.execute("SELECT COUNT(*) FROM \"case\" WHERE vpn=? AND status='ok'", (vpn,)).fetchone()[0]
+                c.close()
+            except sqlite3.Error:
+                continue
+            if got >= n_ok:
+                return db.parent
+        time.sleep(0.2)
+    raise AssertionError(f"no {n_ok} finished {vpn} cases after {timeout} s")
+
+
+def journal_state(run_dir: Path) -> tuple[list[str], list[dict]]:
+    entries = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines() if x.strip()]
+    return [e["name"] for e in entries if e["kind"] == "netns"], [e for e in entries if e["kind"] == "process"]
+
+
+def test_small_run_prints_summary_and_stores_everything(tmp_path):
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(reps=2, dur=1))
+    res = tb("run", str(scen), "--results", str(tmp_path / "results"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "goodput_mbps" in res.stdout and "wireguard-go" in res.stdout and "rtt_p50_ms" in res.stdout
+    (run_dir,) = (tmp_path / "results").iterdir()
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    assert db.execute("SELECT status FROM run").fetchone()[0] == "ok"
+    statuses = db.execute("SELECT vpn, workload, status FROM \"case\"").fetchall()
+    assert len(statuses) == 2 * 2 * 2 and all(s == "ok" for *_, s in statuses)
+    env = dict(db.execute("SELECT key, value FROM environment").fetchall())
+    assert env["sysctl.net.ipv4.tcp_congestion_control"] and env["kernel"] and "iperf 3" in env["tool.iperf3"]
+    assert db.execute("SELECT version FROM vpn WHERE name='wireguard-go'").fetchone()[0]
+    cpu = db.execute("SELECT COUNT(*) FROM metric WHERE name='daemon_cpu_pct'").fetchone()[0]
+    assert cpu >= 2 * 2  # both hosts' daemon, every wireguard-go case
+    assert list(run_dir.glob("cases/wireguard-go/baseline/tcp/r1a0/tcp-client.json"))
+    html = (run_dir / "report.html").read_text()
+    assert "wireguard-go" in html and "goodput_mbps" in html
+    netns, procs = journal_state(run_dir)
+    assert netns and not any(netns_exists(n) for n in netns)
+    assert all(not process_alive(p["pid"], p["start"]) for p in procs)
+    rep = tb("report", str(run_dir))
+    assert rep.returncode == 0 and "goodput_mbps" in rep.stdout
+
+
+def test_sigkill_mid_case_then_clean_leaves_nothing_and_keeps_results(tmp_path):
+    p, results = start(tmp_path, reps=3, dur=3)
+    try:
+        run_dir = wait_for_cases(results, "wireguard-go", 1)
+        time.sleep(0.5)  # inside the next case
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    netns, procs = journal_state(run_dir)
+    assert any(netns_exists(n) for n in netns), "the killed run should have left its lab behind"
+    alive_before = [e for e in procs if process_alive(e["pid"], e["start"])]
+    assert alive_before, "wireguard-go daemons should still run after SIGKILL"
+    res = tb("clean")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not any(netns_exists(n) for n in netns)
+    assert not [e for e in procs if process_alive(e["pid"], e["start"])]
+    assert not list(Path("/var/run/wireguard").glob(f"{run_dir.name.split('-')[-1]}*"))
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    ok = db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0]
+    assert ok >= 2 * 2 + 1  # all internal cases and at least one wireguard-go case survived
+    assert tb("clean").stdout.strip() == "nothing to clean" or "left alone" in tb("clean").stdout
+
+
+def test_sigterm_tears_down_and_keeps_finished_cases(tmp_path):
+    p, results = start(tmp_path, reps=3, dur=3)
+    run_dir = wait_for_cases(results, "wireguard-go", 1)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 130, out
+    netns, procs = journal_state(run_dir)
+    assert not any(netns_exists(n) for n in netns)
+    assert not [e for e in procs if process_alive(e["pid"], e["start"])]
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    assert db.execute("SELECT status FROM run").fetchone()[0] == "interrupted"
+    assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 5
+    assert "goodput_mbps" in out  # the summary of what was measured is still printed

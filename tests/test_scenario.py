@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pytest
+
+from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
+
+MIN = {"workloads": [{"name": "ping"}]}
+
+
+def err_of(data: dict) -> str:
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(data)
+    return str(e.value)
+
+
+def test_default_scenario_is_valid_and_complete():
+    sc, text = load_scenario()
+    assert sc.vpns == ["internal", "wireguard-go", "nebula", "tinc", "openvpn"]
+    assert sc.run.repetitions == 3
+    labels = [w.build().label() for w in sc.workloads]
+    assert labels == ["tcp", "tcp-p4", "udp-unlimited", "udp-100M", "ping", "connect"]
+    assert "[[workloads]]" in text
+
+
+def test_unknown_vpn_lists_allowed_values():
+    msg = err_of({**MIN, "vpns": ["internal", "wiregurd"]})
+    assert "vpns" in msg and "'wiregurd'" in msg and "wireguard-go" in msg and "allowed" in msg
+
+
+def test_negative_duration_names_the_field():
+    msg = err_of({"workloads": [{"name": "ping"}, {"name": "tcp", "duration_s": -5}]})
+    assert "workloads[1].duration_s" in msg and "greater than 0" in msg and "-5" in msg
+
+
+def test_typo_in_key_suggests_the_right_one():
+    msg = err_of({**MIN, "run": {"repetitons": 3}})
+    assert "run.repetitons" in msg and "did you mean 'repetitions'" in msg
+
+
+def test_typo_in_workload_parameter():
+    msg = err_of({"workloads": [{"name": "tcp", "duraton_s": 5}]})
+    assert "workloads[0].duraton_s" in msg and "'duration_s'" in msg
+
+
+def test_unknown_workload_and_profile():
+    assert "unknown workload 'tpc'" in err_of({"workloads": [{"name": "tpc"}]})
+    assert "unknown profile 'lossy'" in err_of({**MIN, "profiles": ["lossy"]})
+
+
+def test_placement_must_name_existing_distinct_hosts():
+    assert "server must be one of h1, h2" in err_of({**MIN, "lab": {"hosts": 2, "server": "h3"}})
+    assert "different hosts" in err_of({**MIN, "lab": {"client": "h2", "server": "h2"}})
+
+
+def test_bad_udp_bitrate_and_zero_repetitions():
+    assert "workloads[0].bitrate" in err_of({"workloads": [{"name": "udp", "bitrate": "fast"}]})
+    assert "run.repetitions" in err_of({**MIN, "run": {"repetitions": 0}})
+
+
+def test_all_expands_to_every_driver():
+    from tunnelbench.vpns import DRIVERS
+
+    assert parse_scenario({**MIN, "vpns": ["all"]}).vpns == list(DRIVERS)
+
+
+def test_bad_toml_file(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text("vpns = [internal")
+    with pytest.raises(ScenarioError, match="not valid TOML"):
+        load_scenario(p)
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "missing.toml")

@@ -1,0 +1,31 @@
+"""Each driver brings up a 3-host mesh, every ordered pair answers over the tunnel, teardown leaves nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize("vpn", sorted(DRIVERS))
+def test_three_host_mesh(vpn, lab_factory):
+    cls = DRIVERS[vpn]
+    avail = cls.availability()
+    if not avail.ok:
+        pytest.skip(f"{vpn}: {avail.reason}")
+    lab = lab_factory(3)
+    driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
+    driver.configure()
+    mesh = Mesh(driver)
+    try:
+        mesh.start()
+        mesh.wait_ready(timeout=30)
+        assert mesh.pairs_down() == []
+        # private keys never world- or group-readable
+        for f in lab.run_dir.rglob("*"):
+            if f.is_file() and any(k in f.name for k in ("key", ".pem", "priv")) and "pub" not in f.name:
+                assert f.stat().st_mode & 0o077 == 0, f
+    finally:
+        mesh.stop()
+    assert mesh.leftovers() == []
