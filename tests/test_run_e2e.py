@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -56,7 +55,9 @@ def wait_for_cases(results: Path, vpn: str, n_ok: int, timeout: float = 120) -> 
         for db in results.glob("*/results.sqlite"):
             try:
                 c = sqlite3.connect(db, timeout=5)
-                got = c.execute("SELECT COUNT(*) FROM \"case\" WHERE vpn=? AND status='ok'", (vpn,)).fetchone()[0]
+                got = c.execute(
+                    "SELECT COUNT(*) FROM \"case\" WHERE vpn=? AND status='ok'", (vpn,)
+                ).fetchone()[0]
                 c.close()
             except sqlite3.Error:
                 continue
@@ -68,7 +69,9 @@ def wait_for_cases(results: Path, vpn: str, n_ok: int, timeout: float = 120) -> 
 
 def journal_state(run_dir: Path) -> tuple[list[str], list[dict]]:
     entries = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines() if x.strip()]
-    return [e["name"] for e in entries if e["kind"] == "netns"], [e for e in entries if e["kind"] == "process"]
+    return [e["name"] for e in entries if e["kind"] == "netns"], [
+        e for e in entries if e["kind"] == "process"
+    ]
 
 
 def test_small_run_prints_summary_and_stores_everything(tmp_path):
@@ -80,7 +83,7 @@ def test_small_run_prints_summary_and_stores_everything(tmp_path):
     (run_dir,) = (tmp_path / "results").iterdir()
     db = sqlite3.connect(run_dir / "results.sqlite")
     assert db.execute("SELECT status FROM run").fetchone()[0] == "ok"
-    statuses = db.execute("SELECT vpn, workload, status FROM \"case\"").fetchall()
+    statuses = db.execute('SELECT vpn, workload, status FROM "case"').fetchall()
     assert len(statuses) == 2 * 2 * 2 and all(s == "ok" for *_, s in statuses)
     env = dict(db.execute("SELECT key, value FROM environment").fetchall())
     assert env["sysctl.net.ipv4.tcp_congestion_control"] and env["kernel"] and "iperf 3" in env["tool.iperf3"]

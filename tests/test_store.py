@@ -24,7 +24,9 @@ def fill(store: Store, run_id: str = "r1") -> None:
                 out.add("daemon_rss_mb", 20 + rep, "MiB", "h1")
             out.series.append(Series("goodput_mbps", "Mbit/s", [(1.0, g), (2.0, g)]))
             store.finish_case(cid, "ok", out)
-    cid = store.start_case(run_id, "wireguard-go", "baseline", "tcp", "tcp", {}, 4, 0, "h1", "h2", store.path.parent)
+    cid = store.start_case(
+        run_id, "wireguard-go", "baseline", "tcp", "tcp", {}, 4, 0, "h1", "h2", store.path.parent
+    )
     store.finish_case(cid, "failed", error="iperf3: boom")
 
 

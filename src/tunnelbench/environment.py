@@ -3,6 +3,7 @@ tool versions."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -64,10 +65,8 @@ def collect(host_argv_prefix: list[str] | None = None) -> dict[str, object]:
         "python": platform.python_version(),
         "hostname": platform.node(),
     }
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         env["mem_total_kb"] = int(Path("/proc/meminfo").read_text().split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
     for k in SYSCTLS:
         env[f"sysctl.{k}"] = _out([*pre, "sysctl", "-n", k])
     if pre:

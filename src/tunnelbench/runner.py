@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tunnelbench import __version__, environment
+from tunnelbench.lab import Lab, make_lab
 from tunnelbench.lab.host import CommandError
 from tunnelbench.lab.journal import Journal
-from tunnelbench.lab.netns import NetnsLab
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.monitor import Monitor
 from tunnelbench.scenario import Scenario
@@ -29,7 +29,16 @@ from tunnelbench.vpns.base import MeshNotReady, VpnDriver
 from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
 
 LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3", "ss", "sysctl")
-CASE_ERRORS = (WorkloadError, CommandError, MeshNotReady, TimeoutError, OSError, RuntimeError, ValueError, KeyError)
+CASE_ERRORS = (
+    WorkloadError,
+    CommandError,
+    MeshNotReady,
+    TimeoutError,
+    OSError,
+    RuntimeError,
+    ValueError,
+    KeyError,
+)
 
 
 class Interrupted(Exception):
@@ -58,7 +67,7 @@ class Runner:
         self.run_id = new_run_id(self.tag)
         self.run_dir = (results_root or Path(scenario.run.results_dir)) / self.run_id
         self.workloads: list[Workload] = scenario.build_workloads()
-        self.lab: NetnsLab | None = None
+        self.lab: Lab | None = None
         self.mesh: Mesh | None = None
         self.progress: Progress | None = None
 
@@ -114,11 +123,11 @@ class Runner:
 
     def _build_lab(self) -> None:
         t0 = time.monotonic()
-        self.lab = NetnsLab(self.tag, self.sc.lab.hosts, self.run_dir, self.journal)
+        self.lab = make_lab(self.sc.lab, self.tag, self.run_dir, self.journal)
         self.lab.build()
         self.lab.wait_links()
         env = environment.collect(self.lab.hosts[0].argv([]))
-        env["lab.backend"] = "netns"
+        env["lab.backend"] = self.sc.lab.backend
         env["lab.hosts"] = self.sc.lab.hosts
         env["fairness.mss"] = self.sc.fairness.mss or "none (path default)"
         env["fairness.tunnel_mtu"] = self.sc.fairness.tunnel_mtu or "none (each VPN's default)"
@@ -183,7 +192,9 @@ class Runner:
             self._phase(vpn, "tunnel_wait", time.monotonic() - t0)
             reason = f"mesh did not come up: {e}"
             self._keep_logs(driver, self.run_dir / "cases" / vpn / "startup-failure")
-            self.store.set_vpn(self.run_id, vpn, avail.version, "failed", reason, getattr(driver, "settings", {}))
+            self.store.set_vpn(
+                self.run_id, vpn, avail.version, "failed", reason, getattr(driver, "settings", {})
+            )
             for wl in self.workloads:
                 self.store.record_skip(self.run_id, vpn, profile, wl.name, wl.label(), reason)
             self._say(f"[red]{vpn}: {reason}[/]")
@@ -191,7 +202,9 @@ class Runner:
             progress.advance(task, n_cases)
             return
         self.store.set_vpn(self.run_id, vpn, avail.version, "ok", "", getattr(driver, "settings", {}))
-        self._say(f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s")
+        self._say(
+            f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s"
+        )
         for rep in range(1, self.sc.run.repetitions + 1):
             for wl in self.workloads:
                 progress.update(task, description=f"{vpn} · {wl.label()} · rep {rep}")
@@ -210,7 +223,7 @@ class Runner:
             self._say(f"[red]{vpn}: teardown left {left}; rebuilding the lab[/]")
             self.store.set_env(self.run_id, {f"teardown_leftovers.{vpn}": left})
             self.lab.destroy()
-            self.lab = NetnsLab(self.tag, self.sc.lab.hosts, self.run_dir, self.journal)
+            self.lab = make_lab(self.sc.lab, self.tag, self.run_dir, self.journal)
             self.lab.build()
             self.lab.wait_links()
         self._phase(vpn, "teardown", time.monotonic() - t0)
@@ -252,7 +265,10 @@ class Runner:
                 self._keep_logs(mesh.driver, adir / "daemon-logs")
                 self.store.finish_case(cid, "failed", error=f"{type(e).__name__}: {e}"[:2000])
                 self._phase(mesh.vpn, "failed_case", time.monotonic() - t0)
-                self._say(f"[red]{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400] + "[/]")
+                self._say(
+                    f"[red]{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400]
+                    + "[/]"
+                )
                 self._heal(mesh)
 
     def _heal(self, mesh: Mesh) -> None:

@@ -49,7 +49,9 @@ def clean_run(run: Leftovers) -> CleanReport:
                 p.unlink()
                 rep.removed.append(f"file {p}")
         elif e["kind"] == "link":
-            r = subprocess.run(["ip", "-n", e["netns"], "link", "del", e["name"]], capture_output=True, text=True)
+            r = subprocess.run(
+                ["ip", "-n", e["netns"], "link", "del", e["name"]], capture_output=True, text=True
+            )
             if r.returncode == 0:
                 rep.removed.append(f"interface {e['name']} in {e['netns']}")
     if not rep.problems:
@@ -65,7 +67,9 @@ def clean_all(force: bool = False) -> CleanReport:
     for run in registered_runs():
         known_ns |= {e["name"] for e in run.entries if e["kind"] == "netns"}
         if run.owner_alive() and not force:
-            total.skipped.append(f"run {run.run_id} is still running (pid {run.owner_pid}); use --force to clean it")
+            total.skipped.append(
+                f"run {run.run_id} is still running (pid {run.owner_pid}); use --force to clean it"
+            )
             continue
         r = clean_run(run)
         total.removed += r.removed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -112,7 +113,11 @@ class Host(ABC):
                 self.argv(argv), capture_output=True, text=True, timeout=timeout, input=input, env=full_env
             )
         except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            out = (
+                (e.stdout or b"").decode(errors="replace")
+                if isinstance(e.stdout, bytes)
+                else (e.stdout or "")
+            )
             raise CommandError(self.name, argv, None, out) from None
         res = Result(list(argv), p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
         if check and p.returncode != 0:
@@ -150,10 +155,8 @@ class Host(ABC):
         return process_alive(pid, None)
 
     def signal(self, pid: int, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
     def write_file(self, path: Path, data: str | bytes, mode: int = 0o644) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

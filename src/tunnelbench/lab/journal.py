@@ -57,7 +57,13 @@ class Journal:
         REGISTRY.mkdir(parents=True, exist_ok=True)
         self.registry_file = REGISTRY / run_id
         self.registry_file.write_text(
-            json.dumps({"run_dir": str(run_dir.resolve()), "pid": os.getpid(), "start": proc_start_ticks(os.getpid())})
+            json.dumps(
+                {
+                    "run_dir": str(run_dir.resolve()),
+                    "pid": os.getpid(),
+                    "start": proc_start_ticks(os.getpid()),
+                }
+            )
         )
 
     def _append(self, entry: dict) -> None:

@@ -71,7 +71,9 @@ class NetnsLab:
 
     # -- build -------------------------------------------------------------------------------------
     def _add_ns(self, host: NetnsHost) -> None:
-        self._ns_entries[host.netns] = self.journal.netns(host.netns)  # journal first: clean finds half-made ones
+        self._ns_entries[host.netns] = self.journal.netns(
+            host.netns
+        )  # journal first: clean finds half-made ones
         sh(["ip", "netns", "add", host.netns])
         host.run(["ip", "link", "set", "lo", "up"])
         host.workdir.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,9 @@ class VpnDriver(ABC):
     def availability(cls) -> Availability:
         missing = [b for b in cls.binaries if shutil.which(b) is None]
         if missing:
-            return Availability(False, f"missing binaries: {', '.join(missing)} (try `tunnelbench install {cls.name}`)")
+            return Availability(
+                False, f"missing binaries: {', '.join(missing)} (try `tunnelbench install {cls.name}`)"
+            )
         try:
             return Availability(True, version=cls.version())
         except Exception as e:  # a binary that cannot report its version is broken
@@ -106,7 +108,7 @@ class VpnDriver(ABC):
         self.procs[host.name] = []
         self.after_stop(host)
 
-    def after_stop(self, host: Host) -> None:
+    def after_stop(self, host: Host) -> None:  # noqa: B027 (optional hook)
         """Remove what the daemon leaves behind on exit (sockets, interfaces)."""
 
     def leftovers(self, host: Host) -> list[str]:
@@ -177,7 +179,11 @@ class Mesh:
             p = a.run(["fping", "-q", "-r", "0", "-t", str(per_probe_ms), *targets], check=False, timeout=10)
             if p.returncode == 0:
                 continue
-            alive = set(a.run(["fping", "-a", "-r", "0", "-t", str(per_probe_ms), *targets], check=False).stdout.split())
+            alive = set(
+                a.run(
+                    ["fping", "-a", "-r", "0", "-t", str(per_probe_ms), *targets], check=False
+                ).stdout.split()
+            )
             down += [(a.name, b.name) for ip, b in targets.items() if ip not in alive]
         return down
 
@@ -189,7 +195,9 @@ class Mesh:
             for h in self.hosts:
                 for p in self.driver.daemons(h):
                     if not p.alive():
-                        raise MeshNotReady(f"{self.vpn} daemon {p.label} on {h.name} exited: {p.log_tail(800)}")
+                        raise MeshNotReady(
+                            f"{self.vpn} daemon {p.label} on {h.name} exited: {p.log_tail(800)}"
+                        )
             down = self.pairs_down()
             if not down:
                 break

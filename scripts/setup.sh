@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine of this kind (Debian 12, root): system packages, the Python
+# environment in .venv, and the native impairment engine. Fast when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Lab tools and the VPNs of the default scenario, from Debian (versions are fixed by the release and are
+# recorded with every result by the drivers and `tunnelbench doctor`).
+APT_PACKAGES=(
+  iproute2 iputils-ping fping iperf3 nftables iptables ethtool procps kmod openssl
+  wireguard-tools wireguard-go nebula tinc openvpn
+)
+need=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if ((${#need[@]})); then
+  echo "setup: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# Python >= 3.11 environment with tunnelbench installed editable, plus test tools.
+if [ ! -x .venv/bin/tunnelbench ] || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "setup: creating the Python environment in .venv" >&2
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[test]'
+  touch .venv/.installed
+fi
+
+# The native impairment engine (Rust), used where the kernel has no netem.
+if [ -f native/impaird/Cargo.toml ] && command -v cargo >/dev/null; then
+  (cd native/impaird && cargo build --release --quiet)
+fi
