@@ -19,7 +19,9 @@ err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, widt
 
 def _need_root() -> None:
     if os.geteuid() != 0:
-        err.print("[red]tunnelbench needs root: it creates network namespaces, veth pairs and nftables rules[/]")
+        err.print(
+            "[red]tunnelbench needs root: it creates network namespaces, veth pairs and nftables rules[/]"
+        )
         sys.exit(2)
 
 
@@ -46,9 +48,13 @@ def main() -> None:
 
 @main.command()
 @click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all'); overrides the scenario")
+@click.option(
+    "--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all'); overrides the scenario"
+)
 @click.option("--repetitions", "-n", type=int, help="override run.repetitions")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), help="results folder (default ./results)")
+@click.option(
+    "--results", type=click.Path(file_okay=False, path_type=Path), help="results folder (default ./results)"
+)
 @click.option("--no-html", is_flag=True, help="do not write report.html")
 def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path | None,
         no_html: bool) -> None:  # fmt: skip
@@ -80,17 +86,24 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, r
     runner = Runner(sc, text, err, results)
     err.print(f"run {runner.run_id} -> {runner.run_dir}")
     code = 0
+    res = None
     try:
         res = runner.run()
     except (Interrupted, KeyboardInterrupt):
         code = 130
+    except Exception as e:  # the run is torn down and stored; say what broke, keep the traceback
+        import traceback
+
+        (runner.run_dir / "error.txt").write_text(traceback.format_exc())
+        err.print(f"[red]run failed: {type(e).__name__}: {e} (traceback in {runner.run_dir / 'error.txt'})[/]")
+        code = 1
     store = Store(runner.run_dir / DB_NAME)
     summary = summarize(store, runner.run_id)
     print_summary(store, runner.run_id, summary, console)
     if not no_html:
         path = write_html(store, runner.run_id, summary, runner.run_dir / "report.html")
         err.print(f"report: {path}")
-    if code == 0 and res.status != "ok":
+    if code == 0 and res is not None and res.status != "ok":
         code = 1
     sys.exit(code)
 
@@ -114,7 +127,9 @@ def doctor() -> None:
     for c in ("group", "check", "status", "detail", "if missing"):
         t.add_column(c)
     for c in checks:
-        t.add_row(c.group, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail, "" if c.ok else c.meaning)
+        t.add_row(
+            c.group, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail, "" if c.ok else c.meaning
+        )
     console.print(t)
     required = {"root", "ip", "nft", "iperf3", "ping", "fping", "ss", "network namespaces", "veth"}
     bad = [c.name for c in checks if not c.ok and c.name in required]
@@ -157,7 +172,9 @@ def list_() -> None:
         t.add_column(c)
     for name, cls in DRIVERS.items():
         a = cls.availability()
-        t.add_row(name, "[green]yes[/]" if a.ok else "[red]no[/]", a.version if a.ok else a.reason, cls.summary)
+        t.add_row(
+            name, "[green]yes[/]" if a.ok else "[red]no[/]", a.version if a.ok else a.reason, cls.summary
+        )
     console.print(t)
     t = Table(title="Workloads", title_justify="left")
     for c in ("name", "available", "parameters", "metrics"):
@@ -183,7 +200,9 @@ def list_() -> None:
 @click.argument("run_ref", required=False)
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True)  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="HTML file (default RUN/report.html)")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="HTML file (default RUN/report.html)"
+)
 def report(run_ref: str | None, results: Path, out: Path | None) -> None:
     """Print the summary of a stored run and write its HTML page (newest run when none is given)."""
     from tunnelbench.analysis.summary import summarize

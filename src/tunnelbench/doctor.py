@@ -45,15 +45,20 @@ def _probe_kernel() -> list[Check]:
     ns = f"{TAG_PREFIX}doc{secrets.token_hex(2)}"
     checks: list[Check] = []
     if _sh(["ip", "netns", "add", ns]).returncode != 0:
-        return [Check("kernel", "network namespaces", False, "ip netns add failed", "the embedded lab cannot run")]
+        return [
+            Check("kernel", "network namespaces", False, "ip netns add failed", "the embedded lab cannot run")
+        ]
     try:
+
         def run(*argv: str, input: str | None = None) -> subprocess.CompletedProcess:
             return _sh(["ip", "netns", "exec", ns, *argv], input=input)
 
         checks.append(Check("kernel", "network namespaces", True, "ip netns add works"))
         run("ip", "link", "set", "lo", "up")
         r = run("ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1")
-        checks.append(Check("kernel", "veth", r.returncode == 0, r.stderr.strip() or "ok", "hosts cannot be wired"))
+        checks.append(
+            Check("kernel", "veth", r.returncode == 0, r.stderr.strip() or "ok", "hosts cannot be wired")
+        )
         r = run("ip", "tuntap", "add", "t0", "mode", "tun")
         checks.append(Check("kernel", "TUN/TAP", r.returncode == 0, r.stderr.strip() or "/dev/net/tun usable",
                             "userspace VPNs cannot create interfaces"))  # fmt: skip
@@ -61,23 +66,46 @@ def _probe_kernel() -> list[Check]:
         checks.append(Check("kernel", "tc netem", r.returncode == 0, r.stderr.strip() or "available",
                             "delay/jitter/reorder need the native engine (native/impaird over NFQUEUE)"))  # fmt: skip
         run("tc", "qdisc", "del", "dev", "v0", "root")
-        r = run("tc", "qdisc", "add", "dev", "v0", "root", "tbf", "rate", "10mbit", "burst", "32kb", "latency", "50ms")
+        r = run(
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "v0",
+            "root",
+            "tbf",
+            "rate",
+            "10mbit",
+            "burst",
+            "32kb",
+            "latency",
+            "50ms",
+        )
         checks.append(Check("kernel", "tc tbf", r.returncode == 0, r.stderr.strip() or "available",
                             "rate limits cannot be applied"))  # fmt: skip
         r = run("ip", "link", "add", "wg0", "type", "wireguard")
         checks.append(Check("kernel", "kernel WireGuard", r.returncode == 0, r.stderr.strip() or "module present",
                             "only userspace WireGuard (wireguard-go, boringtun) can be measured"))  # fmt: skip
-        r = run("nft", "-f", "-", input="table inet t {\n chain c {\n type filter hook forward priority 0;\n queue num 0\n }\n}\n")
+        r = run(
+            "nft",
+            "-f",
+            "-",
+            input="table inet t {\n chain c {\n type filter hook forward priority 0;\n queue num 0\n }\n}\n",
+        )
         checks.append(Check("kernel", "nftables queue", r.returncode == 0, r.stderr.strip().splitlines()[0][:120] if r.returncode else "available",
                             "packets are queued with the iptables NFQUEUE target instead"))  # fmt: skip
         r = run("iptables", "-t", "mangle", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0")
         checks.append(Check("kernel", "iptables NFQUEUE", r.returncode == 0, r.stderr.strip()[:120] or "available",
                             "the native impairment engine cannot receive packets"))  # fmt: skip
-        r = run("ip", "link", "add", "vx0", "type", "vxlan", "id", "1", "dstport", "4789", "local", "127.0.0.1")
+        r = run(
+            "ip", "link", "add", "vx0", "type", "vxlan", "id", "1", "dstport", "4789", "local", "127.0.0.1"
+        )
         checks.append(Check("kernel", "VXLAN", r.returncode == 0, r.stderr.strip() or "available",
                             "the unencrypted overlay baseline cannot run"))  # fmt: skip
         cc = run("sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout.strip()
-        checks.append(Check("kernel", "TCP congestion control", True, cc or "unknown", "recorded with every run"))
+        checks.append(
+            Check("kernel", "TCP congestion control", True, cc or "unknown", "recorded with every run")
+        )
     finally:
         _sh(["ip", "netns", "del", ns])
     return checks

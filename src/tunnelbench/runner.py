@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tunnelbench import __version__, environment
+from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend, make_backend
+from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.lab import Lab, make_lab
 from tunnelbench.lab.host import CommandError
 from tunnelbench.lab.journal import Journal
@@ -70,6 +72,7 @@ class Runner:
         self.lab: Lab | None = None
         self.mesh: Mesh | None = None
         self.progress: Progress | None = None
+        self.backend: Backend | None = None
 
     # -- helpers -----------------------------------------------------------------------------------
     def _phase(self, vpn: str | None, phase: str, seconds: float) -> None:
@@ -139,6 +142,9 @@ class Runner:
         if self.mesh is not None:
             with contextlib.suppress(Exception):
                 self.mesh.stop()
+        if self.backend is not None:
+            with contextlib.suppress(Exception):
+                self.backend.clear()
         if self.lab is not None:
             self.store.set_env(self.run_id, {"router.offlab_drops": self.lab.offlab_drops(),
                                              "router.tunnel_leak_drops": self.lab.offlab_drops("tunnel_leak")})  # fmt: skip
@@ -157,20 +163,87 @@ class Runner:
         with Progress(*cols, console=self.console, transient=False) as progress:
             self.progress = progress
             task = progress.add_task("starting", total=total)
-            for profile in self.sc.profiles:
-                for vpn in self.sc.vpns:
-                    self._run_vpn(vpn, profile, client, server, progress, task)
+            self._prepare_impairment(client, server, progress, task)
+            for vpn in self.sc.vpns:
+                self._run_vpn(vpn, client, server, progress, task)
         self.progress = None
 
-    def _run_vpn(self, vpn: str, profile: str, client, server, progress: Progress, task) -> None:
+    # -- impairment --------------------------------------------------------------------------------
+    def _prepare_impairment(self, client, server, progress: Progress, task) -> None:
+        """Pick the backend and calibrate every profile on the raw path before any VPN runs."""
+        assert self.lab is not None
+        self.backend = None
+        profiles = [self.sc.profile(n) for n in self.sc.profiles]
+        if all(p.is_baseline for p in profiles):
+            return
+        t0 = time.monotonic()
+        self.backend = make_backend(
+            self.sc.impair.backend, self.lab.router, self.lab.hosts, self.run_dir / "impair"
+        )
+        env: dict[str, object] = {"impair.backend": self.backend.name}
+        if isinstance(self.backend, NativeBackend):
+            env["impair.engine"] = f"{self.backend.binary} {self.backend.version()}"
+        self.store.set_env(self.run_id, env)
+        if self.sc.impair.calibrate:
+            progress.update(task, description="calibrating the impaired path")
+            base = measure_base(client, server, self.run_dir / "impair")
+            self.store.set_env(
+                self.run_id, {"calibration.base": {"one_way_ms": base.one_way_ms, "rtt_ms": base.rtt_ms}}
+            )
+            for p in profiles:
+                if p.is_baseline:
+                    continue
+                self.backend.apply(p)
+                try:
+                    cal = calibrate(self.backend, p, client, server, self.run_dir / "impair", base,
+                                    count=self.sc.impair.calibration_probes)  # fmt: skip
+                finally:
+                    self.backend.clear()
+                self.store.set_env(self.run_id, {f"calibration.{p.name}": cal.to_json()})
+                flag = (
+                    ""
+                    if cal.ok
+                    else " [red]OUT OF TOLERANCE: "
+                    + "; ".join(
+                        f"{c.quantity} {c.measured:.3g} vs {c.configured:.3g} {c.unit}" for c in cal.failed()
+                    )
+                    + "[/]"
+                )
+                self._say(f"calibrated {p.name} ({self.backend.name}): {p.summary()}{flag}")
+        self._phase(None, "calibration", time.monotonic() - t0)
+
+    def _apply_profile(self, name: str, mesh: Mesh) -> str | None:
+        """Switch the path to a profile under a running mesh; returns why cases cannot run, or None."""
+        p = self.sc.profile(name)
+        t0 = time.monotonic()
+        mesh.probe_ms = int(300 + 2 * 2 * (p.delay_ms + 3 * p.jitter_ms))
+        try:
+            if self.backend is not None:
+                self.backend.clear()
+                if not p.is_baseline:
+                    self.backend.apply(p)
+            mesh.wait_ready(self.sc.run.tunnel_timeout_s + 4 * (p.delay_ms + p.jitter_ms) / 1000)
+            return None
+        except (*CASE_ERRORS, ImpairError) as e:
+            return f"mesh not answering under profile {name}: {e}"
+        finally:
+            self._phase(mesh.vpn, "tunnel_wait", time.monotonic() - t0)
+
+    # -- one VPN -----------------------------------------------------------------------------------
+    def _skip_all(self, vpn: str, reason: str, profiles: list[str]) -> None:
+        for profile in profiles:
+            for wl in self.workloads:
+                self.store.record_skip(self.run_id, vpn, profile, wl.name, wl.label(), reason)
+
+    def _run_vpn(self, vpn: str, client, server, progress: Progress, task) -> None:
         assert self.lab is not None
         cls = DRIVERS[vpn]
-        n_cases = self.sc.run.repetitions * len(self.workloads)
+        per_profile = self.sc.run.repetitions * len(self.workloads)
+        n_cases = per_profile * len(self.sc.profiles)
         avail = cls.availability()
         if not avail.ok:
             self.store.set_vpn(self.run_id, vpn, None, "unavailable", avail.reason)
-            for wl in self.workloads:
-                self.store.record_skip(self.run_id, vpn, profile, wl.name, wl.label(), avail.reason)
+            self._skip_all(vpn, avail.reason, self.sc.profiles)
             self._say(f"[yellow]{vpn}: skipped: {avail.reason}[/]")
             progress.advance(task, n_cases)
             return
@@ -187,16 +260,16 @@ class Runner:
             self.mesh = mesh
             mesh.start()
             waited = mesh.wait_ready(self.sc.run.tunnel_timeout_s)
+            time.sleep(driver.settle_s)
             self._phase(vpn, "tunnel_wait", time.monotonic() - t1)
-        except (*CASE_ERRORS,) as e:
+        except CASE_ERRORS as e:
             self._phase(vpn, "tunnel_wait", time.monotonic() - t0)
             reason = f"mesh did not come up: {e}"
             self._keep_logs(driver, self.run_dir / "cases" / vpn / "startup-failure")
             self.store.set_vpn(
                 self.run_id, vpn, avail.version, "failed", reason, getattr(driver, "settings", {})
             )
-            for wl in self.workloads:
-                self.store.record_skip(self.run_id, vpn, profile, wl.name, wl.label(), reason)
+            self._skip_all(vpn, reason, self.sc.profiles)
             self._say(f"[red]{vpn}: {reason}[/]")
             self._stop_and_verify(mesh, vpn)
             progress.advance(task, n_cases)
@@ -205,11 +278,22 @@ class Runner:
         self._say(
             f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s"
         )
-        for rep in range(1, self.sc.run.repetitions + 1):
-            for wl in self.workloads:
-                progress.update(task, description=f"{vpn} · {wl.label()} · rep {rep}")
-                self._run_case(mesh, wl, profile, rep, client, server)
-                progress.advance(task)
+        try:
+            for profile in self.sc.profiles:
+                why = self._apply_profile(profile, mesh)
+                if why:
+                    self._say(f"[red]{vpn}: {why}[/]")
+                    self._skip_all(vpn, why, [profile])
+                    progress.advance(task, per_profile)
+                    continue
+                for rep in range(1, self.sc.run.repetitions + 1):
+                    for wl in self.workloads:
+                        progress.update(task, description=f"{vpn} · {profile} · {wl.label()} · rep {rep}")
+                        self._run_case(mesh, wl, profile, rep, client, server)
+                        progress.advance(task)
+        finally:
+            if self.backend is not None:
+                self.backend.clear()
         self._stop_and_verify(mesh, vpn)
 
     def _stop_and_verify(self, mesh: Mesh, vpn: str) -> None:
@@ -245,9 +329,11 @@ class Runner:
             ctx = CaseContext(mesh, client, server, adir, t0 + self._case_timeout(wl),
                               {"mss": self.sc.fairness.mss})  # fmt: skip
             try:
+                self._check_path()
                 with Monitor(mesh.daemons(), self.sc.run.monitor_interval_s) as mon:
                     out: Outcome = wl.run(ctx)
                 mon.add_to(out)
+                self._check_path()
                 dead = [f"{h}/{p.label}" for h, ps in mesh.daemons().items() for p in ps if not p.alive()]
                 if dead:
                     raise WorkloadError(f"VPN daemon(s) died during the case: {', '.join(dead)}")
@@ -256,6 +342,9 @@ class Runner:
                 self.store.finish_case(cid, "ok", out)
                 self._phase(mesh.vpn, "measure", out.measure_s)
                 self._phase(mesh.vpn, "case_overhead", time.monotonic() - t0 - out.measure_s)
+                if wl.restarts_mesh and mesh.driver.settle_s:
+                    time.sleep(mesh.driver.settle_s)
+                    self._phase(mesh.vpn, "tunnel_wait", mesh.driver.settle_s)
                 return
             except (Interrupted, KeyboardInterrupt):
                 self.store.finish_case(cid, "interrupted", error="run interrupted")
@@ -271,6 +360,12 @@ class Runner:
                 )
                 self._heal(mesh)
 
+    def _check_path(self) -> None:
+        """Fail the case if the impairment engine is down (fail closed) or stalled."""
+        why = self.backend.health() if self.backend is not None else None
+        if why:
+            raise ImpairError(why)
+
     def _heal(self, mesh: Mesh) -> None:
         """After a failure: if the mesh is broken, restart it so the retry and later cases get a fair chance."""
         t0 = time.monotonic()
@@ -281,6 +376,7 @@ class Runner:
                 mesh.stop()
                 mesh.start()
                 mesh.wait_ready(self.sc.run.tunnel_timeout_s)
+                time.sleep(mesh.driver.settle_s)
         except CASE_ERRORS as e:
             self._say(f"[red]{mesh.vpn}: mesh restart failed: {e}[/]")
         self._phase(mesh.vpn, "tunnel_wait", time.monotonic() - t0)

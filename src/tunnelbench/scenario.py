@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import difflib
 import tomllib
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tunnelbench.impair.profiles import PROFILES
+from tunnelbench.impair.profiles import PROFILES, Profile
 from tunnelbench.vpns import DRIVERS
 from tunnelbench.workloads import WORKLOADS, Workload
 
@@ -28,7 +29,9 @@ class Strict(BaseModel):
 class RunCfg(Strict):
     repetitions: int = Field(3, ge=1, le=10_000, description="repetitions of every case")
     retries: int = Field(1, ge=0, le=5, description="retries of a failed case (daemon logs are kept)")
-    case_timeout_s: float | None = Field(None, gt=0, description="per-case limit; default: expected time x 2 + 30 s")
+    case_timeout_s: float | None = Field(
+        None, gt=0, description="per-case limit; default: expected time x 2 + 30 s"
+    )
     tunnel_timeout_s: float = Field(60.0, gt=0, le=3600, description="limit for a mesh to come up")
     monitor_interval_s: float = Field(0.5, ge=0.05, le=10, description="daemon CPU/RSS sampling period")
     results_dir: str = Field("results", description="where run folders are written")
@@ -56,6 +59,24 @@ class Fairness(Strict):
     tunnel_mtu: int | None = Field(None, ge=1280, le=9000, description="common tunnel MTU for every VPN")
 
 
+class ImpairCfg(Strict):
+    backend: Literal["auto", "netem", "native"] = Field(
+        "auto", description="auto = kernel netem where present, else the native engine"
+    )
+    calibrate: bool = Field(True, description="measure every profile on the raw path before the VPNs run")
+    calibration_probes: int = Field(4000, ge=100, le=1_000_000, description="UDP probes per profile")
+    profiles: dict[str, Profile] = Field(default_factory=dict, description="user-defined profiles by name")
+
+    @field_validator("profiles")
+    @classmethod
+    def _names(cls, v: dict[str, Profile]) -> dict[str, Profile]:
+        for name, p in v.items():
+            if name in PROFILES:
+                raise ValueError(f"profile name {name!r} is built in; pick another name")
+            p.name = name
+        return v
+
+
 class WorkloadCfg(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str
@@ -80,6 +101,7 @@ class Scenario(Strict):
     run: RunCfg = Field(default_factory=RunCfg)
     lab: LabCfg = Field(default_factory=LabCfg)
     fairness: Fairness = Field(default_factory=Fairness)
+    impair: ImpairCfg = Field(default_factory=ImpairCfg)
     workloads: list[WorkloadCfg] = Field(min_length=1)
     vpn_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
@@ -95,13 +117,21 @@ class Scenario(Strict):
             raise ValueError("a VPN is listed twice")
         return v
 
-    @field_validator("profiles")
-    @classmethod
-    def _profiles(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if name not in PROFILES:
-                raise ValueError(f"unknown profile {name!r}; allowed: {', '.join(sorted(PROFILES))}")
-        return v
+    @model_validator(mode="after")
+    def _profiles(self) -> Scenario:
+        known = {**PROFILES, **self.impair.profiles}
+        for name in self.profiles:
+            if name not in known:
+                raise ValueError(
+                    f"profiles: unknown profile {name!r}; allowed: {', '.join(known)} "
+                    "(or define it under [impair.profiles.NAME])"
+                )
+        if len(set(self.profiles)) != len(self.profiles):
+            raise ValueError("profiles: a profile is listed twice")
+        return self
+
+    def profile(self, name: str) -> Profile:
+        return self.impair.profiles.get(name) or PROFILES[name]
 
     @field_validator("vpn_options")
     @classmethod
@@ -124,7 +154,9 @@ def _explain(err: dict, data: dict) -> str:
     where = ""
     for part in loc:
         where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")
+    if not where:  # a whole-scenario check names its field in the message itself
+        return msg
     if err["type"] == "extra_forbidden":
         parent = _model_at(loc[:-1])
         allowed = _fields_of(parent) if parent else []
@@ -137,9 +169,12 @@ def _explain(err: dict, data: dict) -> str:
 
 
 def _model_at(loc: list) -> type[BaseModel] | None:
+    """The model class at a validation-error location (follows nested models, lists and dicts)."""
     model: type[BaseModel] = Scenario
+    pending: type[BaseModel] | None = None  # the value model of a list/dict field: the next part is its key
     for part in loc:
-        if isinstance(part, int):
+        if pending is not None:
+            model, pending = pending, None
             continue
         field = model.model_fields.get(str(part))
         if field is None:
@@ -147,9 +182,12 @@ def _model_at(loc: list) -> type[BaseModel] | None:
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             model = ann
-        else:
+            continue
+        inner = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
             return None
-    return model
+        pending = inner[0]
+    return pending or model
 
 
 def _validate_workload_params(sc: Scenario, source: str) -> None:

@@ -86,7 +86,8 @@ class Store:
     # -- writing -----------------------------------------------------------------------------------
     def begin_run(self, run_id: str, tag: str, scenario_toml: str, version: str) -> None:
         self.db.execute(
-            "INSERT INTO run VALUES (?,?,?,?,?,?,?)", (run_id, tag, time.time(), None, "running", scenario_toml, version)
+            "INSERT INTO run VALUES (?,?,?,?,?,?,?)",
+            (run_id, tag, time.time(), None, "running", scenario_toml, version),
         )
         self.db.commit()
 
@@ -118,13 +119,28 @@ class Store:
         cur = self.db.execute(
             'INSERT INTO "case" (run_id, vpn, profile, workload, label, params, repetition, attempt, status, '
             "started, client, server, artifact_dir) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (run_id, vpn, profile, workload, label, json.dumps(params), repetition, attempt, "running",
-             time.time(), client, server, str(artifact_dir)),  # fmt: skip
+            (
+                run_id,
+                vpn,
+                profile,
+                workload,
+                label,
+                json.dumps(params),
+                repetition,
+                attempt,
+                "running",
+                time.time(),
+                client,
+                server,
+                str(artifact_dir),
+            ),  # fmt: skip
         )
         self.db.commit()
         return int(cur.lastrowid)
 
-    def finish_case(self, case_id: int, status: str, outcome: Outcome | None = None, error: str | None = None) -> None:
+    def finish_case(
+        self, case_id: int, status: str, outcome: Outcome | None = None, error: str | None = None
+    ) -> None:
         with self.db:
             if outcome is not None:
                 self.db.executemany(
@@ -133,13 +149,20 @@ class Store:
                 )
                 self.db.executemany(
                     "INSERT INTO series VALUES (?,?,?,?,?,?)",
-                    [(case_id, se.name, se.unit, se.host, t, v) for se in outcome.series for t, v in se.points],
+                    [
+                        (case_id, se.name, se.unit, se.host, t, v)
+                        for se in outcome.series
+                        for t, v in se.points
+                    ],
                 )
             self.db.execute(
-                'UPDATE "case" SET status=?, error=?, ended=? WHERE id=?', (status, error, time.time(), case_id)
+                'UPDATE "case" SET status=?, error=?, ended=? WHERE id=?',
+                (status, error, time.time(), case_id),
             )
 
-    def record_skip(self, run_id: str, vpn: str, profile: str, workload: str, label: str, reason: str) -> None:
+    def record_skip(
+        self, run_id: str, vpn: str, profile: str, workload: str, label: str, reason: str
+    ) -> None:
         cid = self.start_case(run_id, vpn, profile, workload, label, {}, 0, 0, "", "", Path(""))
         self.finish_case(cid, "skipped", error=reason)
 
@@ -168,7 +191,7 @@ class Store:
         self.db.row_factory = sqlite3.Row
         return list(
             self.db.execute(
-                'SELECT c.id AS case_id, c.vpn, c.profile, c.workload, c.label, c.repetition, c.attempt, '
+                "SELECT c.id AS case_id, c.vpn, c.profile, c.workload, c.label, c.repetition, c.attempt, "
                 'm.name, m.value, m.unit, m.host FROM metric m JOIN "case" c ON c.id = m.case_id '
                 "WHERE c.run_id=? AND c.status='ok' ORDER BY c.id",
                 (run_id,),
@@ -176,14 +199,18 @@ class Store:
         )
 
     def env(self, run_id: str) -> dict[str, str]:
-        return dict(self.db.execute("SELECT key, value FROM environment WHERE run_id=?", (run_id,)).fetchall())
+        return dict(
+            self.db.execute("SELECT key, value FROM environment WHERE run_id=?", (run_id,)).fetchall()
+        )
 
     def vpns(self, run_id: str) -> list[sqlite3.Row]:
         self.db.row_factory = sqlite3.Row
         return list(self.db.execute("SELECT * FROM vpn WHERE run_id=? ORDER BY rowid", (run_id,)))
 
     def phases(self, run_id: str) -> dict[str, float]:
-        rows = self.db.execute("SELECT phase, SUM(seconds) FROM phase WHERE run_id=? GROUP BY phase", (run_id,))
+        rows = self.db.execute(
+            "SELECT phase, SUM(seconds) FROM phase WHERE run_id=? GROUP BY phase", (run_id,)
+        )
         return dict(rows.fetchall())
 
     def series(self, case_ids: Iterable[int]) -> list[sqlite3.Row]:

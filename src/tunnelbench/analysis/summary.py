@@ -55,7 +55,9 @@ class Row:
 class Summary:
     run_id: str
     rows: list[Row] = field(default_factory=list)
-    failures: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (vpn, profile, label) -> failed cases
+    failures: dict[tuple[str, str, str], int] = field(
+        default_factory=dict
+    )  # (vpn, profile, label) -> failed cases
     skipped: dict[str, str] = field(default_factory=dict)  # vpn -> reason
 
 

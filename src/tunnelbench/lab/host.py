@@ -134,6 +134,8 @@ class Host(ABC):
         stdin_devnull: bool = True,
     ) -> Process:
         """Start a long-running process; stdout+stderr go to log_path. Recorded in the journal."""
+        if log_path:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         full_env = None if env is None else {**os.environ, **env}
         try:

@@ -19,7 +19,9 @@ def render_html(store: Store, run_id: str, summary: Summary) -> str:
     run = store.run_row(run_id)
     order = {v: i for i, v in enumerate(vpn_order(store, run_id))}
     rows, last = [], None
-    for r in sorted(headline_rows(summary), key=lambda r: (r.profile, order.get(r.vpn, 99), r.label, r.metric)):
+    for r in sorted(
+        headline_rows(summary), key=lambda r: (r.profile, order.get(r.vpn, 99), r.label, r.metric)
+    ):
         cpu = "–"
         if r.cpu_client or r.cpu_server:
             cpu = f"{num(r.cpu_client.median if r.cpu_client else None)} / {num(r.cpu_server.median if r.cpu_server else None)}"

@@ -15,26 +15,32 @@ def vpn_order(store: Store, run_id: str) -> list[str]:
 
 
 def summary_table(summary: Summary, order: list[str], versions: dict[str, str]) -> Table:
-    t = Table(title=f"tunnelbench run {summary.run_id}: median over repetitions", title_justify="left",
-              caption="× internal: median / median of the no-VPN baseline (throughput, latency, time metrics)",
-              caption_justify="left")
+    t = Table(
+        title=f"tunnelbench run {summary.run_id}: median over repetitions",
+        title_justify="left",
+        caption="× internal: median / median of the no-VPN baseline (throughput, latency, time metrics)",
+        caption_justify="left",
+    )
     for col, just in [("VPN", "left"), ("workload", "left"), ("metric", "left"), ("median", "right"),
                       ("min–max", "right"), ("n", "right"), ("× internal", "right"), ("CPU% cli/srv", "right"),
                       ("RSS MiB", "right")]:  # fmt: skip
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     rank = {v: i for i, v in enumerate(order)}
     rows = sorted(headline_rows(summary), key=lambda r: (r.profile, rank.get(r.vpn, 99), r.label, r.metric))
+    multi_profile = len({r.profile for r in rows}) > 1
     last_vpn = None
     for r in rows:
         cpu = "–"
         if r.cpu_client or r.cpu_server:
             cpu = f"{num(r.cpu_client.median if r.cpu_client else None)}/{num(r.cpu_server.median if r.cpu_server else None)}"
         vpn_cell = ""
-        if r.vpn != last_vpn:
+        if (r.vpn, r.profile) != last_vpn:
             vpn_cell = f"{r.vpn} {versions.get(r.vpn) or ''}".strip()
+            if multi_profile:
+                vpn_cell += f" @ {r.profile}"
             if last_vpn is not None:
                 t.add_section()
-        last_vpn = r.vpn
+        last_vpn = (r.vpn, r.profile)
         fails = summary.failures.get((r.vpn, r.profile, r.label))
         label = r.label + (f" [red]({fails} failed)[/]" if fails else "")
         t.add_row(vpn_cell, label, r.metric, num(r.stat.median, r.unit),
@@ -60,4 +66,6 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
     env = store.env(run_id)
     drops = env.get("router.offlab_drops")
     if drops not in (None, "0"):
-        console.print(f"[yellow]router dropped {drops} packet(s) addressed outside the lab (VPNs probing the internet)[/]")
+        console.print(
+            f"[yellow]router dropped {drops} packet(s) addressed outside the lab (VPNs probing the internet)[/]"
+        )

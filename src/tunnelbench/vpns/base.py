@@ -40,6 +40,9 @@ class VpnDriver(ABC):
     summary: ClassVar[str]
     binaries: ClassVar[tuple[str, ...]] = ()
     default_mtu: ClassVar[int | None] = None
+    # seconds the tunnel needs after every pair answers before it runs at full speed (e.g. tinc's PMTU
+    # discovery sends large packets over its TCP meta connection for ~5 s); the runner waits this out
+    settle_s: ClassVar[float] = 0.0
     # tunnel addresses: host i (1-based) gets TUNNEL_NET.i
     tunnel_prefix: ClassVar[str] = "10.77.0"
     tunnel_prefixlen: ClassVar[int] = 24
@@ -156,6 +159,7 @@ class Mesh:
         self.driver = driver
         self.hosts = driver.spec.hosts
         self.vpn = driver.name
+        self.probe_ms = 300  # readiness probe timeout; raised under delay profiles
 
     def tunnel_ip(self, host: Host) -> str:
         return self.driver.tunnel_ip(host)
@@ -171,12 +175,16 @@ class Mesh:
         for h in self.hosts:
             self.driver.stop(h)
 
-    def pairs_down(self, per_probe_ms: int = 300) -> list[tuple[str, str]]:
+    def pairs_down(self, per_probe_ms: int | None = None) -> list[tuple[str, str]]:
         """Pairs (a, b) where a cannot ping b's tunnel address now (fping, one round)."""
+        per_probe_ms = per_probe_ms or self.probe_ms
         down: list[tuple[str, str]] = []
         for a in self.hosts:
             targets = {self.tunnel_ip(b): b for b in self.hosts if b is not a}
-            p = a.run(["fping", "-q", "-r", "0", "-t", str(per_probe_ms), *targets], check=False, timeout=10)
+            limit = 10 + 2 * per_probe_ms / 1000
+            p = a.run(
+                ["fping", "-q", "-r", "0", "-t", str(per_probe_ms), *targets], check=False, timeout=limit
+            )
             if p.returncode == 0:
                 continue
             alive = set(

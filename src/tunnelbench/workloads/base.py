@@ -87,6 +87,7 @@ class Workload(ABC):
     Params: ClassVar[type[Params]] = Params
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
     headline: ClassVar[tuple[str, ...]] = ()  # the metrics the terminal summary shows
+    restarts_mesh: ClassVar[bool] = False  # the runner lets the tunnel settle again afterwards
 
     def label(self) -> str:
         """Case key of this parameterisation (e.g. tcp-p4, udp-100M)."""

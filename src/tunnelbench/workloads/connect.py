@@ -19,6 +19,7 @@ class Connect(Workload):
     name = "connect"
     summary = "daemon start to first reply over the tunnel (restarts the mesh)"
     tools = ("ping", "fping")
+    restarts_mesh = True
     headline = ("connect_s", "mesh_ready_s")
     Params = ConnectParams
     metrics = (

@@ -21,7 +21,9 @@ def wait_listening(host: Host, port: int, timeout: float = 5.0) -> None:
     raise WorkloadError(f"iperf3 server on {host.name} not listening on :{port} after {timeout:.0f} s")
 
 
-def run_client(ctx: CaseContext, args: list[str], duration_s: float, omit_s: float, tag: str) -> tuple[dict, float]:
+def run_client(
+    ctx: CaseContext, args: list[str], duration_s: float, omit_s: float, tag: str
+) -> tuple[dict, float]:
     """Run one iperf3 test (server one-off) and return (parsed JSON, seconds the client ran)."""
     srv_log = ctx.artifact_dir / f"{tag}-server.log"
     server = ctx.server.spawn(
@@ -45,7 +47,9 @@ def run_client(ctx: CaseContext, args: list[str], duration_s: float, omit_s: flo
         try:
             data = json.loads(res.stdout)
         except json.JSONDecodeError:
-            raise WorkloadError(f"iperf3 printed no JSON (exit {res.returncode}): {res.stderr[-400:]}") from None
+            raise WorkloadError(
+                f"iperf3 printed no JSON (exit {res.returncode}): {res.stderr[-400:]}"
+            ) from None
         if "error" in data:
             raise WorkloadError(f"iperf3: {data['error']}")
         return data, ran

@@ -8,7 +8,15 @@ import time
 import numpy as np
 from pydantic import Field
 
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Series, Workload, WorkloadError
+from tunnelbench.workloads.base import (
+    CaseContext,
+    MetricSpec,
+    Outcome,
+    Params,
+    Series,
+    Workload,
+    WorkloadError,
+)
 
 REPLY = re.compile(r"^\[(?P<ts>[\d.]+)\] .*icmp_seq=(?P<seq>\d+) .*time=(?P<rtt>[\d.]+) ms")
 SUMMARY = re.compile(r"(?P<tx>\d+) packets transmitted, (?P<rx>\d+) (packets )?received")

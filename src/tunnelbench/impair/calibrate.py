@@ -1,0 +1,267 @@
+"""Calibration: known-answer probes over the raw (no VPN) impaired path, configured vs measured.
+
+Measured per profile, from h1 to h2 across the router: one-way delay (mean, sd, percentiles) from stamped
+UDP probes on the machine's one clock, loss with a 95% Wilson interval and loss-burst lengths, reorder
+share (datagrams that overtook an earlier one), duplicate share, ping RTT, and the achieved TCP rate."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tunnelbench.impair.backend import Backend
+from tunnelbench.impair.profiles import Profile
+from tunnelbench.lab.host import Host
+from tunnelbench.workloads.ping import parse_ping
+
+PROBE_PORT = 47001
+Z95 = 1.959964
+
+
+@dataclass
+class Check:
+    quantity: str
+    unit: str
+    configured: float | None
+    measured: float | None
+    detail: str = ""
+    ok: bool | None = None  # None: informational, no tolerance
+
+
+@dataclass
+class Calibration:
+    profile: str
+    backend: str
+    summary: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok is not False for c in self.checks)
+
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.ok is False]
+
+    def to_json(self) -> str:
+        return json.dumps({"profile": self.profile, "backend": self.backend, "summary": self.summary,
+                           "ok": self.ok, "checks": [asdict(c) for c in self.checks]})  # fmt: skip
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+@dataclass
+class ProbeResult:
+    sent: int
+    received: int  # distinct sequence numbers
+    delays_ms: np.ndarray  # one-way delay of the first copy of each received datagram
+    loss_bursts: list[int]
+    reordered: int
+    duplicates: int
+
+
+def analyse(records: list[tuple[int, int, int]], sent: int) -> ProbeResult:
+    """records: (seq, send_ns, recv_ns) in arrival order."""
+    seen: dict[int, float] = {}
+    dups = 0
+    order: list[int] = []
+    for seq, s_ns, r_ns in records:
+        if seq in seen:
+            dups += 1
+            continue
+        seen[seq] = (r_ns - s_ns) / 1e6
+        order.append(seq)
+    # a datagram overtook an earlier one if some lower sequence number arrives after it
+    reordered = 0
+    suffix_min = math.inf
+    for seq in reversed(order):
+        if seq > suffix_min:
+            reordered += 1
+        suffix_min = min(suffix_min, seq)
+    bursts: list[int] = []
+    run = 0
+    for seq in range(sent):
+        if seq in seen:
+            if run:
+                bursts.append(run)
+            run = 0
+        else:
+            run += 1
+    if run:
+        bursts.append(run)
+    delays = np.array([seen[s] for s in sorted(seen)])
+    return ProbeResult(sent, len(seen), delays, bursts, reordered, dups)
+
+
+def run_probe(
+    src: Host, dst: Host, workdir: Path, count: int, interval_us: int, max_delay_s: float
+) -> ProbeResult:
+    out = workdir / f"probe-{src.name}-{dst.name}-{time.monotonic_ns()}.txt"
+    py = sys.executable
+    idle = 2.0 + 2 * max_delay_s
+    total = count * interval_us / 1e6 + max_delay_s + idle + 5
+    recv = dst.spawn([py, "-m", "tunnelbench.impair.probe", "recv", "--bind", dst.underlay_ip, "--port",
+                      str(PROBE_PORT), "--out", str(out), "--idle-s", f"{idle:g}", "--total-s", f"{total:g}"],
+                     label="probe-recv", log_path=workdir / "probe-recv.log")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while "ready" not in (recv.log_tail(200) or ""):
+            if time.monotonic() > deadline or not recv.alive():
+                raise RuntimeError(f"probe receiver did not start: {recv.log_tail(400)}")
+            time.sleep(0.02)
+        src.run([py, "-m", "tunnelbench.impair.probe", "send", "--to", dst.underlay_ip, "--port", str(PROBE_PORT),
+                 "--count", str(count), "--interval-us", str(interval_us)], timeout=total + 10)  # fmt: skip
+        if recv.wait(total + 10) is None:
+            raise RuntimeError("probe receiver did not finish")
+    finally:
+        recv.stop(grace=1)
+    records = []
+    for line in out.read_text().splitlines():
+        a, b, c = line.split()
+        records.append((int(a), int(b), int(c)))
+    return analyse(records, count)
+
+
+def ping_rtt(src: Host, dst: Host, count: int, interval: float, max_delay_s: float) -> np.ndarray:
+    w = 2 + 2 * max_delay_s
+    r = src.run(["ping", "-D", "-n", "-c", str(count), "-i", f"{interval:g}", "-W", f"{w:g}",
+                 dst.underlay_ip], check=False, timeout=count * interval + w + 10)  # fmt: skip
+    parsed = parse_ping(r.stdout)
+    return np.array([rtt for _, rtt in parsed["replies"].values()])
+
+
+def tcp_rate(src: Host, dst: Host, seconds: float = 3.0) -> float:
+    srv = dst.spawn(
+        ["iperf3", "-s", "-1", "-p", "5299", "-B", dst.underlay_ip], label="iperf3-cal", log_path=None
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while not dst.run(["ss", "-Hltn", "sport = :5299"], check=False).stdout.strip():
+            if time.monotonic() > deadline:
+                raise RuntimeError("iperf3 server for calibration did not listen")
+            time.sleep(0.01)
+        r = src.run(["iperf3", "-c", dst.underlay_ip, "-p", "5299", "-J", "-t", f"{seconds:g}", "-O", "1"],
+                    timeout=seconds + 30)  # fmt: skip
+        return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"] / 1e6
+    finally:
+        srv.stop(grace=2)
+
+
+@dataclass
+class Base:
+    one_way_ms: float
+    rtt_ms: float
+
+
+def measure_base(src: Host, dst: Host, workdir: Path) -> Base:
+    pr = run_probe(src, dst, workdir, 1000, 500, 0.0)
+    rtt = ping_rtt(src, dst, 100, 0.01, 0.0)
+    return Base(float(np.median(pr.delays_ms)), float(np.median(rtt)))
+
+
+def expected_sd(p: Profile) -> float:
+    if not p.jitter_ms:
+        return 0.0
+    return p.jitter_ms / math.sqrt(3) if p.distribution == "uniform" else p.jitter_ms
+
+
+def calibrate(backend: Backend, profile: Profile, src: Host, dst: Host, workdir: Path, base: Base,
+              count: int = 4000, interval_us: int = 500) -> Calibration:  # fmt: skip
+    """Apply must already have happened. Probes src -> dst and compares with the profile."""
+    cal = Calibration(profile.name, backend.name, profile.summary())
+    max_delay_s = (profile.delay_ms + 4 * profile.jitter_ms) / 1000
+    in_scope = _in_scope(profile, src, dst)
+    if profile.needs_engine:
+        pr = run_probe(src, dst, workdir, count, interval_us, max_delay_s)
+        n = pr.sent
+        lost = n - pr.received
+        d = pr.delays_ms - base.one_way_ms
+        exp_delay = (profile.delay_ms * (1 - profile.reorder_pct / 100)) if in_scope else 0.0
+        if pr.received:
+            mean = float(d.mean())
+            tol = max(0.02 * exp_delay, 0.25)
+            pct = np.percentile(d, [50, 95, 99])
+            cal.checks.append(Check("one-way delay mean", "ms", exp_delay, mean,
+                                    f"p50 {pct[0]:.2f}, p95 {pct[1]:.2f}, p99 {pct[2]:.2f}; tolerance ±{tol:.2f}",
+                                    abs(mean - exp_delay) <= tol))  # fmt: skip
+            sd = float(d.std(ddof=1)) if d.size > 1 else 0.0
+            esd = expected_sd(profile) if in_scope else 0.0
+            if esd and not profile.reorder_pct:
+                cal.checks.append(
+                    Check("one-way delay sd", "ms", esd, sd, "tolerance ±15%", abs(sd - esd) <= 0.15 * esd)
+                )
+            else:
+                cal.checks.append(Check("one-way delay sd", "ms", esd or None, sd))
+        exp_loss = profile.expected_loss() if in_scope else 0.0
+        lo, hi = wilson(lost, n)
+        # correlated loss has fewer independent draws: widen the interval by the AR(1) variance factor
+        rho = profile.loss_correlation_pct / 100
+        widen = math.sqrt((1 + rho) / (1 - rho)) if rho < 1 else 10.0
+        mid = lost / n
+        lo_w, hi_w = max(0.0, mid - (mid - lo) * widen), min(1.0, mid + (hi - mid) * widen)
+        cal.checks.append(Check("loss", "%", 100 * exp_loss, 100 * mid,
+                                f"95% CI {100 * lo_w:.2f}-{100 * hi_w:.2f}% over {n} probes"
+                                + (f" (widened ×{widen:.2f} for {profile.loss_correlation_pct:g}% correlation)" if rho else ""),
+                                lo_w <= exp_loss <= hi_w or abs(mid - exp_loss) < 0.001))  # fmt: skip
+        if pr.loss_bursts:
+            mean_burst = float(np.mean(pr.loss_bursts))
+            exp_burst = profile.gemodel.expected_burst() if (profile.gemodel and in_scope) else None
+            ok = None
+            detail = f"{len(pr.loss_bursts)} bursts, longest {max(pr.loss_bursts)}"
+            if exp_burst:
+                se = (
+                    float(np.std(pr.loss_bursts, ddof=1) / math.sqrt(len(pr.loss_bursts)))
+                    if len(pr.loss_bursts) > 1
+                    else exp_burst
+                )
+                ok = abs(mean_burst - exp_burst) <= max(3 * se, 0.05 * exp_burst)
+                detail += f"; tolerance ±{max(3 * se, 0.05 * exp_burst):.2f} (3 s.e.)"
+            cal.checks.append(Check("mean loss burst", "packets", exp_burst, mean_burst, detail, ok))
+        if pr.received:
+            share = pr.reordered / pr.received
+            exp_r = profile.reorder_pct / 100 if in_scope else 0.0
+            se = math.sqrt(max(exp_r * (1 - exp_r), 1e-6) / pr.received)
+            rho = profile.reorder_correlation_pct / 100
+            widen = math.sqrt((1 + rho) / (1 - rho)) if rho < 1 else 10.0
+            if profile.jitter_ms and in_scope:
+                cal.checks.append(Check("reorder share", "%", None, 100 * share,
+                                        "jitter reorders packets too (netem semantics): no fixed expectation"))  # fmt: skip
+            else:
+                tol = max(3 * se * widen, 0.002)
+                cal.checks.append(Check("reorder share", "%", 100 * exp_r, 100 * share, f"tolerance ±{100 * tol:.2f}%",
+                                        abs(share - exp_r) <= tol))  # fmt: skip
+            dshare = pr.duplicates / pr.received
+            exp_d = profile.duplicate_pct / 100 if in_scope else 0.0
+            se_d = math.sqrt(max(exp_d * (1 - exp_d), 1e-6) / pr.received)
+            cal.checks.append(Check("duplicate share", "%", 100 * exp_d, 100 * dshare, f"tolerance ±{100 * max(3 * se_d, 0.002):.2f}%",
+                                    abs(dshare - exp_d) <= max(3 * se_d, 0.002)))  # fmt: skip
+        if profile.loss_pct < 100 and exp_loss < 0.9:
+            rtt = ping_rtt(src, dst, 100, 0.01, max_delay_s)
+            if rtt.size:
+                exp_rtt = base.rtt_ms + (2 * exp_delay if in_scope else 0)
+                cal.checks.append(Check("ping RTT median", "ms", exp_rtt, float(np.median(rtt)),
+                                        f"{rtt.size} replies; base RTT {base.rtt_ms:.3f} ms"))  # fmt: skip
+    if profile.rate_mbit and in_scope:
+        got = tcp_rate(src, dst)
+        cal.checks.append(Check("TCP goodput at the rate limit", "Mbit/s", profile.rate_mbit, got,
+                                "expected 90-100% of the rate", 0.9 * profile.rate_mbit <= got <= 1.0 * profile.rate_mbit))  # fmt: skip
+    return cal
+
+
+def _in_scope(p: Profile, src: Host, dst: Host) -> bool:
+    if p.pairs:
+        return any({a, b} == {src.name, dst.name} for a, b in p.pairs)
+    return not p.hosts or src.name in p.hosts or dst.name in p.hosts

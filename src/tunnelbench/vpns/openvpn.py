@@ -1,0 +1,157 @@
+"""OpenVPN 2.6 (Debian `openvpn`, OpenSSL): a real full mesh of point-to-point TLS tunnels.
+
+For every unordered pair of hosts (i < j, pair index k) there is one tunnel on UDP port 1194+k: host i runs
+an openvpn process with --tls-server, host j one with --tls-client, each with its own tun device
+(<ifname>p<peer index>). Every host uses its one tunnel address on all its tunnels
+(`--ifconfig <mine> <peer's>`), so the kernel has a /32 peer route per tunnel and traffic to 10.77.0.j
+leaves through the tun of the tunnel to host j: no hub, no relaying through a third host.
+
+Data channel: AES-256-GCM (--data-ciphers AES-256-GCM, negotiated per tunnel), userspace only
+(--disable-dco, so a kernel with ovpn-dco would not change what is measured). Control channel: TLS
+with ECDSA P-256 certificates from a per-run CA (made with openssl on host 1, ca.key 0600); every
+host's key is made on that host, only its CSR goes to the CA. Each end checks the other's certificate
+(--remote-cert-tls, --verify-x509-name). A full mesh of N hosts runs N-1 openvpn processes per host."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from pathlib import Path
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+
+BASE_PORT = 1194
+CIPHER = "AES-256-GCM"
+CERT_DAYS = 30
+CERT_EXT = """basicConstraints = CA:FALSE
+keyUsage = critical, digitalSignature, keyAgreement
+extendedKeyUsage = serverAuth, clientAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+"""
+
+
+class OpenVpn(VpnDriver):
+    name = "openvpn"
+    summary = (
+        "OpenVPN 2.6 full mesh of p2p TLS tunnels (one per pair, UDP 1194+k), AES-256-GCM, userspace (no DCO)"
+    )
+    binaries = ("openvpn", "openssl")
+    default_mtu = 1500  # openvpn's default --tun-mtu
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        hosts = spec.hosts
+        # pair index k -> (server host, client host); port BASE_PORT + k
+        self.pairs: list[tuple[Host, Host]] = list(itertools.combinations(hosts, 2))
+        self.settings: dict = {
+            "mode": "full mesh of point-to-point TLS tunnels (one openvpn process per host per peer)",
+            "cipher": CIPHER,
+            "control_channel": "TLS (OpenSSL), ECDSA P-256 certificates",
+            "dco": False,
+            "proto": "udp",
+            "topology": "p2p",
+            "mtu": self.mtu,
+            "ports": f"{BASE_PORT}..{BASE_PORT + max(len(self.pairs) - 1, 0)} (1194 + pair index)",
+            "compression": "none",
+        }
+
+    @classmethod
+    def version(cls) -> str:
+        # "OpenVPN 2.6.14 x86_64-pc-linux-gnu [SSL (OpenSSL)] ..."
+        return cls._first_line(["openvpn", "--version"], "openvpn ").split()[1]
+
+    # -- names -------------------------------------------------------------------------------------
+    def peer_ifname(self, host: Host, peer: Host) -> str:
+        name = f"{self.ifname(host)}p{self.index(peer)}"
+        if len(name) > 15:
+            raise ValueError(f"openvpn: interface name {name} longer than 15 characters")
+        return name
+
+    def _ca_dir(self) -> Path:
+        return self.host_dir(self.spec.hosts[0]) / "ca"
+
+    # -- configure ---------------------------------------------------------------------------------
+    def configure(self) -> None:
+        ca_host = self.spec.hosts[0]
+        ca = self._ca_dir()
+        ca_key, ca_crt = ca / "ca.key", ca / "ca.crt"
+        ca_host.write_file(ca_key, self._genkey(ca_host), 0o600)
+        ca_host.run(["openssl", "req", "-x509", "-new", "-key", str(ca_key), "-sha256", "-days", str(CERT_DAYS),
+                     "-subj", f"/CN=tunnelbench CA {self.spec.tag}",
+                     "-addext", "keyUsage = critical, keyCertSign, cRLSign", "-out", str(ca_crt)])  # fmt: skip
+        ext = ca / "host-ext.cnf"
+        ca_host.write_file(ext, CERT_EXT, 0o644)
+        ca_pem = ca_host.read_file(ca_crt)
+        for h in self.spec.hosts:
+            d = self.host_dir(h)
+            key = d / "host.key"
+            h.write_file(key, self._genkey(h), 0o600)
+            csr = h.run(
+                ["openssl", "req", "-new", "-key", str(key), "-sha256", "-subj", f"/CN={h.name}"]
+            ).stdout
+            csr_at_ca, crt_at_ca = ca / f"{h.name}.csr", ca / f"{h.name}.crt"
+            ca_host.write_file(csr_at_ca, csr, 0o644)
+            ca_host.run(["openssl", "x509", "-req", "-in", str(csr_at_ca), "-CA", str(ca_crt), "-CAkey", str(ca_key),
+                         "-set_serial", "0x" + secrets.token_hex(8), "-days", str(CERT_DAYS), "-sha256",
+                         "-extfile", str(ext), "-out", str(crt_at_ca)])  # fmt: skip
+            h.write_file(d / "host.crt", ca_host.read_file(crt_at_ca), 0o600)
+            h.write_file(d / "ca.crt", ca_pem, 0o644)
+
+    @staticmethod
+    def _genkey(host: Host) -> str:
+        # the key goes from openssl's stdout straight into a 0600 file; it is never printed
+        return host.run(
+            ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]
+        ).stdout
+
+    def _argv(self, host: Host, peer: Host, k: int, server: bool) -> list[str]:
+        d = self.host_dir(host)
+        argv = [
+            "openvpn",
+            "--dev", self.peer_ifname(host, peer), "--dev-type", "tun", "--topology", "p2p",
+            "--proto", "udp", "--port", str(BASE_PORT + k), "--remote", peer.underlay_ip,
+            "--ifconfig", self.tunnel_ip(host), self.tunnel_ip(peer),
+            "--tun-mtu", str(self.mtu),
+            "--ca", str(d / "ca.crt"), "--cert", str(d / "host.crt"), "--key", str(d / "host.key"),
+            "--verify-x509-name", peer.name, "name",
+            "--cipher", CIPHER, "--data-ciphers", CIPHER,
+            "--disable-dco",
+            "--keepalive", "10", "60",
+            "--verb", "3",
+        ]  # fmt: skip
+        if server:
+            argv += ["--tls-server", "--dh", "none", "--remote-cert-tls", "client"]
+        else:
+            argv += ["--tls-client", "--remote-cert-tls", "server"]
+        return argv
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, host: Host) -> None:
+        d = self.host_dir(host)
+        started = []
+        for k, (srv, cli) in enumerate(self.pairs):
+            if host is srv:
+                peer, server = cli, True
+            elif host is cli:
+                peer, server = srv, False
+            else:
+                continue
+            proc = host.spawn(self._argv(host, peer, k, server), label=f"openvpn-{peer.name}",
+                              log_path=d / f"daemon-{peer.name}.log")  # fmt: skip
+            self.procs[host.name].append(proc)
+            started.append((proc, self.peer_ifname(host, peer)))
+        # in p2p mode openvpn opens the tun and sets --ifconfig before TLS: wait for the devices only
+        for proc, ifname in started:
+            self.wait_for(f"openvpn tun {ifname}", lambda p=proc, i=ifname: self.link_exists(host, i) or not p.alive(),
+                          timeout=10)  # fmt: skip
+            if not proc.alive():
+                raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
+
+    def after_stop(self, host: Host) -> None:
+        for peer in self.spec.hosts:
+            if peer is not host:
+                ifname = self.peer_ifname(host, peer)
+                if self.link_exists(host, ifname):
+                    host.run(["ip", "link", "del", ifname], check=False)

@@ -1,0 +1,200 @@
+"""tinc 1.0 (Debian `tinc`, tincd): full mesh in router mode over a tun device.
+
+Data plane: a full mesh. tinc 1.0 sends every UDP packet straight to the destination node's underlay
+address (learned from the edges), whatever the meta connections are, so h2 -> h3 never passes h1.
+
+Control plane (meta connections, TCP 655): a star by default, h1 <-> every other host. A full mesh of
+ConnectTo lines (spec.options["tinc_meta"] = "full") is racy in tinc 1.0.36: when a third node joins,
+it learns about a peer through h1 first and sends that peer its UDP key via h1 (ANS_KEY), then the
+direct meta connection comes up and the peer's REQ_KEY is answered directly with a *new* key. The two
+ANS_KEYs travel different TCP paths; if the one via h1 arrives last, the peer keeps the stale key and
+every UDP packet it sends is dropped as "unauthenticated" until KeyExpire (3600 s): seen in ~1 of 35
+three-host starts, that pair never came up within 30 s. With a tree of meta connections there is one
+path between any two nodes, so key messages cannot overtake each other. Packets: UDP 655, tinc 1.0's default blowfish-CBC + HMAC-SHA1 (4-byte MAC), set
+explicitly in every host file so that the recorded cipher is what ran; spec.options["cipher"] switches
+to AES-256-CBC + HMAC-SHA256 (or a named OpenSSL cipher if the option is a string).
+
+Keys: `tincd -K 2048` on each host (RSA, rsa_key.priv 0600, the public key is appended to the host's own
+hosts/<name> file, which is then copied to the other hosts). A tinc-up script sets the address and MTU.
+tincd runs in the foreground (-D), with --pidfile inside the run folder (else /var/run/tinc.NET.pid)
+and --logfile to the daemon log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+
+PORT = 655
+RSA_BITS = 2048
+DEFAULT_CIPHER, DEFAULT_DIGEST = "blowfish", "sha1"  # tinc 1.0 defaults (bf-cbc, HMAC-SHA1)
+STRONG_CIPHER, STRONG_DIGEST = "aes-256-cbc", "sha256"
+MAC_LENGTH = 4  # tinc 1.0 default
+# tinc 1.0 takes its ciphers from OpenSSL's EVP by name. OpenSSL 3 moved blowfish to the "legacy" provider,
+# which is not loaded by default: tincd then logs "Error during initialisation of key ...: unsupported",
+# never gets a UDP key and silently carries all traffic over its TCP meta connections (pings still work).
+# So tincd runs with an OPENSSL_CONF that activates the default and legacy providers.
+OPENSSL_CONF = """openssl_conf = openssl_init
+[openssl_init]
+providers = provider_sect
+[provider_sect]
+default = default_sect
+legacy = legacy_sect
+[default_sect]
+activate = 1
+[legacy_sect]
+activate = 1
+"""
+
+
+class Tinc(VpnDriver):
+    name = "tinc"
+    summary = "tinc 1.0 full mesh (direct UDP 655, meta star via h1), router mode, blowfish-CBC + HMAC-SHA1 (default)"
+    binaries = ("tincd",)
+    # tinc does not set an MTU: the tun device keeps the kernel's 1500 and tinc relies on its PMTU
+    # discovery (ICMP frag-needed to the sender, TCP fallback for oversize packets)
+    default_mtu = 1500
+    settle_s = 6.0  # PMTU discovery finishes ~5 s after start; until then big packets ride the TCP meta link
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        opt = spec.options.get("cipher")
+        if opt is None:
+            cipher, digest = DEFAULT_CIPHER, DEFAULT_DIGEST
+        elif isinstance(opt, str) and opt.lower() not in ("aes", "strong", "true", "1"):
+            cipher, digest = opt, spec.options.get("digest", STRONG_DIGEST)
+        else:
+            cipher, digest = STRONG_CIPHER, STRONG_DIGEST
+        self.meta = spec.options.get("tinc_meta", "star")
+        if self.meta not in ("star", "full"):
+            raise ValueError(f"tinc: tinc_meta must be 'star' or 'full', not {self.meta!r}")
+        self.settings: dict = {
+            "mode": "full mesh data plane (direct UDP), router mode (Mode = router, tun)",
+            "meta_connections": "star around h1" if self.meta == "star" else "full mesh",
+            "cipher": cipher,
+            "digest": digest,
+            "mac_length": MAC_LENGTH,
+            "rsa_bits": RSA_BITS,
+            "mtu": self.mtu,
+            "port": PORT,
+            "compression": 0,
+        }
+
+    @classmethod
+    def version(cls) -> str:
+        # "tinc version 1.0.36 (built ...)"
+        line = cls._first_line(["tincd", "--version"], "tinc version")
+        return line.split("version", 1)[1].split()[0]
+
+    # -- paths -------------------------------------------------------------------------------------
+    def confdir(self, host: Host) -> Path:
+        return self.host_dir(host) / "conf"
+
+    def openssl_conf(self, host: Host) -> Path:
+        return self.host_dir(host) / "openssl-legacy.cnf"
+
+    def _env(self, host: Host) -> dict[str, str]:
+        return {"OPENSSL_CONF": str(self.openssl_conf(host))}
+
+    def pidfile(self, host: Host) -> Path:
+        return self.host_dir(host) / "tincd.pid"
+
+    @property
+    def netname(self) -> str:
+        return self.spec.tag
+
+    # -- configure ---------------------------------------------------------------------------------
+    def configure(self) -> None:
+        host_files: dict[str, bytes] = {}
+        for h in self.spec.hosts:
+            conf = self.confdir(h)
+            h.write_file(self.openssl_conf(h), OPENSSL_CONF, 0o644)
+            # fail here, not with a silent TCP fallback later, if this OpenSSL lacks the cipher or digest
+            probe = h.run(["openssl", "enc", "-e", f"-{self.settings['cipher']}", "-md", self.settings["digest"],
+                           "-pbkdf2", "-pass", "pass:probe", "-out", "/dev/null"], input="probe", env=self._env(h), check=False)  # fmt: skip
+            if probe.returncode != 0:
+                raise RuntimeError(f"tinc: OpenSSL here cannot do {self.settings['cipher']}/{self.settings['digest']} "
+                                   f"(even with the legacy provider): {probe.stderr.strip()[-300:]}")  # fmt: skip
+            tinc_conf = [
+                f"Name = {h.name}",
+                "Mode = router",
+                "DeviceType = tun",
+                "Device = /dev/net/tun",
+                f"Interface = {self.ifname(h)}",
+                "AddressFamily = ipv4",
+                *(f"ConnectTo = {p.name}" for p in self._connect_to(h)),
+            ]
+            h.write_file(conf / "tinc.conf", "\n".join(tinc_conf) + "\n", 0o644)
+            host_conf = [
+                f"Address = {h.underlay_ip}",
+                f"Port = {PORT}",
+                f"Subnet = {self.tunnel_ip(h)}/32",
+                f"Cipher = {self.settings['cipher']}",
+                f"Digest = {self.settings['digest']}",
+                f"MACLength = {MAC_LENGTH}",
+                "Compression = 0",
+            ]
+            own = conf / "hosts" / h.name
+            h.write_file(own, "\n".join(host_conf) + "\n", 0o644)
+            # appends the public key to hosts/<name>, writes rsa_key.priv (0600); stdin is a pipe: no prompts
+            h.run(["tincd", "-c", str(conf), f"--generate-keys={RSA_BITS}"], input="")
+            priv = conf / "rsa_key.priv"
+            h.run(["chmod", "600", str(priv)])
+            host_files[h.name] = h.read_file(own)
+            if b"BEGIN RSA PUBLIC KEY" not in host_files[h.name]:
+                raise RuntimeError(f"tinc: no public key in {own}")
+            up = (
+                "#!/bin/sh\n"
+                f"ip addr add {self.tunnel_ip(h)}/{self.tunnel_prefixlen} dev \"$INTERFACE\"\n"
+                f"ip link set \"$INTERFACE\" mtu {self.mtu} up\n"
+            )  # fmt: skip
+            h.write_file(conf / "tinc-up", up, 0o755)
+            down = '#!/bin/sh\nip link set "$INTERFACE" down\n'
+            h.write_file(conf / "tinc-down", down, 0o755)
+        for h in self.spec.hosts:
+            for p in self.spec.hosts:
+                if p is not h:
+                    h.write_file(self.confdir(h) / "hosts" / p.name, host_files[p.name], 0o644)
+
+    def _connect_to(self, host: Host) -> list[Host]:
+        hosts = self.spec.hosts
+        if self.meta == "full" or host is hosts[0]:
+            return [p for p in hosts if p is not host]
+        return [hosts[0]]  # star: h1 also dials everyone, so start order does not matter
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, host: Host) -> None:
+        d = self.host_dir(host)
+        log = d / "daemon.log"
+        argv = ["tincd", f"--net={self.netname}", "-c", str(self.confdir(host)), "-D", "--debug=1",
+                f"--pidfile={self.pidfile(host)}", f"--logfile={log}"]  # fmt: skip
+        # -D keeps stdout/stderr open: spawn sends them to the same log (both append)
+        proc = host.spawn(argv, label="tincd", log_path=log, env=self._env(host))
+        self.procs[host.name].append(proc)
+        ifname = self.ifname(host)
+
+        # tinc-up runs once the device exists; wait for the address so the host is usable when we return
+        def addressed() -> bool:
+            if not proc.alive():
+                return True
+            out = host.run(["ip", "-o", "-4", "addr", "show", "dev", ifname], check=False).stdout
+            return f" {self.tunnel_ip(host)}/" in out
+
+        self.wait_for("tinc tun address (tinc-up)", addressed, timeout=10)
+        if not proc.alive():
+            raise RuntimeError(f"tincd exited: {proc.log_tail()}")
+
+    def after_stop(self, host: Host) -> None:
+        ifname = self.ifname(host)
+        if self.link_exists(host, ifname):
+            host.run(["ip", "link", "del", ifname], check=False)
+        host.run(["rm", "-f", str(self.pidfile(host))], check=False)
+
+    def leftovers(self, host: Host) -> list[str]:
+        found = super().leftovers(host)
+        # tincd's default pid file, should --pidfile ever be lost
+        default_pid = Path(f"/var/run/tinc.{self.netname}.pid")
+        if host.run(["test", "-e", str(default_pid)], check=False).returncode == 0:
+            found.append(f"file {default_pid}")
+        return found
