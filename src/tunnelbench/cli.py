@@ -56,27 +56,40 @@ def main() -> None:
     "--results", type=click.Path(file_okay=False, path_type=Path), help="results folder (default ./results)"
 )
 @click.option("--no-html", is_flag=True, help="do not write report.html")
+@click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="run on the real hosts of this Ansible-style YAML inventory over SSH (lab.backend = ssh)")  # fmt: skip
+@click.option("--insecure-no-host-key-check", "insecure", is_flag=True,
+              help="with --inventory: do not verify SSH host keys (only on a lab network you fully control)")  # fmt: skip
 def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path | None,
-        no_html: bool) -> None:  # fmt: skip
+        no_html: bool, inventory: Path | None = None, insecure: bool = False) -> None:  # fmt: skip
     """Run a scenario (the built-in default when none is given) and print the summary."""
     from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
 
     try:
         sc, text = load_scenario(scenario)
-        if vpns or repetitions:
+        if vpns or repetitions or inventory or insecure:
             import tomllib
 
             data = tomllib.loads(text)
+            if inventory:
+                data.setdefault("lab", {}).update(backend="ssh", inventory=str(inventory.resolve()))
+            if insecure:
+                data.setdefault("lab", {})["insecure_no_host_key_check"] = True
             if vpns:
                 data["vpns"] = [v for arg in vpns for v in arg.split(",")]
             if repetitions:
                 data.setdefault("run", {})["repetitions"] = repetitions
             sc = parse_scenario(data, f"{scenario or 'default scenario'} with command-line overrides")
             text = _dump_toml_note(text, vpns, repetitions)
+            if inventory:
+                text = (
+                    f"# --inventory {inventory}{' --insecure-no-host-key-check' if insecure else ''}\n{text}"
+                )
     except ScenarioError as e:
         err.print(f"[red]{e}[/]")
         sys.exit(2)
-    _need_root()
+    if sc.lab.backend != "ssh":  # over SSH the hosts need root, not the controller
+        _need_root()
     from tunnelbench.analysis.summary import summarize
     from tunnelbench.report.html import write_html
     from tunnelbench.report.terminal import print_summary
@@ -95,7 +108,9 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, r
         import traceback
 
         (runner.run_dir / "error.txt").write_text(traceback.format_exc())
-        err.print(f"[red]run failed: {type(e).__name__}: {e} (traceback in {runner.run_dir / 'error.txt'})[/]")
+        err.print(
+            f"[red]run failed: {type(e).__name__}: {e} (traceback in {runner.run_dir / 'error.txt'})[/]"
+        )
         code = 1
     store = Store(runner.run_dir / DB_NAME)
     summary = summarize(store, runner.run_id)
@@ -118,9 +133,15 @@ def _dump_toml_note(text: str, vpns: tuple[str, ...], repetitions: int | None) -
 
 
 @main.command()
-def doctor() -> None:
+@click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="probe every host of this inventory over SSH instead of this machine")  # fmt: skip
+@click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
+def doctor(inventory: Path | None = None, insecure: bool = False) -> None:
     """Probe this machine: tools, kernel features (netem, WireGuard, NFQUEUE, ...), VPNs, and what is missing."""
     from tunnelbench.doctor import run_doctor
+
+    if inventory is not None:
+        sys.exit(_doctor_inventory(inventory, insecure))
 
     checks = run_doctor()
     t = Table(title="tunnelbench doctor", title_justify="left")
@@ -138,14 +159,163 @@ def doctor() -> None:
         sys.exit(1)
 
 
+def _load_inventory(path: Path, insecure: bool):
+    from tunnelbench.lab.inventory import InventoryError, load_inventory
+
+    try:
+        inv = load_inventory(path)
+    except InventoryError as e:
+        err.print(f"[red]{e}[/]")
+        sys.exit(2)
+    if insecure:
+        inv.insecure()
+    return inv
+
+
+def _doctor_inventory(path: Path, insecure: bool) -> int:
+    """`doctor --inventory`: the doctor's checks on every host over SSH; exit 1 if a host cannot run the lab."""
+    from tunnelbench.lab.ssh import doctor_inventory
+
+    inv = _load_inventory(path, insecure)
+    required = {"reachable", "root", "ip", "iperf3", "ping", "fping", "ss", "/dev/net/tun"}
+    code = 0
+    for h, checks in doctor_inventory(inv):
+        roles = ", ".join(sorted(h.roles)) or "no role"
+        t = Table(title=f"{h.describe()} [{roles}]", title_justify="left")
+        for c in ("group", "check", "status", "detail", "if missing"):
+            t.add_column(c)
+        for c in checks:
+            t.add_row(
+                c.group,
+                c.name,
+                "[green]yes[/]" if c.ok else "[red]no[/]",
+                c.detail,
+                "" if c.ok else c.meaning,
+            )
+        console.print(t)
+        bad = [c.name for c in checks if not c.ok and c.name in required]
+        if bad:
+            err.print(f"[red]{h.name}: cannot run the lab: {', '.join(bad)}[/]")
+            code = 1
+    return code
+
+
+@main.command()
+@click.option(
+    "--profile", "-p", "profiles", multiple=True, help="profile(s) to calibrate (default: every built-in)"
+)
+@click.option(
+    "--scenario", type=click.Path(dir_okay=False, path_type=Path), help="take user-defined profiles from here"
+)
+@click.option("--backend", type=click.Choice(["auto", "netem", "native"]), default="auto", show_default=True)
+@click.option("--probes", type=int, default=4000, show_default=True, help="UDP probes per profile")
+@click.option(
+    "--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="also write the results here"
+)
+def calibrate(
+    profiles: tuple[str, ...], scenario: Path | None, backend: str, probes: int, json_out: Path | None
+) -> None:
+    """Measure impairment profiles on the raw (no VPN) path: configured vs measured."""
+    from tunnelbench.impair.profiles import PROFILES
+    from tunnelbench.scenario import ScenarioError, load_scenario
+
+    known = dict(PROFILES)
+    if scenario:
+        try:
+            sc, _ = load_scenario(scenario)
+        except ScenarioError as e:
+            err.print(f"[red]{e}[/]")
+            sys.exit(2)
+        known.update(sc.impair.profiles)
+    names = list(profiles) or [n for n in known if n != "baseline"]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        err.print(f"[red]--profile: unknown {', '.join(unknown)}; allowed: {', '.join(known)}[/]")
+        sys.exit(2)
+    _need_root()
+    import tempfile
+
+    from tunnelbench.impair.calibrate import calibrate as calibrate_profile
+    from tunnelbench.impair.calibrate import measure_base
+    from tunnelbench.impair.session import impair_lab
+    from tunnelbench.report.fmt import num
+
+    results = []
+    flagged = 0
+    with (
+        tempfile.TemporaryDirectory(prefix="tunnelbench-cal-") as tmp,
+        impair_lab(Path(tmp), 2, backend) as (lab, be),
+    ):
+        h1, h2 = lab.hosts
+        base = measure_base(h1, h2, lab.run_dir)
+        err.print(f"backend {be.name}; base one-way {base.one_way_ms:.3f} ms, RTT {base.rtt_ms:.3f} ms")
+        t = Table(title=f"calibration ({be.name} backend), h1 -> h2 over the router", title_justify="left")
+        for c in ("profile", "quantity", "configured", "measured", "detail", "ok"):
+            t.add_column(c)
+        for n in names:
+            p = known[n]
+            be.apply(p)
+            try:
+                cal = calibrate_profile(be, p, h1, h2, lab.run_dir, base, count=probes)
+            finally:
+                be.clear()
+            results.append(cal)
+            flagged += not cal.ok
+            t.add_section()
+            for i, c in enumerate(cal.checks):
+                ok = "" if c.ok is None else ("[green]yes[/]" if c.ok else "[red]NO[/]")
+                t.add_row(f"{n}\n{p.summary()}" if i == 0 else "", f"{c.quantity} [{c.unit}]", num(c.configured),
+                          num(c.measured), c.detail, ok)  # fmt: skip
+            console.print(t) if n == names[-1] else None
+    if json_out:
+        json_out.write_text("[" + ",\n".join(c.to_json() for c in results) + "]\n")
+    if flagged:
+        err.print(f"[red]{flagged} profile(s) out of tolerance[/]")
+    sys.exit(1 if flagged else 0)
+
+
+@main.command("bench-engine")
+@click.option("--seconds", type=float, default=5.0, show_default=True, help="iperf3 duration per cell")
+def bench_engine(seconds: float) -> None:
+    """The impairment engine's ceiling next to the raw path: Gbit/s, packets/s, CPU per packet."""
+    _need_root()
+    import tempfile
+
+    from tunnelbench.impair.enginebench import run_bench
+
+    with tempfile.TemporaryDirectory(prefix="tunnelbench-bench-") as tmp:
+        version, rows = run_bench(Path(tmp), seconds)
+    t = Table(title=f"impairment engine benchmark ({version}), TCP h1 -> h2, {seconds:g} s per cell",
+              title_justify="left")  # fmt: skip
+    for c in (
+        "path",
+        "streams",
+        "goodput Gbit/s",
+        "kpkt/s",
+        "engine µs CPU/pkt",
+        "engine CPU %",
+        "retransmits",
+    ):
+        t.add_column(c, justify="left" if c == "path" else "right")
+    for r in rows:
+        t.add_row(r.path, str(r.streams), f"{r.goodput_gbps:.2f}", f"{r.kpps:.0f}",
+                  "–" if r.engine_cpu_us_per_pkt is None else f"{r.engine_cpu_us_per_pkt:.2f}",
+                  "–" if r.engine_cpu_pct is None else f"{r.engine_cpu_pct:.0f}", str(r.retransmits))  # fmt: skip
+    console.print(t)
+
+
 @main.command()
 @click.option("--force", is_flag=True, help="also clean runs whose process is still alive")
-def clean(force: bool) -> None:
+@click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="also undo what runs left on the SSH hosts of this inventory")  # fmt: skip
+@click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
+def clean(force: bool, inventory: Path | None = None, insecure: bool = False) -> None:
     """Remove namespaces, processes and files that crashed or killed runs left (from their journals only)."""
     _need_root()
     from tunnelbench.lab.clean import clean_all
 
-    rep = clean_all(force)
+    inv = _load_inventory(inventory, insecure) if inventory else None
+    rep = clean_all(force, inv)
     for x in rep.removed:
         console.print(f"removed {x}")
     for x in rep.skipped:

@@ -41,17 +41,18 @@ def _sh(argv: list[str], input: str | None = None) -> subprocess.CompletedProces
     return subprocess.run(argv, capture_output=True, text=True, timeout=20, input=input)
 
 
-def _probe_kernel() -> list[Check]:
+def _probe_kernel(sh=_sh) -> list[Check]:
+    """`sh(argv, input=None)` runs a command here or, for `doctor --inventory`, on an SSH host."""
     ns = f"{TAG_PREFIX}doc{secrets.token_hex(2)}"
     checks: list[Check] = []
-    if _sh(["ip", "netns", "add", ns]).returncode != 0:
+    if sh(["ip", "netns", "add", ns]).returncode != 0:
         return [
             Check("kernel", "network namespaces", False, "ip netns add failed", "the embedded lab cannot run")
         ]
     try:
 
         def run(*argv: str, input: str | None = None) -> subprocess.CompletedProcess:
-            return _sh(["ip", "netns", "exec", ns, *argv], input=input)
+            return sh(["ip", "netns", "exec", ns, *argv], input=input)
 
         checks.append(Check("kernel", "network namespaces", True, "ip netns add works"))
         run("ip", "link", "set", "lo", "up")
@@ -107,7 +108,7 @@ def _probe_kernel() -> list[Check]:
             Check("kernel", "TCP congestion control", True, cc or "unknown", "recorded with every run")
         )
     finally:
-        _sh(["ip", "netns", "del", ns])
+        sh(["ip", "netns", "del", ns])
     return checks
 
 

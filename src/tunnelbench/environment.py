@@ -81,3 +81,48 @@ def _offloads(pre: list[str]) -> str:
     keep = ("tcp-segmentation-offload", "generic-segmentation-offload", "generic-receive-offload",
             "tx-checksumming", "rx-checksumming")  # fmt: skip
     return "; ".join(line.strip() for line in out.splitlines() if line.split(":")[0].strip() in keep)
+
+
+def collect_remote(host) -> dict[str, object]:
+    """The same record for a host reached over SSH (lab/ssh.py): everything is read on that host."""
+
+    def out(*argv: str) -> str:
+        try:
+            r = host.run(list(argv), check=False, timeout=15)
+        except Exception:  # noqa: BLE001 (a missing tool or a slow host must not fail the run)
+            return "error"
+        if r.returncode == 127:
+            return "missing"
+        return (r.stdout or r.stderr).strip()
+
+    first = lambda s: s.splitlines()[0] if s else s  # noqa: E731
+    env: dict[str, object] = {
+        "tunnelbench_version": __version__,
+        "kernel": out("uname", "-r"),
+        "kernel_version": out("uname", "-v"),
+        "machine": out("uname", "-m"),
+        "cpu_model": out("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'")
+        or "unknown",
+        "python": platform.python_version(),
+        "hostname": out("hostname"),
+        "controller_hostname": platform.node(),
+    }
+    with contextlib.suppress(ValueError):
+        env["cpu_count"] = int(out("nproc"))
+    with contextlib.suppress(ValueError, IndexError):
+        env["mem_total_kb"] = int(out("head", "-1", "/proc/meminfo").split()[1])
+    for k in SYSCTLS:
+        env[f"sysctl.{k}"] = out("sysctl", "-n", k)
+    ifname = getattr(host, "underlay_if", "eth0")
+    o = out("ethtool", "-k", ifname)
+    keep = ("tcp-segmentation-offload", "generic-segmentation-offload", "generic-receive-offload",
+            "tx-checksumming", "rx-checksumming")  # fmt: skip
+    env[f"offloads.{ifname}"] = "; ".join(
+        line.strip() for line in o.splitlines() if line.split(":")[0].strip() in keep
+    )
+    env["tool.iperf3"] = first(out("iperf3", "--version"))
+    env["tool.ping"] = first(out("ping", "-V"))
+    env["tool.fping"] = first(out("fping", "--version"))
+    env["tool.iproute2"] = out("ip", "-V")
+    env["tool.nft"] = out("nft", "--version")
+    return env

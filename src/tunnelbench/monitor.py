@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -28,6 +29,10 @@ class _Track:
 class Monitor:
     daemons: dict[str, list[Process]]  # host name -> processes
     interval_s: float = 0.5
+    # watchdog: called every sample; a non-None answer is passed to on_unhealthy once (to abort the case)
+    health: Callable[[], str | None] | None = None
+    on_unhealthy: Callable[[str], None] | None = None
+    unhealthy: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _cpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
@@ -41,7 +46,7 @@ class Monitor:
         for host, procs in self.daemons.items():
             for p in procs:
                 try:
-                    ps = psutil.Process(p.pid)
+                    ps = p.host.ps_process(p.pid)  # psutil locally, /proc over SSH remotely
                     ct = ps.cpu_times()
                     self._tracks.append(_Track(host, ps, ct.user + ct.system, time.monotonic()))
                 except psutil.Error:
@@ -77,6 +82,12 @@ class Monitor:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
+            if self.health is not None and self.unhealthy is None:
+                why = self.health()
+                if why:
+                    self.unhealthy = why
+                    if self.on_unhealthy:
+                        self.on_unhealthy(why)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()

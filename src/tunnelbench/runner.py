@@ -20,7 +20,7 @@ from tunnelbench import __version__, environment
 from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend, make_backend
 from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.lab import Lab, make_lab
-from tunnelbench.lab.host import CommandError
+from tunnelbench.lab.host import CommandError, abort_running
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.monitor import Monitor
@@ -85,6 +85,8 @@ class Runner:
         return self.sc.run.case_timeout_s or (wl.expected_seconds() * 2 + 30)
 
     def preflight(self) -> None:
+        if self.sc.lab.backend == "ssh":
+            return  # the tools must be on the hosts: SshLab.build checks them there
         missing = [t for t in LAB_TOOLS if shutil.which(t) is None]
         if missing:
             raise SystemExit(f"missing lab tools: {', '.join(missing)}; run `tunnelbench doctor` (the README's "
@@ -129,7 +131,12 @@ class Runner:
         self.lab = make_lab(self.sc.lab, self.tag, self.run_dir, self.journal)
         self.lab.build()
         self.lab.wait_links()
-        env = environment.collect(self.lab.hosts[0].argv([]))
+        h0 = self.lab.hosts[0]
+        env = environment.collect_remote(h0) if h0.remote else environment.collect(h0.argv([]))
+        if hasattr(self.lab, "mapping"):
+            env["lab.inventory"] = self.sc.lab.inventory
+            env["lab.mapping"] = self.lab.mapping()
+            self._say(f"ssh lab: {self.lab.mapping()}")
         env["lab.backend"] = self.sc.lab.backend
         env["lab.hosts"] = self.sc.lab.hosts
         env["fairness.mss"] = self.sc.fairness.mss or "none (path default)"
@@ -240,7 +247,7 @@ class Runner:
         cls = DRIVERS[vpn]
         per_profile = self.sc.run.repetitions * len(self.workloads)
         n_cases = per_profile * len(self.sc.profiles)
-        avail = cls.availability()
+        avail = cls.availability(self.lab.hosts)
         if not avail.ok:
             self.store.set_vpn(self.run_id, vpn, None, "unavailable", avail.reason)
             self._skip_all(vpn, avail.reason, self.sc.profiles)
@@ -316,8 +323,7 @@ class Runner:
         dest.mkdir(parents=True, exist_ok=True)
         for h, procs in driver.procs.items():
             for p in procs:
-                if p.log_path and p.log_path.exists():
-                    shutil.copy(p.log_path, dest / f"{h}-{p.label}.log")
+                p.copy_log(dest / f"{h}-{p.label}.log")
 
     def _run_case(self, mesh: Mesh, wl: Workload, profile: str, rep: int, client, server) -> None:
         for attempt in range(self.sc.run.retries + 1):
@@ -330,8 +336,16 @@ class Runner:
                               {"mss": self.sc.fairness.mss})  # fmt: skip
             try:
                 self._check_path()
-                with Monitor(mesh.daemons(), self.sc.run.monitor_interval_s) as mon:
-                    out: Outcome = wl.run(ctx)
+                health = self.backend.health if self.backend is not None else None
+                mon = Monitor(
+                    mesh.daemons(), self.sc.run.monitor_interval_s, health, lambda _: abort_running()
+                )
+                try:
+                    with mon:
+                        out: Outcome = wl.run(ctx)
+                finally:
+                    if mon.unhealthy:  # the watchdog aborted the case: report why, not the tool's complaint
+                        raise ImpairError(mon.unhealthy)
                 mon.add_to(out)
                 self._check_path()
                 dead = [f"{h}/{p.label}" for h, ps in mesh.daemons().items() for p in ps if not p.alive()]
@@ -369,6 +383,12 @@ class Runner:
     def _heal(self, mesh: Mesh) -> None:
         """After a failure: if the mesh is broken, restart it so the retry and later cases get a fair chance."""
         t0 = time.monotonic()
+        if self.backend is not None and self.backend.health() and self.backend.profile is not None:
+            self._say(f"[yellow]restarting the impairment engine ({self.backend.health()})[/]")
+            try:
+                self.backend.apply(self.backend.profile)
+            except (*CASE_ERRORS, ImpairError) as e:
+                self._say(f"[red]impairment engine restart failed: {e}[/]")
         try:
             dead = any(not p.alive() for ps in mesh.daemons().values() for p in ps)
             if dead or mesh.pairs_down():

@@ -38,7 +38,13 @@ class RunCfg(Strict):
 
 
 class LabCfg(Strict):
-    backend: Literal["netns"] = "netns"
+    backend: Literal["netns", "ssh"] = Field(
+        "netns", description="netns = namespaces on this machine; ssh = real hosts from lab.inventory"
+    )
+    inventory: str | None = Field(None, description="Ansible-style YAML inventory of the hosts (backend ssh)")
+    insecure_no_host_key_check: bool = Field(
+        False, description="ssh: do not verify host keys (only on a lab network you fully control)"
+    )
     hosts: int = Field(3, ge=2, le=250, description="number of peer hosts")
     client: str = Field("h1", description="host that runs workload clients (fixed placement)")
     server: str = Field("h2", description="host that runs workload servers (fixed placement)")
@@ -51,6 +57,10 @@ class LabCfg(Strict):
                 raise ValueError(f"{role} must be one of {', '.join(names)} (got {getattr(self, role)!r})")
         if self.client == self.server:
             raise ValueError("client and server must be different hosts")
+        if self.backend == "ssh" and not self.inventory:
+            raise ValueError("backend 'ssh' needs inventory = \"path/to/inventory.yaml\" (or --inventory)")
+        if self.backend == "netns" and self.inventory:
+            raise ValueError('inventory is only used with backend = "ssh"')
         return self
 
 

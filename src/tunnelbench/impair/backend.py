@@ -60,7 +60,9 @@ class Backend(ABC):
         return [h for h in self.hosts if h.name in names]
 
     @abstractmethod
-    def apply(self, profile: Profile) -> None: ...
+    def apply(self, profile: Profile, force_engine: bool = False) -> None:
+        """Impair the path; force_engine routes packets through the engine even for a no-op profile
+        (to measure the engine's own cost)."""
 
     @abstractmethod
     def clear(self) -> None: ...
@@ -109,7 +111,7 @@ class Backend(ABC):
 class NetemBackend(Backend):
     name = "netem"
 
-    def apply(self, profile: Profile) -> None:
+    def apply(self, profile: Profile, force_engine: bool = False) -> None:
         self.clear()
         self.profile = profile
         if profile.pairs:
@@ -202,6 +204,8 @@ class NativeBackend(Backend):
         super().__init__(router, hosts, workdir)
         self.binary = binary
         self.proc: Process | None = None
+        self.forced = False
+        self.seed: int | None = None  # fixed for reproducible tests; random per apply otherwise
         self.stats_path = workdir / "impaird-stats.json"
 
     def version(self) -> str:
@@ -226,12 +230,13 @@ class NativeBackend(Backend):
                 rules.append(engine_rule(f"from-{h.name}", sub, str(LAB_PREFIX), p))
         return rules
 
-    def apply(self, profile: Profile) -> None:
+    def apply(self, profile: Profile, force_engine: bool = False) -> None:
         self.clear()
         self.profile = profile
         self._apply_rate(profile)
-        if not profile.needs_engine:
+        if not (profile.needs_engine or force_engine):
             return
+        self.forced = force_engine
         held_s = (profile.delay_ms + 3 * profile.jitter_ms) / 1000 + 0.05
         rate_pps = (profile.rate_mbit * 1e6 / 8 / 1500) if profile.rate_mbit else ENGINE_PPS_CEILING
         cfg = {
@@ -240,7 +245,7 @@ class NativeBackend(Backend):
             "queue_maxlen": int(min(400_000, max(4096, 2 * rate_pps * held_s))),
             "stats_path": str(self.stats_path),
             "stats_interval_ms": 200,
-            "seed": int.from_bytes(os.urandom(4), "little"),
+            "seed": self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little"),
             "realtime": True,
             "rules": self.rules(profile),
         }
@@ -276,6 +281,7 @@ class NativeBackend(Backend):
             self.proc = None
         self._clear_tc()
         self.profile = None
+        self.forced = False
 
     def stats(self) -> dict:
         try:
@@ -284,7 +290,7 @@ class NativeBackend(Backend):
             return {}
 
     def health(self) -> str | None:
-        if self.profile is None or not self.profile.needs_engine:
+        if self.profile is None or not (self.profile.needs_engine or self.forced):
             return None
         if self.proc is None or not self.proc.alive():
             tail = self.proc.log_tail(400) if self.proc else ""

@@ -1,6 +1,7 @@
 """Known-answer UDP probes for calibration: a sender stamps each datagram with its sequence number and the
-send time; the receiver stamps the arrival. Both run on this machine's one clock (the lab's namespaces share
-CLOCK_MONOTONIC), so one-way delay is measured directly, without clock sync.
+send time; the kernel stamps the arrival (SO_TIMESTAMPNS, so the receiver's own scheduling delay does not
+count). Both run on this machine's one clock (CLOCK_REALTIME, shared by the lab's namespaces), so one-way
+delay is measured directly, without clock sync.
 
     python -m tunnelbench.impair.probe recv --bind IP --port P --out FILE --idle-s S
     python -m tunnelbench.impair.probe send --to IP --port P --count N --interval-us U [--size B]
@@ -14,7 +15,12 @@ import struct
 import sys
 import time
 
-HDR = struct.Struct("!IQ")  # seq, send time (ns, CLOCK_MONOTONIC)
+HDR = struct.Struct("!IQ")  # seq, send time (ns, CLOCK_REALTIME)
+TS = struct.Struct("@qq")  # struct timespec
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux values; Python does not export them
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+OVFL = struct.Struct("@I")
 
 
 def send(to: str, port: int, count: int, interval_us: int, size: int) -> int:
@@ -27,13 +33,21 @@ def send(to: str, port: int, count: int, interval_us: int, size: int) -> int:
         while (now := time.monotonic_ns()) < due:
             if due - now > 200_000:
                 time.sleep((due - now - 150_000) / 1e9)
-        s.sendto(HDR.pack(seq, time.monotonic_ns()) + pad, (to, port))
+        s.sendto(HDR.pack(seq, time.time_ns()) + pad, (to, port))
     return 0
 
 
 def recv(bind: str, port: int, out: str, idle_s: float, total_s: float) -> int:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    # a big buffer regardless of rmem_max (root), so a descheduled receiver does not lose probes; any
+    # socket-level drop is still counted (SO_RXQ_OVFL) and reported, so it is never blamed on the path
+    try:
+        s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
+    except PermissionError:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    s.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+    overflow = 0
     s.bind((bind, port))
     s.settimeout(total_s)
     got = []
@@ -42,10 +56,16 @@ def recv(bind: str, port: int, out: str, idle_s: float, total_s: float) -> int:
     print("ready", flush=True)
     while time.monotonic() < end:
         try:
-            data = s.recv(65535)
+            data, anc, _, _ = s.recvmsg(65535, socket.CMSG_SPACE(TS.size) + socket.CMSG_SPACE(OVFL.size))
         except TimeoutError:
             break
-        now = time.monotonic_ns()
+        now = time.time_ns()
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                sec, nsec = TS.unpack(payload[: TS.size])
+                now = sec * 1_000_000_000 + nsec
+            elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL:
+                overflow = OVFL.unpack(payload[: OVFL.size])[0]
         if len(data) >= HDR.size:
             seq, sent = HDR.unpack_from(data)
             got.append((seq, sent, now))
@@ -53,6 +73,7 @@ def recv(bind: str, port: int, out: str, idle_s: float, total_s: float) -> int:
             s.settimeout(idle_s)  # after the first datagram, stop when the stream has been quiet for idle_s
             first = False
     with open(out, "w") as f:
+        f.write(f"# socket_drops {overflow}\n")
         for seq, sent, now in got:
             f.write(f"{seq} {sent} {now}\n")
     return 0

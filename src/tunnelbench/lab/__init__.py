@@ -1,7 +1,7 @@
 """Hosts, topology, process supervision and teardown.
 
 `make_lab` is the one place that picks a backend: the namespace lab on this machine, or (later) real hosts
-over SSH. Everything above the lab uses only the `Lab` protocol and `Host`."""
+over SSH (lab/ssh.py, from an Ansible-style inventory). Everything above the lab uses only the `Lab` protocol and `Host`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ class Lab(Protocol):
     run_dir: Path
     journal: Journal
     hosts: list[Host]  # the peers, h1..hN
-    router: Host  # forwards every underlay packet between peers: impairment and firewall policies live here
+    # forwards every underlay packet between peers: impairment and firewall policies live here. The SSH lab
+    # may have none (an inventory without a router host): then no router-side policies can be applied
+    router: Host | None
 
     def build(self) -> None: ...
     def wait_links(self, timeout: float = 5.0) -> None: ...
@@ -32,4 +34,14 @@ def make_lab(cfg: LabCfg, tag: str, run_dir: Path, journal: Journal) -> Lab:
         from tunnelbench.lab.netns import NetnsLab
 
         return NetnsLab(tag, cfg.hosts, run_dir, journal)
+    if cfg.backend == "ssh":
+        from tunnelbench.lab.inventory import load_inventory
+        from tunnelbench.lab.ssh import SshLab
+
+        if not cfg.inventory:
+            raise ValueError("lab.backend 'ssh' needs lab.inventory (or --inventory FILE)")
+        inv = load_inventory(cfg.inventory)
+        if cfg.insecure_no_host_key_check:
+            inv.insecure()
+        return SshLab(inv, cfg.hosts, tag, run_dir, journal)
     raise ValueError(f"lab.backend {cfg.backend!r} is not supported")

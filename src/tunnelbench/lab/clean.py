@@ -31,8 +31,22 @@ def _kill(entry: dict) -> str | None:
     return f"process {pid} ({' '.join(entry.get('argv', [])[:3])})"
 
 
-def clean_run(run: Leftovers) -> CleanReport:
+def clean_run(run: Leftovers, inventory=None) -> CleanReport:
     rep = CleanReport()
+    remote = [e for e in run.entries if e.get("backend") == "ssh"]
+    if remote:  # entries on SSH hosts are undone there, never on this machine (lab/ssh.py)
+        if inventory is None:
+            hosts = sorted({e["host"] for e in remote})
+            rep.skipped.append(f"run {run.run_id} left things on SSH hosts ({', '.join(hosts)}): "
+                               "run `tunnelbench clean --inventory FILE`")  # fmt: skip
+        else:
+            from tunnelbench.lab.ssh import clean_ssh_entries
+
+            r = clean_ssh_entries(remote, inventory)
+            rep.removed += r.removed
+            rep.problems += r.problems
+        run = Leftovers(run.run_id, run.run_dir, run.owner_pid, run.owner_start,
+                        [e for e in run.entries if e.get("backend") != "ssh"])  # fmt: skip
     # processes first (a daemon outside our namespaces would survive namespace deletion)
     for e in run.entries:
         if e["kind"] == "process":
@@ -54,14 +68,14 @@ def clean_run(run: Leftovers) -> CleanReport:
             )
             if r.returncode == 0:
                 rep.removed.append(f"interface {e['name']} in {e['netns']}")
-    if not rep.problems:
+    if not rep.problems and not rep.skipped:
         with contextlib.suppress(OSError), open(run.run_dir / "journal.jsonl", "a") as f:
             f.write('{"kind": "end", "by": "clean"}\n')
         (REGISTRY / run.run_id).unlink(missing_ok=True)
     return rep
 
 
-def clean_all(force: bool = False) -> CleanReport:
+def clean_all(force: bool = False, inventory=None) -> CleanReport:
     total = CleanReport()
     known_ns: set[str] = set()
     for run in registered_runs():
@@ -71,9 +85,10 @@ def clean_all(force: bool = False) -> CleanReport:
                 f"run {run.run_id} is still running (pid {run.owner_pid}); use --force to clean it"
             )
             continue
-        r = clean_run(run)
+        r = clean_run(run, inventory)
         total.removed += r.removed
         total.problems += r.problems
+        total.skipped += r.skipped
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for line in out.splitlines():
         name = line.split()[0] if line.strip() else ""

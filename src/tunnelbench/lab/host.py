@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -14,6 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunnelbench.lab.journal import Journal, process_alive
+
+# short-lived commands in flight, so a watchdog can abort a case whose path broke (e.g. the impairment
+# engine died and iperf3 would otherwise wait for its timeout)
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def abort_running() -> int:
+    """Kill every command started through Host.run that is still running; returns how many."""
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            p.kill()
+    return len(procs)
 
 
 class CommandError(RuntimeError):
@@ -84,6 +101,14 @@ class Process:
         except OSError:
             return ""
 
+    def copy_log(self, dest: Path) -> bool:
+        """Copy the process's log to a local file (an SSH process fetches it from its host)."""
+        if self.log_path is None or not self.log_path.exists():
+            return False
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.log_path, dest)
+        return True
+
 
 class Host(ABC):
     """A machine (or namespace) that runs commands. Everything above the lab talks to hosts only here."""
@@ -92,6 +117,8 @@ class Host(ABC):
     underlay_ip: str
     journal: Journal | None
     workdir: Path  # per-host folder for configs, keys and logs
+    remote = False  # True: workdir, PIDs and files live on another machine (the SSH lab)
+    preexisting_links: frozenset[str] = frozenset()  # interfaces the host had before the run (not ours)
 
     @abstractmethod
     def argv(self, argv: Sequence[str]) -> list[str]:
@@ -108,17 +135,30 @@ class Host(ABC):
     ) -> Result:
         t0 = time.monotonic()
         full_env = None if env is None else {**os.environ, **env}
+        popen = subprocess.Popen(
+            self.argv(argv),
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full_env,
+        )
+        with _RUNNING_LOCK:
+            _RUNNING.add(popen)
         try:
-            p = subprocess.run(
-                self.argv(argv), capture_output=True, text=True, timeout=timeout, input=input, env=full_env
-            )
-        except subprocess.TimeoutExpired as e:
-            out = (
-                (e.stdout or b"").decode(errors="replace")
-                if isinstance(e.stdout, bytes)
-                else (e.stdout or "")
-            )
-            raise CommandError(self.name, argv, None, out) from None
+            stdout, stderr = popen.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            stdout, _ = popen.communicate()
+            raise CommandError(self.name, argv, None, stdout or "") from None
+        except BaseException:  # Ctrl-C or an abort: never leave the child behind
+            popen.kill()
+            popen.wait()
+            raise
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(popen)
+        p = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
         res = Result(list(argv), p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
         if check and p.returncode != 0:
             raise CommandError(self.name, argv, p.returncode, p.stdout + p.stderr)
@@ -170,6 +210,22 @@ class Host(ABC):
 
     def read_file(self, path: Path) -> bytes:
         return path.read_bytes()
+
+    def exists(self, path: Path) -> bool:
+        return path.exists() or path.is_symlink()
+
+    def remove(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+    def mkdir(self, path: Path, mode: int = 0o755) -> None:
+        path.mkdir(parents=True, exist_ok=True, mode=mode)
+
+    def ps_process(self, pid: int):
+        """A psutil-like handle (cpu_times, memory_info) for the monitor."""
+        import psutil
+
+        return psutil.Process(pid)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.underlay_ip}>"

@@ -7,6 +7,7 @@ Entries:
   {"kind": "process", "pid": ..., "start": ..., "argv": [...]} a process we started (start = /proc start ticks)
   {"kind": "path", "path": ...}                               a file outside the run dir we created
   {"kind": "link", "netns": ..., "name": ...}                  an interface in a namespace we do not own
+  {"kind": ..., "backend": "ssh", "host": ..., "address": ...}  the same on an SSH host (see lab/ssh.py)
   {"kind": "release", "ref": {...}}                           the entry was undone by normal teardown
   {"kind": "end"}                                             teardown completed
 """
@@ -72,6 +73,11 @@ class Journal:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
+
+    def add(self, entry: dict) -> dict:
+        """Record any entry (the SSH lab adds "backend", "host" and "address" to its entries)."""
+        self._append(entry)
+        return entry
 
     def netns(self, name: str) -> dict:
         e = {"kind": "netns", "name": name}

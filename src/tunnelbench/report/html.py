@@ -1,4 +1,5 @@
-"""A simple self-contained HTML page of one stored run (the full report with plots comes later)."""
+"""The HTML page of a stored run. `write_html` writes the full report (report/full.py: statistics, tiers,
+plots) and a Markdown summary next to it; `render_html` is the plain tables-only page, kept as a fallback."""
 
 from __future__ import annotations
 
@@ -45,5 +46,11 @@ def render_html(store: Store, run_id: str, summary: Summary) -> str:
 
 
 def write_html(store: Store, run_id: str, summary: Summary, path: Path) -> Path:
-    path.write_text(render_html(store, run_id, summary))
+    """The full report of this run at `path`, and its Markdown summary at the same name with .md."""
+    from tunnelbench.analysis.analyze import analyze, load_run
+    from tunnelbench.report.full import render_markdown, render_report
+
+    a = analyze([load_run(store.path.parent, run_id)])
+    path.write_text(render_report(a))
+    path.with_suffix(".md").write_text(render_markdown(a))
     return path

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -35,6 +36,10 @@ class MeshSpec:
     options: dict = field(default_factory=dict)
 
 
+# set while availability() asks a remote host for a driver's version: _first_line runs there
+_VERSION_HOST: ContextVar[Host | None] = ContextVar("_VERSION_HOST", default=None)
+
+
 class VpnDriver(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -53,16 +58,26 @@ class VpnDriver(ABC):
 
     # -- identity ----------------------------------------------------------------------------------
     @classmethod
-    def availability(cls) -> Availability:
-        missing = [b for b in cls.binaries if shutil.which(b) is None]
+    def availability(cls, hosts: list[Host] | None = None) -> Availability:
+        """Binaries and version here, or on the hosts when they are remote (SSH lab: version from the first)."""
+        remote = [h for h in hosts or [] if h.remote]
+        if remote:
+            missing = sorted(
+                {f"{b} on {h.name}" for h in remote for b, p in h.which(cls.binaries).items() if p is None}
+            )  # type: ignore[attr-defined]
+        else:
+            missing = [b for b in cls.binaries if shutil.which(b) is None]
         if missing:
             return Availability(
                 False, f"missing binaries: {', '.join(missing)} (try `tunnelbench install {cls.name}`)"
             )
+        token = _VERSION_HOST.set(remote[0] if remote else None)
         try:
             return Availability(True, version=cls.version())
         except Exception as e:  # a binary that cannot report its version is broken
             return Availability(False, f"version check failed: {e}")
+        finally:
+            _VERSION_HOST.reset(token)
 
     @classmethod
     @abstractmethod
@@ -70,7 +85,12 @@ class VpnDriver(ABC):
 
     @staticmethod
     def _first_line(argv: list[str], contains: str = "") -> str:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        host = _VERSION_HOST.get()
+        p = (
+            host.run(argv, check=False, timeout=10)
+            if host
+            else subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        )
         for line in (p.stdout + p.stderr).splitlines():
             if contains.lower() in line.lower() and line.strip():
                 return line.strip()
@@ -89,7 +109,10 @@ class VpnDriver(ABC):
 
     def host_dir(self, host: Host) -> Path:
         d = host.workdir / self.name
-        d.mkdir(parents=True, exist_ok=True)
+        made = self.__dict__.setdefault("_made_dirs", set())
+        if (host.name, d) not in made:  # one round trip per host on an SSH host, not one per call
+            host.mkdir(d)
+            made.add((host.name, d))
         return d
 
     def ifname(self, host: Host) -> str:
@@ -120,7 +143,7 @@ class VpnDriver(ABC):
         links = host.run(["ip", "-o", "link", "show"]).stdout
         for line in links.splitlines():
             name = line.split(":")[1].strip().split("@")[0]
-            if name not in ("lo", "eth0"):
+            if name not in ("lo", "eth0") and name not in host.preexisting_links:
                 found.append(f"interface {name}")
         routes = host.run(["ip", "-o", "route", "show", "table", "all"]).stdout
         for line in routes.splitlines():

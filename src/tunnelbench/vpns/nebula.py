@@ -62,7 +62,7 @@ class Nebula(VpnDriver):
         hosts = self.spec.hosts
         signer = hosts[0]
         ca = self._ca_dir()
-        ca.mkdir(parents=True, exist_ok=True)
+        signer.mkdir(ca)
         signer.run(["nebula-cert", "ca", "-name", f"tunnelbench {self.spec.tag}", "-duration", "720h",
                     "-out-crt", str(ca / "ca.crt"), "-out-key", str(ca / "ca.key")])  # fmt: skip
         signer.run(["chmod", "600", str(ca / "ca.key")])

@@ -5,7 +5,6 @@ interface names must be unique on the machine (the base class puts the run tag i
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 from tunnelbench.lab.host import Host
@@ -45,7 +44,7 @@ class WireguardGo(VpnDriver):
         proc = host.spawn(["wireguard-go", "-f", ifname], label="wireguard-go", log_path=d / "daemon.log",
                           env={"LOG_LEVEL": "error"})  # fmt: skip
         self.procs[host.name].append(proc)
-        self.wait_for("wireguard-go UAPI socket", lambda: sock.exists() or not proc.alive(), timeout=10)
+        self.wait_for("wireguard-go UAPI socket", lambda: host.exists(sock) or not proc.alive(), timeout=10)
         if not proc.alive():
             raise RuntimeError(f"wireguard-go exited: {proc.log_tail()}")
         key_path, _ = self.keys[host.name]
@@ -64,14 +63,13 @@ class WireguardGo(VpnDriver):
         if self.link_exists(host, ifname):
             host.run(["ip", "link", "del", ifname], check=False)
         sock = UAPI_DIR / f"{ifname}.sock"
-        with contextlib.suppress(FileNotFoundError):
-            sock.unlink()
+        host.remove(sock)
         if host.journal:
             host.journal.release({"kind": "path", "path": str(sock)})
 
     def leftovers(self, host: Host) -> list[str]:
         found = super().leftovers(host)
         sock = UAPI_DIR / f"{self.ifname(host)}.sock"
-        if sock.exists():
+        if host.exists(sock):
             found.append(f"file {sock}")
         return found

@@ -1,0 +1,371 @@
+"""From the store to claims: samples grouped per (VPN, profile, workload label, metric), their statistics,
+ratios to the `internal` baseline, significance tiers across VPNs, parallel scaling and CPU efficiency.
+
+Several runs can be analysed together (e.g. two releases of one VPN): each (run, VPN) becomes a *variant*
+named after the VPN, or "VPN version" / "VPN @run" when the same VPN appears in more than one run."""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tunnelbench.analysis.stats import (
+    Describe,
+    Pair,
+    Tiering,
+    describe,
+    min_attainable_p,
+    pairwise,
+    ratio_ci,
+    tiers,
+)
+from tunnelbench.store import CaseRow, Store
+from tunnelbench.workloads import WORKLOADS
+
+BASELINE = "internal"
+# ratios to the baseline are shown where they read as "x times slower/faster", not for near-zero rates
+RATIO_UNITS = ("Mbit/s", "ms", "s")
+FAILED = ("failed", "interrupted", "error")
+# metrics that the monitor adds to every case (per host); they are analysed separately as CPU and memory
+DAEMON_METRICS = ("daemon_cpu_pct", "daemon_cpu_peak_pct", "daemon_rss_mb")
+
+
+def metric_spec(workload: str, metric: str) -> tuple[str, str]:
+    """(better, description) of a metric as its workload declares it; ("none", "") when undeclared."""
+    wl = WORKLOADS.get(workload)
+    if wl is not None:
+        for m in wl.metrics:
+            if m.name == metric:
+                return m.better, m.description
+    if metric == "machine_cpu_pct":
+        return "none", "whole-machine CPU during the case"
+    return "none", ""
+
+
+def is_headline(workload: str, metric: str) -> bool:
+    wl = WORKLOADS.get(workload)
+    return bool(wl and metric in wl.headline)
+
+
+@dataclass
+class RunData:
+    """Everything stored about one run, read once."""
+
+    run_dir: Path
+    run_id: str
+    run: dict
+    env: dict[str, str]
+    vpns: list[dict]
+    cases: list[CaseRow]
+    metrics: list[dict]
+    phases: dict[str, float]
+    store: Store
+
+    @property
+    def short(self) -> str:
+        return self.run_id.rsplit("-", 1)[-1]
+
+    @property
+    def scenario_name(self) -> str:
+        try:
+            return str(tomllib.loads(self.run["scenario"] or "").get("name", ""))
+        except tomllib.TOMLDecodeError:
+            return ""
+
+    def version(self, vpn: str) -> str | None:
+        for v in self.vpns:
+            if v["name"] == vpn:
+                return v["version"]
+        return None
+
+    def series(self, case_ids: list[int], name: str) -> list[dict]:
+        return [dict(r) for r in self.store.series(case_ids) if r["name"] == name]
+
+
+def load_run(run_dir: Path, run_id: str | None = None) -> RunData:
+    store = Store.open_run_dir(run_dir)
+    run = dict(store.run_row(run_id))
+    rid = run["id"]
+    return RunData(run_dir=run_dir, run_id=rid, run=run, env=store.env(rid),
+                   vpns=[dict(v) for v in store.vpns(rid)], cases=list(store.cases(rid)),
+                   metrics=[dict(m) for m in store.metrics(rid)], phases=store.phases(rid),
+                   store=store)  # fmt: skip
+
+
+@dataclass
+class Group:
+    """The samples of one (variant, profile, label, metric): one value per successful repetition."""
+
+    variant: str
+    run_id: str
+    vpn: str
+    version: str | None
+    profile: str
+    workload: str
+    label: str
+    metric: str
+    unit: str
+    better: str
+    values: list[float] = field(default_factory=list)
+    case_ids: list[int] = field(default_factory=list)
+    desc: Describe | None = None
+    ratio: tuple[float, float, float] | None = None  # (median / baseline median, CI lo, CI hi)
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.variant, self.profile, self.label, self.metric)
+
+
+@dataclass
+class Family:
+    """One metric under one profile and workload label, across variants: pairwise tests and tiers."""
+
+    profile: str
+    label: str
+    workload: str
+    metric: str
+    unit: str
+    better: str
+    groups: dict[str, Group]  # variant -> group
+    tiering: Tiering | None = None
+
+    @property
+    def pairs(self) -> list[Pair]:
+        return self.tiering.pairs if self.tiering else []
+
+    @property
+    def underpowered(self) -> bool:
+        """True when no pair can reach significance after Holm correction, whatever the data."""
+        m = len(self.pairs)
+        if m == 0:
+            return False
+        best = min(min_attainable_p(p.n_a, p.n_b) for p in self.pairs)
+        return best * m >= 0.05
+
+
+@dataclass
+class Derived:
+    """A derived quantity of a (variant, profile[, label]) with a CI: parallel scaling, CPU efficiency."""
+
+    variant: str
+    profile: str
+    label: str
+    value: float
+    lo: float
+    hi: float
+    n: int
+    unit: str
+    note: str = ""
+
+
+@dataclass
+class Usage:
+    """Daemon CPU (mean over the case, % of one core) and peak RSS on the client and the server host."""
+
+    variant: str
+    profile: str
+    label: str
+    cpu_client: Describe | None
+    cpu_server: Describe | None
+    rss_client_mb: float | None
+    rss_server_mb: float | None
+
+
+@dataclass
+class Analysis:
+    runs: list[RunData]
+    variants: list[str]  # in run order, then scenario order
+    variant_of: dict[tuple[str, str], str]  # (run_id, vpn) -> variant
+    groups: dict[tuple[str, str, str, str], Group]
+    families: list[Family]
+    scaling: list[Derived]
+    efficiency: list[Derived]
+    usage: list[Usage]
+    profiles: list[str]
+    labels: list[str]
+
+    def family(self, profile: str, label: str, metric: str) -> Family | None:
+        for f in self.families:
+            if (f.profile, f.label, f.metric) == (profile, label, metric):
+                return f
+        return None
+
+    def headline_families(self) -> list[Family]:
+        return [f for f in self.families if is_headline(f.workload, f.metric)]
+
+    def run_of(self, variant: str) -> RunData:
+        for (rid, _), v in self.variant_of.items():
+            if v == variant:
+                return next(r for r in self.runs if r.run_id == rid)
+        raise KeyError(variant)
+
+
+def _variants(runs: list[RunData]) -> tuple[list[str], dict[tuple[str, str], str]]:
+    seen: list[tuple[str, str, str | None]] = []
+    for r in runs:
+        names = [v["name"] for v in r.vpns] + [c.vpn for c in r.cases]
+        for vpn in dict.fromkeys(names):
+            seen.append((r.run_id, vpn, r.version(vpn)))
+    by_vpn: dict[str, list[tuple[str, str, str | None]]] = defaultdict(list)
+    for t in seen:
+        by_vpn[t[1]].append(t)
+    out: dict[tuple[str, str], str] = {}
+    for vpn, ts in by_vpn.items():
+        versions = [t[2] for t in ts]
+        for rid, _, ver in ts:
+            if len(ts) == 1:
+                name = vpn
+            elif all(versions) and len(set(versions)) == len(versions):
+                name = f"{vpn} {ver}"
+            else:
+                name = f"{vpn} @{rid.rsplit('-', 1)[-1]}"
+            out[(rid, vpn)] = name
+    return [out[(rid, vpn)] for rid, vpn, _ in seen], out
+
+
+def _latest_ok(cases: list[CaseRow]) -> set[int]:
+    """The ids of successful cases (a repetition has at most one: retries stop at the first success)."""
+    return {c.id for c in cases if c.status == "ok"}
+
+
+def analyze(runs: list[RunData]) -> Analysis:
+    variants, variant_of = _variants(runs)
+    groups: dict[tuple[str, str, str, str], Group] = {}
+    # per case: the headline goodput and daemon CPU per role, for efficiency
+    per_case: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    usage_raw: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    profiles: list[str] = []
+    labels: list[str] = []
+    for r in runs:
+        case_by_id = {c.id: c for c in r.cases}
+        ok = _latest_ok(r.cases)
+        for c in r.cases:
+            if c.profile not in profiles and c.status != "skipped":
+                profiles.append(c.profile)
+            if c.label not in labels and c.status != "skipped":
+                labels.append(c.label)
+        for m in r.metrics:
+            cid = m["case_id"]
+            if cid not in ok:
+                continue
+            c = case_by_id[cid]
+            var = variant_of[(r.run_id, c.vpn)]
+            name, host = m["name"], m["host"]
+            if name in DAEMON_METRICS:
+                role = "client" if host == c.client else "server" if host == c.server else None
+                if role:
+                    per_case[(r.run_id, cid)][f"{name}:{role}"] = m["value"]
+                    usage_raw[(var, c.profile, c.label)][f"{name}:{role}"].append(m["value"])
+                continue
+            if host is not None:
+                continue  # other per-host metrics are not yet analysed
+            key = (var, c.profile, c.label, name)
+            g = groups.get(key)
+            if g is None:
+                better, _ = metric_spec(c.workload, name)
+                g = groups[key] = Group(var, r.run_id, c.vpn, r.version(c.vpn), c.profile, c.workload, c.label,
+                                        name, m["unit"], better)  # fmt: skip
+            g.values.append(m["value"])
+            g.case_ids.append(cid)
+            if name == "goodput_mbps":
+                per_case[(r.run_id, cid)]["goodput_mbps"] = m["value"]
+    # statistics and ratios to the baseline of the same run and profile
+    base_variant = {r.run_id: variant_of.get((r.run_id, BASELINE)) for r in runs}
+    for g in groups.values():
+        g.desc = describe(g.values)
+        bv = base_variant.get(g.run_id)
+        if bv and bv != g.variant and g.unit in RATIO_UNITS:
+            base = groups.get((bv, g.profile, g.label, g.metric))
+            if base and base.values:
+                g.ratio = ratio_ci(g.values, base.values)
+    # families: per (profile, label, metric) across variants
+    fam: dict[tuple[str, str, str], dict[str, Group]] = defaultdict(dict)
+    for g in groups.values():
+        fam[(g.profile, g.label, g.metric)][g.variant] = g
+    rank = {v: i for i, v in enumerate(variants)}
+    families = []
+    for (profile, label, metric), gs in fam.items():
+        any_g = next(iter(gs.values()))
+        gs = dict(sorted(gs.items(), key=lambda kv: rank.get(kv[0], 99)))
+        f = Family(profile, label, any_g.workload, metric, any_g.unit, any_g.better, gs)
+        if len(gs) > 1:
+            f.tiering = tiers({v: g.values for v, g in gs.items()}, any_g.better)  # type: ignore[arg-type]
+        families.append(f)
+    lrank = {lb: i for i, lb in enumerate(labels)}
+    prank = {p: i for i, p in enumerate(profiles)}
+    families.sort(key=lambda f: (prank.get(f.profile, 99), lrank.get(f.label, 99), f.metric))
+    return Analysis(runs, variants, variant_of, groups, families,
+                    _scaling(groups, variants), _efficiency(runs, variant_of, per_case),
+                    _usage(usage_raw, variants), profiles, labels)  # fmt: skip
+
+
+def _scaling(groups: dict[tuple[str, str, str, str], Group], variants: list[str]) -> list[Derived]:
+    """Parallel scaling factor: goodput of tcp-pN / goodput of tcp (medians, bootstrap CI)."""
+    out = []
+    for (var, profile, label, metric), g in groups.items():
+        m = re.fullmatch(r"tcp-p(\d+)", label)
+        if not m or metric != "goodput_mbps":
+            continue
+        single = groups.get((var, profile, "tcp", "goodput_mbps"))
+        if not single:
+            continue
+        r, lo, hi = ratio_ci(g.values, single.values)
+        out.append(Derived(var, profile, label, r, lo, hi, min(len(g.values), len(single.values)), "×",
+                           f"{m.group(1)} streams / 1 stream"))  # fmt: skip
+    rank = {v: i for i, v in enumerate(variants)}
+    return sorted(out, key=lambda d: (d.profile, rank.get(d.variant, 99), d.label))
+
+
+def _efficiency(runs: list[RunData], variant_of: dict[tuple[str, str], str],
+                per_case: dict[tuple[str, int], dict[str, float]]) -> list[Derived]:  # fmt: skip
+    """Goodput per daemon CPU-core: per case goodput / ((client + server daemon CPU %) / 100)."""
+    vals: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    order: list[tuple[str, str, str]] = []
+    for r in runs:
+        for c in r.cases:
+            d = per_case.get((r.run_id, c.id))
+            if not d or "goodput_mbps" not in d:
+                continue
+            cores = (d.get("daemon_cpu_pct:client", 0.0) + d.get("daemon_cpu_pct:server", 0.0)) / 100
+            if "daemon_cpu_pct:client" not in d and "daemon_cpu_pct:server" not in d:
+                continue
+            key = (variant_of[(r.run_id, c.vpn)], c.profile, c.label)
+            if cores > 0.005:  # below half a percent of a core the quotient means nothing
+                vals[key].append(d["goodput_mbps"] / cores)
+                if key not in order:
+                    order.append(key)
+    out = []
+    for key in order:
+        d = describe(vals[key])
+        out.append(Derived(*key, d.median, d.ci_lo, d.ci_hi, d.n, "Mbit/s per core",
+                           "client + server daemon CPU"))  # fmt: skip
+    return out
+
+
+def _usage(raw: dict[tuple[str, str, str], dict[str, list[float]]], variants: list[str]) -> list[Usage]:
+    out = []
+    for (var, profile, label), d in raw.items():
+        def desc(k: str, d: dict[str, list[float]] = d) -> Describe | None:
+            return describe(d[k]) if d.get(k) else None
+
+        out.append(Usage(var, profile, label, desc("daemon_cpu_pct:client"), desc("daemon_cpu_pct:server"),
+                         max(d["daemon_rss_mb:client"]) if d.get("daemon_rss_mb:client") else None,
+                         max(d["daemon_rss_mb:server"]) if d.get("daemon_rss_mb:server") else None))  # fmt: skip
+    rank = {v: i for i, v in enumerate(variants)}
+    return sorted(out, key=lambda u: (u.profile, rank.get(u.variant, 99), u.label))
+
+
+def fmt_ci(value: float, lo: float, hi: float, fmt=lambda v: f"{v:.3g}") -> str:
+    if any(math.isnan(x) for x in (value, lo, hi)):
+        return fmt(value) if not math.isnan(value) else "–"
+    return f"{fmt(value)} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def all_values(groups: list[Group]) -> np.ndarray:
+    return np.concatenate([np.asarray(g.values, float) for g in groups]) if groups else np.array([])

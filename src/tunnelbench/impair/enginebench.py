@@ -1,0 +1,97 @@
+"""`tunnelbench bench-engine`: the impairment engine's ceiling next to the raw path, in one run.
+
+TCP goodput (1 and 4 streams) and packets/s through the router, raw and through the engine at 0 ms and
+20 ms added delay, with the engine's CPU per packet (from its own stats: CPU seconds / packets)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunnelbench.impair.backend import Backend, NativeBackend
+from tunnelbench.impair.profiles import Profile
+from tunnelbench.impair.session import impair_lab
+from tunnelbench.lab.host import Host
+
+
+@dataclass
+class BenchRow:
+    path: str
+    streams: int
+    goodput_gbps: float
+    kpps: float  # wire packets/s the router forwarded toward the receiver, thousands
+    engine_cpu_us_per_pkt: float | None
+    engine_cpu_pct: float | None
+    retransmits: int
+
+
+def _tx_packets(router: Host, ifname: str) -> int:
+    out = json.loads(router.run(["ip", "-j", "-s", "link", "show", ifname]).stdout)
+    return int(out[0]["stats64"]["tx"]["packets"])
+
+
+def _iperf(src: Host, dst: Host, streams: int, seconds: float) -> dict:
+    srv = dst.spawn(
+        ["iperf3", "-s", "-1", "-p", "5298", "-B", dst.underlay_ip], label="iperf3-bench", log_path=None
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while not dst.run(["ss", "-Hltn", "sport = :5298"], check=False).stdout.strip():
+            if time.monotonic() > deadline:
+                raise RuntimeError("iperf3 server did not listen")
+            time.sleep(0.01)
+        r = src.run(["iperf3", "-c", dst.underlay_ip, "-p", "5298", "-J", "-t", f"{seconds:g}", "-P", str(streams)],
+                    timeout=seconds + 30)  # fmt: skip
+        return json.loads(r.stdout)
+    finally:
+        srv.stop(grace=2)
+
+
+def measure(
+    be: Backend, router: Host, src: Host, dst: Host, label: str, streams: int, seconds: float
+) -> BenchRow:
+    s0 = be.stats()
+    tx0 = _tx_packets(router, dst.name)
+    t0 = time.monotonic()
+    data = _iperf(src, dst, streams, seconds)
+    dt = time.monotonic() - t0
+    tx1 = _tx_packets(router, dst.name)
+    s1 = be.stats()
+    end = data["end"]
+    cpu_pp = cpu_pct = None
+    if s0 and s1 and s1.get("packets_in", 0) > s0.get("packets_in", 0):
+        pk = s1["packets_in"] - s0["packets_in"]
+        cpu = s1["cpu_s"] - s0["cpu_s"]
+        cpu_pp = 1e6 * cpu / pk
+        cpu_pct = 100 * cpu / dt
+    return BenchRow(label, streams, end["sum_received"]["bits_per_second"] / 1e9, (tx1 - tx0) / dt / 1e3,
+                    cpu_pp, cpu_pct, int(end["sum_sent"].get("retransmits", 0)))  # fmt: skip
+
+
+def run_bench(root: Path, seconds: float = 5.0, big_buffers: bool = True) -> tuple[str, list[BenchRow]]:
+    rows: list[BenchRow] = []
+    with impair_lab(root) as (lab, be):
+        h1, h2 = lab.hosts
+        if big_buffers:
+            # a 20 ms path needs a window larger than the default 4 MiB tcp_wmem ceiling to be engine-limited
+            for h in (h1, h2):
+                h.run(["sysctl", "-qw", "net.ipv4.tcp_wmem=4096 131072 33554432"])
+                h.run(["sysctl", "-qw", "net.ipv4.tcp_rmem=4096 131072 33554432"])
+        version = be.version() if isinstance(be, NativeBackend) else be.name
+        for streams in (1, 4):
+            rows.append(measure(be, lab.router, h1, h2, "raw (no engine)", streams, seconds))
+        for delay in (0.0, 20.0):
+            be.apply(Profile(name=f"engine-{delay:g}ms", delay_ms=delay), force_engine=True)
+            try:
+                for streams in (1, 4):
+                    rows.append(
+                        measure(be, lab.router, h1, h2, f"{be.name} engine +{delay:g} ms", streams, seconds)
+                    )
+                    why = be.health()
+                    if why:
+                        raise RuntimeError(why)
+            finally:
+                be.clear()
+    return version, rows

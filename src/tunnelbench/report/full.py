@@ -1,0 +1,310 @@
+"""The full report of one or more runs: a self-contained HTML page (styles and SVG plots inline, no
+scripts, no external requests) and a Markdown summary for pasting into issues and papers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from tunnelbench.analysis.analyze import Analysis, Family, RunData, analyze, is_headline, load_run
+from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
+from tunnelbench.report import plots
+from tunnelbench.report.fmt import num
+
+LOG_TAIL_LINES = 25
+MAX_LOG_FILES = 6
+
+
+def _ts(t: float | None) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if t else "–"
+
+
+def ci(lo: float, hi: float, unit: str = "") -> str:
+    if math.isnan(lo) or math.isnan(hi):
+        return "–"
+    return f"[{num(lo, unit)}, {num(hi, unit)}]"
+
+
+def ratio_txt(r: tuple[float, float, float] | None) -> str:
+    if not r or math.isnan(r[0]):
+        return ""
+    return f"{r[0]:.3g} [{r[1]:.3g}, {r[2]:.3g}]"
+
+
+def pct(v: float) -> str:
+    return "–" if math.isnan(v) else f"{100 * v:+.1f}%"
+
+
+def pval(p: float) -> str:
+    if math.isnan(p):
+        return "–"
+    return f"{p:.2g}" if p >= 0.001 else f"{p:.1e}"
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"(unreadable: {e})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# -- context ---------------------------------------------------------------------------------------------
+def _family_ctx(f: Family) -> dict:
+    t = f.tiering
+    order = t.order if t else list(f.groups)
+    rows = []
+    for rank, v in enumerate(order, 1):
+        g = f.groups[v]
+        d = g.desc
+        assert d is not None
+        rows.append({"rank": rank, "variant": v, "tier": t.tier[v] if t else 1, "n": d.n,
+                     "median": num(d.median, f.unit), "ci": ci(d.ci_lo, d.ci_hi, f.unit),
+                     "mean": num(d.mean, f.unit), "cv": "–" if math.isnan(d.cv) else f"{100 * d.cv:.1f}%",
+                     "ratio": ratio_txt(g.ratio)})  # fmt: skip
+    pairs = [{"a": p.a, "b": p.b, "rel": pct(p.rel_median_diff), "delta": f"{p.cliffs_delta:+.2f}",
+              "mag": cliffs_magnitude(p.cliffs_delta), "p": pval(p.p), "p_holm": pval(p.p_holm),
+              "sig": p.significant} for p in f.pairs]  # fmt: skip
+    return {"profile": f.profile, "label": f.label, "metric": f.metric, "unit": f.unit, "better": f.better,
+            "rows": rows, "pairs": pairs, "underpowered": f.underpowered,
+            "tiers": " > ".join("{" + ", ".join(gr) + "}" for gr in t.groups()) if t else "",
+            "plot": plots.ranking(f)}  # fmt: skip
+
+
+def _series_by_variant(a: Analysis, profile: str, label: str, name: str):
+    """variant -> list (per repetition) of [(t, value)] of a stored series."""
+    out: dict[str, list[list[tuple[float, float]]]] = defaultdict(list)
+    for v in a.variants:
+        run = a.run_of(v)
+        ids = [c.id for c in run.cases if c.status == "ok" and c.profile == profile and c.label == label
+               and a.variant_of[(run.run_id, c.vpn)] == v]  # fmt: skip
+        if not ids:
+            continue
+        rows = [r for r in run.series(ids, name) if r["host"] is None or name == "rtt_ms"]
+        for _, pts in sorted(plots.pooled(rows).items()):
+            out[v].append(sorted(pts))
+    return out
+
+
+def _features(a: Analysis) -> list[dict]:
+    """Feature records a driver may expose: a `features` dict on the driver class, in the stored VPN
+    settings, or environment keys `features.VPN...`. Shows whatever exists."""
+    from tunnelbench.vpns import DRIVERS
+
+    out = []
+    for r in a.runs:
+        for v in r.vpns:
+            feats: dict = {}
+            cls = DRIVERS.get(v["name"])
+            if cls is not None and isinstance(getattr(cls, "features", None), dict):
+                feats.update(cls.features)
+            try:
+                settings = json.loads(v["settings"] or "{}")
+            except json.JSONDecodeError:
+                settings = {}
+            if isinstance(settings.get("features"), dict):
+                feats.update(settings["features"])
+            for k, val in r.env.items():
+                if k.startswith(f"features.{v['name']}."):
+                    feats[k.split(".", 2)[2]] = val
+            out.append({"variant": a.variant_of.get((r.run_id, v["name"]), v["name"]),
+                        "features": {k: _jsonish(x) for k, x in sorted(feats.items())},
+                        "settings": {k: _jsonish(x) for k, x in settings.items() if k != "features"}})  # fmt: skip
+    return out
+
+
+def _jsonish(v) -> str:
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _calibration(r: RunData) -> dict:
+    base = None
+    profiles = []
+    for k, v in sorted(r.env.items()):
+        if not k.startswith("calibration."):
+            continue
+        try:
+            d = json.loads(v)
+        except json.JSONDecodeError:
+            d = {"raw": v}
+        if k == "calibration.base":
+            base = d
+        elif isinstance(d, dict) and isinstance(d.get("checks"), list):
+            profiles.append({"name": k.split(".", 1)[1], "summary": d.get("summary", ""),
+                             "backend": d.get("backend", ""), "ok": d.get("ok"),
+                             "checks": [{**c, "configured": num(c.get("configured")),
+                                         "measured": num(c.get("measured"))} for c in d["checks"]]})  # fmt: skip
+        else:
+            profiles.append({"name": k.split(".", 1)[1], "summary": v, "backend": "", "ok": None, "checks": []})
+    return {"base": base, "profiles": profiles}
+
+
+def _failures(r: RunData, a: Analysis) -> list[dict]:
+    out = []
+    for c in r.cases:
+        if c.status in ("ok", "running"):
+            continue
+        d = Path(c.artifact_dir) if c.artifact_dir else None
+        logs = []
+        error_txt = ""
+        if d and str(d) not in ("", ".") and d.is_dir():
+            if (d / "error.txt").exists():
+                error_txt = tail(d / "error.txt")
+            ld = d / "daemon-logs"
+            if ld.is_dir():
+                for p in sorted(ld.iterdir())[:MAX_LOG_FILES]:
+                    logs.append({"name": p.name, "text": tail(p)})
+        out.append({"variant": a.variant_of.get((r.run_id, c.vpn), c.vpn), "profile": c.profile,
+                    "label": c.label, "rep": c.repetition, "attempt": c.attempt + 1, "status": c.status,
+                    "error": c.error or "", "error_txt": error_txt, "logs": logs,
+                    "dir": str(d) if d and str(d) not in ("", ".") else ""})  # fmt: skip
+    return out
+
+
+def build_context(a: Analysis) -> dict:
+    runs = []
+    for r in a.runs:
+        runs.append({"id": r.run_id, "scenario": r.scenario_name, "status": r.run["status"],
+                     "started": _ts(r.run["started"]), "wall": r.phases.get("wall", 0.0),
+                     "measure": r.phases.get("measure", 0.0), "version": r.run["tunnelbench_version"],
+                     "vpns": [{**v, "variant": a.variant_of.get((r.run_id, v["name"]), v["name"])}
+                              for v in r.vpns],
+                     "env": sorted((k, v) for k, v in r.env.items() if not k.startswith("calibration.")),
+                     "calibration": _calibration(r), "failures": _failures(r, a),
+                     "phases": sorted((k, v) for k, v in r.phases.items() if k != "wall"),
+                     "scenario_text": r.run["scenario"]})  # fmt: skip
+    headline = a.headline_families()
+    overview = [_family_ctx(f) for f in headline if f.better != "none" or len(f.groups) > 1]
+    by_profile: dict[str, list[dict]] = defaultdict(list)
+    for f in overview:
+        by_profile[f["profile"]].append(f)
+    # heatmaps: one per headline (label, metric)
+    seen = []
+    heatmaps = []
+    for f in headline:
+        if (f.label, f.metric) in seen:
+            continue
+        seen.append((f.label, f.metric))
+        svg = plots.heatmap(a, f.label, f.metric)
+        if svg:
+            heatmaps.append(svg)
+    # distributions and time series
+    labels_of = defaultdict(set)
+    for g in a.groups.values():
+        labels_of[g.workload].add(g.label)
+    cdfs, tseries, cpu = [], [], []
+    for p in a.profiles:
+        for lb in sorted(labels_of.get("ping", ())):
+            s = _series_by_variant(a, p, lb, "rtt_ms")
+            pooled = {v: [x for rep in reps for _, x in rep] for v, reps in s.items()}
+            svg = plots.cdf(a, p, pooled, "rtt_ms", "ms", f"RTT distribution · {lb} · {p} (every echo reply)")
+            if svg:
+                cdfs.append(svg)
+        for wl in ("tcp", "udp"):
+            for lb in sorted(labels_of.get(wl, ())):
+                s = _series_by_variant(a, p, lb, "goodput_mbps")
+                svg = plots.timeseries(a, s, "goodput_mbps", "Mbit/s",
+                                       f"throughput over time · {lb} · {p} (iperf3 intervals)")  # fmt: skip
+                if svg:
+                    tseries.append(svg)
+        svg = plots.cpu_memory(a, p)
+        if svg:
+            cpu.append(svg)
+    scatter = plots.latency_vs_throughput(a)
+    stats_rows = []
+    for f in a.families:
+        for v, g in f.groups.items():
+            d = g.desc
+            assert d is not None
+            stats_rows.append({"variant": v, "profile": f.profile, "label": f.label, "metric": f.metric,
+                               "unit": f.unit, "better": f.better, "n": d.n, "mean": num(d.mean, f.unit),
+                               "median": num(d.median, f.unit), "sd": num(d.sd, f.unit),
+                               "cv": "–" if math.isnan(d.cv) else f"{100 * d.cv:.1f}%",
+                               "p5": num(d.pct[5], f.unit), "p25": num(d.pct[25], f.unit),
+                               "p75": num(d.pct[75], f.unit), "p95": num(d.pct[95], f.unit),
+                               "ci": ci(d.ci_lo, d.ci_hi, f.unit), "mean_ci": ci(d.mean_ci_lo, d.mean_ci_hi, f.unit),
+                               "ratio": ratio_txt(g.ratio), "headline": is_headline(f.workload, f.metric)})  # fmt: skip
+    usage = [{"variant": u.variant, "profile": u.profile, "label": u.label,
+              "cpu_client": f"{num(u.cpu_client.median)} {ci(u.cpu_client.ci_lo, u.cpu_client.ci_hi)}" if u.cpu_client else "–",
+              "cpu_server": f"{num(u.cpu_server.median)} {ci(u.cpu_server.ci_lo, u.cpu_server.ci_hi)}" if u.cpu_server else "–",
+              "rss_client": num(u.rss_client_mb), "rss_server": num(u.rss_server_mb)} for u in a.usage]  # fmt: skip
+    derived = lambda ds: [{"variant": d.variant, "profile": d.profile, "label": d.label,  # noqa: E731
+                           "value": num(d.value), "ci": ci(d.lo, d.hi), "n": d.n, "note": d.note} for d in ds]  # fmt: skip
+    n_min = min((g.desc.n for g in a.groups.values() if g.desc), default=0)
+    return {
+        "title": "tunnelbench " + (a.runs[0].run_id if len(a.runs) == 1 else f"{len(a.runs)} runs combined"),
+        "runs": runs, "variants": a.variants, "profiles": a.profiles, "by_profile": dict(by_profile),
+        "any_underpowered": any(f["underpowered"] for f in overview), "alpha": ALPHA, "n_min": n_min,
+        "heatmaps": heatmaps, "scatter": scatter, "cdfs": cdfs, "tseries": tseries, "cpu": cpu,
+        "usage": usage, "scaling": derived(a.scaling), "efficiency": derived(a.efficiency),
+        "stats_rows": stats_rows, "features": _features(a),
+        "generated": _ts(dt.datetime.now(dt.UTC).timestamp()),
+    }  # fmt: skip
+
+
+# -- HTML and Markdown -------------------------------------------------------------------------------------
+def render_report(a: Analysis) -> str:
+    env = Environment(loader=PackageLoader("tunnelbench", "report/templates"), autoescape=select_autoescape())
+    return env.get_template("report.html").render(**build_context(a))
+
+
+def load_analysis(run_dirs: list[Path]) -> Analysis:
+    return analyze([load_run(d) for d in run_dirs])
+
+
+def write_report(run_dirs: list[Path], out: Path, markdown: Path | None = None) -> Analysis:
+    a = load_analysis(run_dirs)
+    out.write_text(render_report(a))
+    if markdown is not None:
+        markdown.write_text(render_markdown(a))
+    return a
+
+
+def render_markdown(a: Analysis) -> str:
+    lines = []
+    for r in a.runs:
+        vers = ", ".join(f"{v['name']} {v['version'] or ''}".strip() for v in r.vpns)
+        lines.append(f"**tunnelbench run `{r.run_id}`** — scenario `{r.scenario_name}`, status {r.run['status']}, "
+                     f"{_ts(r.run['started'])}; {vers}; kernel {r.env.get('kernel', '?')}, "
+                     f"{r.env.get('cpu_count', '?')} CPUs ({r.env.get('cpu_model', '?')})")  # fmt: skip
+    lines.append("")
+    lines.append(f"Median over repetitions with bootstrap 95% CI; × internal = ratio of medians to the no-VPN "
+                 f"baseline with CI; tiers split only where every pair across the cut differs "
+                 f"(Mann-Whitney U, Holm-corrected, α = {ALPHA}).")  # fmt: skip
+    for p in a.profiles:
+        lines += ["", f"### Profile `{p}`", "",
+                  "| VPN | workload | metric | median [95% CI] | n | × internal [95% CI] | tier |",
+                  "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+        for f in a.headline_families():
+            if f.profile != p:
+                continue
+            order = f.tiering.order if f.tiering else list(f.groups)
+            for v in order:
+                g = f.groups[v]
+                d = g.desc
+                assert d is not None
+                tier = str(f.tiering.tier[v]) if f.tiering and f.better != "none" else ""
+                lines.append(f"| {v} | {f.label} | {f.metric} [{f.unit}] | {num(d.median, f.unit)} "
+                             f"{ci(d.ci_lo, d.ci_hi, f.unit)} | {d.n} | {ratio_txt(g.ratio)} | {tier} |")  # fmt: skip
+        under = [f"{f.label}/{f.metric}" for f in a.headline_families() if f.profile == p and f.underpowered]
+        if under:
+            lines += ["", f"> Too few repetitions for any significant difference in: {', '.join(under)} "
+                          "(one tier each; use ≥ 5 repetitions for 2 VPNs, more for more VPNs)."]  # fmt: skip
+    if a.scaling:
+        lines += ["", "Parallel scaling (goodput N streams / 1 stream): " + "; ".join(
+            f"{d.variant} {d.label} @ {d.profile}: {d.value:.2f} [{d.lo:.2f}, {d.hi:.2f}]" for d in a.scaling)]  # fmt: skip
+    if a.efficiency:
+        lines += ["", "CPU efficiency (Mbit/s per daemon CPU-core, client + server): " + "; ".join(
+            f"{d.variant} {d.label} @ {d.profile}: {num(d.value)} {ci(d.lo, d.hi)}" for d in a.efficiency)]  # fmt: skip
+    fails = [(r, c) for r in a.runs for c in r.cases if c.status not in ("ok", "running")]
+    if fails:
+        lines += ["", f"{len(fails)} case(s) failed or were skipped:"]
+        for r, c in fails[:20]:
+            lines.append(f"- {a.variant_of.get((r.run_id, c.vpn), c.vpn)} · {c.profile} · {c.label} rep "
+                         f"{c.repetition}: {c.status}: {(c.error or '').splitlines()[0][:200] if c.error else ''}")  # fmt: skip
+    return "\n".join(lines) + "\n"

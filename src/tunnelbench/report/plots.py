@@ -1,0 +1,279 @@
+"""The report's plots: matplotlib figures rendered to inline SVG (no files, no network, no JavaScript).
+
+Every plot labels its axes with units and has a legend when it shows more than one thing."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import re
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+
+from tunnelbench.analysis.analyze import Analysis, Family  # noqa: E402
+
+plt.rcParams.update({
+    "svg.fonttype": "none",  # text stays text: crisp, searchable, small
+    "svg.hashsalt": "tunnelbench",  # deterministic ids
+    "font.family": "sans-serif",
+    "font.sans-serif": ["DejaVu Sans", "Liberation Sans", "Arial"],
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "figure.dpi": 96,
+})  # fmt: skip
+
+TIER_COLORS = ["#1b7837", "#5aae61", "#a6dba0", "#c2a5cf", "#9970ab", "#762a83"]
+PALETTE = list(plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]
+_counter = itertools.count()
+
+
+def variant_colors(variants: list[str]) -> dict[str, tuple]:
+    return {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(variants)}
+
+
+def to_svg(fig) -> str:
+    """The figure as an inline <svg> element, its ids prefixed so several figures can share one page."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg") :]
+    pre = f"f{next(_counter)}-"
+    svg = re.sub(r'id="([^"]+)"', lambda m: f'id="{pre}{m.group(1)}"', svg)
+    svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{pre}{m.group(1)})", svg)
+    svg = re.sub(r'href="#([^"]+)"', lambda m: f'href="#{pre}{m.group(1)}"', svg)
+    return svg.replace("<svg ", '<svg role="img" class="plot" ', 1)
+
+
+def axis_label(metric: str, unit: str) -> str:
+    return f"{metric} [{unit}]" if unit else metric
+
+
+def ranking(f: Family) -> str:
+    """Median with its bootstrap 95% CI per variant, best first; colour = significance tier."""
+    t = f.tiering
+    order = t.order if t else list(f.groups)
+    n = len(order)
+    fig, ax = plt.subplots(figsize=(4.8, 0.42 * n + 1.0))
+    allv = []
+    for i, v in enumerate(order):
+        g = f.groups[v]
+        d = g.desc
+        assert d is not None
+        tier = t.tier[v] if t else 1
+        c = TIER_COLORS[(tier - 1) % len(TIER_COLORS)] if f.better != "none" else "#4477aa"
+        y = n - 1 - i
+        ax.plot(g.values, [y] * len(g.values), "|", color="#888", ms=10, zorder=1)
+        ax.errorbar([d.median], [y], xerr=[[max(0.0, d.median - d.ci_lo)], [max(0.0, d.ci_hi - d.median)]],
+                    fmt="o", color=c, ecolor="#333", capsize=3, ms=7, mec="#222", zorder=2)  # fmt: skip
+        allv += list(g.values) + [d.ci_lo, d.ci_hi]
+    finite = [x for x in allv if np.isfinite(x)]
+    if finite and min(finite) > 0 and max(finite) / min(finite) > 30:
+        ax.set_xscale("log")
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _short(x)))
+    ax.set_yticks(range(n), list(reversed(order)))
+    arrow = {"higher": "  (higher is better →)", "lower": "  (← lower is better)"}.get(f.better, "")
+    log = " (log scale)" if ax.get_xscale() == "log" else ""
+    ax.set_xlabel(axis_label(f.metric, f.unit) + log + arrow)
+    ax.set_ylim(-0.7, n - 0.3)
+    ax.set_title("● median, bar = 95% CI, | = each repetition" + (", colour = tier" if f.better != "none" else ""),
+                 fontsize=7, loc="left", color="#555")  # fmt: skip
+    return to_svg(fig)
+
+
+def heatmap(a: Analysis, label: str, metric: str) -> str | None:
+    """Variants x profiles: cell text = median, colour = median relative to the best variant in the profile."""
+    fams = [a.family(p, label, metric) for p in a.profiles]
+    fams = [f for f in fams if f is not None]
+    if not fams:
+        return None
+    better = fams[0].better
+    unit = fams[0].unit
+    profiles = [f.profile for f in fams]
+    variants = [v for v in a.variants if any(v in f.groups for f in fams)]
+    med = np.full((len(variants), len(profiles)), np.nan)
+    rel = np.full_like(med, np.nan)
+    for j, f in enumerate(fams):
+        vals = {v: g.desc.median for v, g in f.groups.items() if g.desc}
+        best = (max if better == "higher" else min)(vals.values()) if vals else float("nan")
+        for i, v in enumerate(variants):
+            if v in vals:
+                med[i, j] = vals[v]
+                if better == "higher":
+                    rel[i, j] = vals[v] / best if best else np.nan
+                elif better == "lower":
+                    rel[i, j] = best / vals[v] if vals[v] else (1.0 if best == 0 else np.nan)
+    cmap = LinearSegmentedColormap.from_list("tb", ["#d73027", "#fee08b", "#1a9850"])
+    fig, ax = plt.subplots(figsize=(1.3 * len(profiles) + 2.6, 0.42 * len(variants) + 1.3))
+    im = ax.imshow(np.nan_to_num(rel, nan=0.0) if better != "none" else np.zeros_like(med), cmap=cmap,
+                   vmin=0, vmax=1, aspect="auto")  # fmt: skip
+    ax.grid(False)
+    for i, j in itertools.product(range(len(variants)), range(len(profiles))):
+        txt = "–" if math.isnan(med[i, j]) else _short(med[i, j])
+        ax.text(j, i, txt, ha="center", va="center", fontsize=8, color="#111")
+    ax.set_xticks(range(len(profiles)), profiles)
+    ax.set_yticks(range(len(variants)), variants)
+    ax.set_xlabel("impairment profile")
+    ax.set_title(f"{label} · {axis_label(metric, unit)} (median)", fontsize=9, loc="left")
+    if better != "none":
+        cb = fig.colorbar(im, ax=ax, fraction=0.08, pad=0.03)
+        cb.set_label("relative to the best in the profile (1 = best)", fontsize=7)
+    return to_svg(fig)
+
+
+def _short(v: float) -> str:
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 0.01 or v == 0:
+        return f"{v:.2f}"
+    return f"{v:.1e}"
+
+
+def latency_vs_throughput(a: Analysis, tput_label: str = "tcp", lat_label: str = "ping",
+                          lat_metric: str = "rtt_p50_ms") -> str | None:  # fmt: skip
+    """One point per variant and profile: goodput median (x) vs RTT median (y), both with 95% CIs."""
+    colors = variant_colors(a.variants)
+    markers = dict(zip(a.profiles, "osD^v<>ph*", strict=False))
+    fig, ax = plt.subplots(figsize=(6.2, 4.2))
+    drawn = 0
+    for v in a.variants:
+        for p in a.profiles:
+            gx = a.groups.get((v, p, tput_label, "goodput_mbps"))
+            gy = a.groups.get((v, p, lat_label, lat_metric))
+            if not (gx and gy and gx.desc and gy.desc):
+                continue
+            dx, dy = gx.desc, gy.desc
+            ax.errorbar([dx.median], [dy.median],
+                        xerr=[[max(0, dx.median - dx.ci_lo)], [max(0, dx.ci_hi - dx.median)]],
+                        yerr=[[max(0, dy.median - dy.ci_lo)], [max(0, dy.ci_hi - dy.median)]],
+                        fmt=markers.get(p, "o"), color=colors[v], ms=8, capsize=3, mec="#333",
+                        label=f"{v}" + (f" @ {p}" if len(a.profiles) > 1 else ""))  # fmt: skip
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"{tput_label} goodput_mbps [Mbit/s]  (→ better)")
+    ax.set_ylabel(f"{lat_label} {lat_metric} [ms]  (↓ better)")
+    ax.set_title("latency vs throughput (median, 95% CI); best is bottom right", fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="best")
+    return to_svg(fig)
+
+
+def cdf(a: Analysis, profile: str, series: dict[str, list[float]], metric: str, unit: str,
+        title: str) -> str | None:  # fmt: skip
+    """Empirical CDF of pooled per-packet samples (e.g. every echo RTT of every repetition) per variant."""
+    colors = variant_colors(a.variants)
+    fig, ax = plt.subplots(figsize=(6.2, 3.6))
+    drawn = 0
+    for v in a.variants:
+        x = np.sort(np.asarray(series.get(v, []), float))
+        if x.size == 0:
+            continue
+        y = np.arange(1, x.size + 1) / x.size
+        ax.step(x, y, where="post", color=colors[v], label=f"{v} (n={x.size})", lw=1.5)
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    ax.set_xlabel(axis_label(metric, unit) + " (log scale)")
+    ax.set_ylabel("fraction of samples ≤ x")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="lower right")
+    return to_svg(fig)
+
+
+def timeseries(a: Analysis, series: dict[str, list[list[tuple[float, float]]]], metric: str, unit: str,
+               title: str) -> str | None:  # fmt: skip
+    """One thin line per repetition, one colour per variant."""
+    colors = variant_colors(a.variants)
+    fig, ax = plt.subplots(figsize=(6.2, 3.4))
+    drawn = 0
+    for v in a.variants:
+        for k, pts in enumerate(series.get(v, [])):
+            if not pts:
+                continue
+            t, y = zip(*pts, strict=True)
+            ax.plot(t, y, color=colors[v], lw=1.2, alpha=0.8, marker=".", ms=3,
+                    label=f"{v} ({len(series[v])} runs)" if k == 0 else None)  # fmt: skip
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_yscale("log")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("time since the start of the transfer [s]")
+    ax.set_ylabel(axis_label(metric, unit) + " (log scale)")
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="best")
+    return to_svg(fig)
+
+
+def cpu_memory(a: Analysis, profile: str) -> str | None:
+    """Daemon CPU (% of one core, median with CI) on client and server, and peak RSS, per workload label."""
+    us = [u for u in a.usage if u.profile == profile]
+    if not us:
+        return None
+    labels = [lb for lb in a.labels if any(u.label == lb for u in us)]
+    variants = [v for v in a.variants if any(u.variant == v for u in us)]
+    by = {(u.variant, u.label): u for u in us}
+    colors = variant_colors(a.variants)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.6, 0.5 * len(labels) * max(1, len(variants)) / 2 + 2.2),
+                                   gridspec_kw={"width_ratios": [2, 1]})  # fmt: skip
+    h = 0.8 / max(1, len(variants))
+    for i, v in enumerate(variants):
+        ys, cpu, err_lo, err_hi, rss = [], [], [], [], []
+        for j, lb in enumerate(labels):
+            u = by.get((v, lb))
+            if not u:
+                continue
+            tot = [d for d in (u.cpu_client, u.cpu_server) if d is not None]
+            m = sum(d.median for d in tot)
+            lo = sum(d.ci_lo for d in tot)
+            hi = sum(d.ci_hi for d in tot)
+            ys.append(j + i * h)
+            cpu.append(m)
+            err_lo.append(max(0, m - lo))
+            err_hi.append(max(0, hi - m))
+            rss.append(max(x for x in (u.rss_client_mb, u.rss_server_mb, 0.0) if x is not None))
+        if not ys:
+            continue
+        ax1.barh(ys, cpu, height=h, xerr=[err_lo, err_hi], color=colors[v], label=v, capsize=2)
+        ax2.barh(ys, rss, height=h, color=colors[v])
+    ticks = [j + h * (len(variants) - 1) / 2 for j in range(len(labels))]
+    ax1.set_yticks(ticks, labels)
+    ax2.set_yticks(ticks, labels)
+    ax1.invert_yaxis()
+    ax2.invert_yaxis()
+    ax1.set_xlabel("daemon CPU, client + server [% of one core] (median, 95% CI)")
+    ax2.set_xlabel("daemon peak RSS, larger host [MiB]")
+    ax1.legend(fontsize=7, loc="best")
+    ax1.set_title(f"CPU and memory of the VPN daemons · {profile}", fontsize=9, loc="left")
+    fig.tight_layout()
+    return to_svg(fig)
+
+
+def pooled(rows: list[dict]) -> dict[int, list[tuple[float, float]]]:
+    out: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        out[r["case_id"]].append((r["t"], r["value"]))
+    return out

@@ -1,0 +1,72 @@
+"""Impairment profiles, their translation for netem and the engine, and the calibration arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from tunnelbench.impair.backend import engine_rule, netem_args
+from tunnelbench.impair.calibrate import analyse, wilson
+from tunnelbench.impair.profiles import PROFILES, FourState, GilbertElliott, Profile
+
+
+def test_library_has_the_seed_profiles():
+    low, med, high = PROFILES["low"], PROFILES["medium"], PROFILES["high"]
+    assert (low.delay_ms, low.jitter_ms, low.loss_pct, low.reorder_pct, low.reorder_correlation_pct) == (
+        2,
+        2,
+        0.25,
+        0.5,
+        25,
+    )
+    assert (med.delay_ms, med.loss_pct, med.reorder_pct, med.loss_correlation_pct) == (4, 1, 2.5, 50)
+    assert (high.delay_ms, high.loss_pct, high.reorder_pct, high.reorder_correlation_pct) == (6, 2.5, 5, 50)
+    assert {f"loss-{x}" for x in (1, 5, 10)} | {f"delay-{x}" for x in (50, 250, 350)} <= set(PROFILES)
+    assert PROFILES["xloss-100"].loss_pct == 100 and PROFILES["xdelay-5000"].delay_ms == 5000
+    assert PROFILES["edge-100"].rate_mbit == 100
+    assert PROFILES["baseline"].is_baseline and PROFILES["edge-100"].needs_engine
+    assert not Profile(rate_mbit=100).needs_engine and not Profile(rate_mbit=100).is_baseline
+
+
+def test_profile_validation():
+    with pytest.raises(ValidationError, match="reorder_pct needs delay_ms"):
+        Profile(reorder_pct=5)
+    with pytest.raises(ValidationError, match="one loss model"):
+        Profile(loss_pct=1, gemodel=GilbertElliott(p_pct=1))
+    with pytest.raises(ValidationError):
+        Profile(loss_pct=101)
+
+
+def test_gilbert_elliott_closed_form():
+    g = GilbertElliott(p_pct=1, r_pct=25)
+    assert g.expected_loss() == pytest.approx(0.01 / 0.26)
+    assert g.expected_burst() == pytest.approx(4.0)
+    # the 4-state model with only isolated losses (p14) loses p14 / (1 + p14)
+    assert Profile(loss_state=FourState(p13=0, p14=5)).expected_loss() == pytest.approx(0.05 / 1.05)
+
+
+def test_netem_args_and_engine_rule():
+    p = PROFILES["medium"]
+    assert netem_args(p) == ["delay", "4.0ms", "loss", "random", "1.0%", "50.0%", "reorder", "2.5%", "50.0%"]
+    r = engine_rule("to-h2", "10.100.0.0/14", "10.100.2.0/24", p)
+    assert r["delay_us"] == 4000 and r["loss"] == {"model": "random", "p": 0.01, "correlation": 0.5}
+    assert r["reorder"] == {"p": 0.025, "correlation": 0.5}
+    ge = engine_rule("x", "a", "b", Profile(gemodel=GilbertElliott(p_pct=1, r_pct=25)))["loss"]
+    assert ge == {"model": "gemodel", "p": 0.01, "r": 0.25, "h": 0.0, "k": 1.0}
+
+
+def test_probe_analysis_counts_loss_bursts_reorder_and_duplicates():
+    # sent 0..9; 3,4 lost (one burst of 2), 7 lost; 6 overtakes 5; 8 arrives twice
+    arrivals = [0, 1, 2, 6, 5, 8, 8, 9]
+    recs = [(s, 1_000_000 * s, 1_000_000 * s + 2_000_000) for s in arrivals]
+    pr = analyse(recs, 10)
+    assert pr.received == 7 and pr.duplicates == 1
+    assert pr.loss_bursts == [2, 1]
+    assert pr.reordered == 1
+    assert pr.delays_ms.tolist() == [2.0] * 7
+
+
+def test_wilson_interval():
+    lo, hi = wilson(50, 1000)
+    assert lo < 0.05 < hi and hi - lo == pytest.approx(0.0273, abs=0.001)
+    assert wilson(0, 100)[0] == 0.0

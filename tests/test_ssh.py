@@ -1,0 +1,433 @@
+"""The SSH lab end to end against real sshd servers inside lab namespaces.
+
+Layout: a namespace lab with h1, h2 (SSH targets, each sshd in its own mount namespace with private /var/tmp
+and /run/wireguard, so "remote" files are really not on the controller's filesystem), the router (also an
+SSH target, the inventory's router host) and h3, the controller: the tunnelbench CLI under test runs inside
+h3 and reaches the targets only through the router. The lab has no path off the machine (the router's guard
+drops anything not addressed to it). Every sshd this module starts is killed by PID at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from conftest import lab_missing
+
+from tunnelbench.lab.journal import Journal, process_alive
+from tunnelbench.lab.netns import NetnsLab
+from tunnelbench.lab.tags import new_run_id, new_tag
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+SSHD = "/usr/sbin/sshd"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ssh_missing() -> str | None:
+    why = lab_missing()
+    if why:
+        return why
+    if not Path(SSHD).exists() or shutil.which("ssh-keygen") is None:
+        return "openssh-server is not installed (apt-get install openssh-server; scripts/setup.sh does it)"
+    try:
+        import asyncssh  # noqa: F401
+        import yaml  # noqa: F401
+    except ImportError as e:
+        return f"python package missing: {e.name} (pip install asyncssh PyYAML)"
+    return None
+
+
+SCENARIO = """
+name = "ssh-e2e"
+vpns = {vpns}
+[run]
+repetitions = {reps}
+[lab]
+hosts = 2
+[[workloads]]
+name = "tcp"
+duration_s = {dur}
+omit_s = 0
+[[workloads]]
+name = "ping"
+count = 20
+interval_s = 0.02
+"""
+
+SSHD_CONFIG = """
+ListenAddress {ip}
+Port 22
+HostKey {hostkey}
+PidFile none
+AuthorizedKeysFile {authorized}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+MaxSessions 64
+MaxStartups 64
+X11Forwarding no
+Subsystem sftp /usr/lib/openssh/sftp-server
+LogLevel ERROR
+"""
+
+
+@dataclass
+class Target:
+    name: str  # inventory name
+    netns: str
+    ip: str
+    sshd: subprocess.Popen
+
+
+@dataclass
+class SshFixture:
+    lab: NetnsLab
+    ctl_netns: str
+    dir: Path
+    key: Path
+    known_hosts: Path
+    targets: list[Target] = field(default_factory=list)
+
+    def inventory(self, path: Path, *, check_host_keys: bool = True, key: Path | None = None) -> Path:
+        peers = "".join(
+            f"        {t.name}:\n          ansible_host: {t.ip}\n" for t in self.targets if t.name != "wan"
+        )
+        router = next(t for t in self.targets if t.name == "wan")
+        path.write_text(
+            "all:\n  vars:\n    ansible_user: root\n"
+            f"    ansible_ssh_private_key_file: {key or self.key}\n"
+            f"    tunnelbench_known_hosts: {self.known_hosts}\n"
+            + ("" if check_host_keys else "    ansible_host_key_checking: false\n")
+            + "  children:\n    peers:\n      hosts:\n"
+            + peers
+            + f"    routers:\n      hosts:\n        wan:\n          ansible_host: {router.ip}\n"
+        )
+        return path
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "TUNNELBENCH_REGISTRY": str(self.dir / "registry"), "PYTHONPATH": str(ROOT / "src"),
+                "SSH_AUTH_SOCK": ""}  # fmt: skip
+
+    def tb_argv(self, *args: str) -> list[str]:
+        return ["ip", "netns", "exec", self.ctl_netns, sys.executable, "-m", "tunnelbench.cli", *args]
+
+    def tb(self, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.tb_argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env()
+        )
+
+    def in_target(self, t: Target, script: str) -> subprocess.CompletedProcess:
+        """Run a command in a target's network and mount namespaces (as its sshd sees the machine)."""
+        return subprocess.run(["nsenter", "-t", str(t.sshd.pid), "-n", "-m", "sh", "-c", script],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tunnelbench-test", "-f", str(path)],
+                   check=True, capture_output=True)  # fmt: skip
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def _start_sshd(d: Path, name: str, netns: str, ip: str, authorized: Path) -> subprocess.Popen:
+    hostkey = d / f"hostkey-{name}"
+    _keygen(hostkey)
+    conf = d / f"sshd-{name}.conf"
+    conf.write_text(SSHD_CONFIG.format(ip=ip, hostkey=hostkey, authorized=authorized))
+    # own mount namespace: private /var/tmp (remote workdirs) and /run/wireguard (UAPI sockets), like a
+    # separate machine; `exec` keeps the PID we hold the sshd's
+    script = ("mount -t tmpfs tbssh /var/tmp && mkdir -p /run/wireguard /run/sshd && "
+              f"mount -t tmpfs tbssh /run/wireguard && exec {SSHD} -D -e -f {conf}")  # fmt: skip
+    log = open(d / f"sshd-{name}.log", "ab")  # noqa: SIM115
+    p = subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "--mount", "--propagation", "private",
+                          "sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    log.close()
+    return p
+
+
+@pytest.fixture(scope="module")
+def ssh_env(tmp_path_factory):
+    why = ssh_missing()
+    if why:
+        print(f"SKIP test_ssh: {why}")
+        pytest.skip(why)
+    d = tmp_path_factory.mktemp("ssh")
+    (d / "registry").mkdir()
+    tag = new_tag()
+    run_dir = d / new_run_id(tag)
+    journal = Journal(run_dir, run_dir.name)
+    lab = NetnsLab(tag, 3, run_dir, journal)  # h1, h2: targets; h3: the controller
+    fx = SshFixture(lab, lab.hosts[2].netns, d, d / "client_key", d / "known_hosts")
+    try:
+        lab.build()
+        lab.wait_links()
+        _keygen(fx.key)
+        authorized = d / "authorized_keys"
+        authorized.write_text(fx.key.with_suffix(".pub").read_text())
+        spec = [("h1", lab.hosts[0].netns, lab.hosts[0].underlay_ip),
+                ("h2", lab.hosts[1].netns, lab.hosts[1].underlay_ip),
+                ("wan", lab.router.netns, "10.100.3.1")]  # fmt: skip
+        lines = []
+        for name, ns, ip in spec:
+            fx.targets.append(Target(name, ns, ip, _start_sshd(d, name, ns, ip, authorized)))
+            lines.append(f"{ip} {(d / f'hostkey-{name}.pub').read_text().strip()}")
+        fx.known_hosts.write_text("\n".join(lines) + "\n")
+        for t in fx.targets:  # wait until each sshd listens
+            end = time.monotonic() + 10
+            while "LISTEN" not in fx.in_target(t, "ss -Hltn 'sport = :22' | sed 's/^/LISTEN /'").stdout:
+                assert t.sshd.poll() is None, (d / f"sshd-{t.name}.log").read_text()
+                assert time.monotonic() < end, f"sshd {t.name} not listening"
+                time.sleep(0.05)
+        yield fx
+    finally:
+        for t in fx.targets:  # only the sshd processes we started, by PID
+            if t.sshd.poll() is None:
+                t.sshd.send_signal(signal.SIGTERM)
+                try:
+                    t.sshd.wait(5)
+                except subprocess.TimeoutExpired:
+                    t.sshd.kill()
+                    t.sshd.wait(5)
+        lab.destroy()
+        journal.end()
+
+
+def _shape(db_path: Path) -> tuple[set, set]:
+    db = sqlite3.connect(db_path)
+    cases = set(db.execute('SELECT vpn, profile, workload, label, repetition, status FROM "case"').fetchall())
+    metrics = set(
+        db.execute(
+            'SELECT c.vpn, c.workload, m.name FROM metric m JOIN "case" c ON c.id = m.case_id'
+        ).fetchall()
+    )
+    db.close()
+    return cases, metrics
+
+
+def _tunnelbench_procs(fx: SshFixture, t: Target, tag: str) -> list[str]:
+    """Processes in the target's namespace that are not its sshd machinery: anything tunnelbench started."""
+    out = subprocess.run(["ip", "netns", "pids", t.netns], capture_output=True, text=True).stdout.split()
+    left = []
+    for pid in out:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if not cmd or "sshd" in cmd or cmd.startswith(("unshare", "sh -c mount")):
+            continue
+        left.append(f"{pid}: {cmd}")
+    return left
+
+
+def _target_state(fx: SshFixture, t: Target, tag: str) -> dict[str, str]:
+    links = fx.in_target(t, "ip -o link show").stdout
+    return {
+        "links": "\n".join(x for x in links.splitlines() if tag in x),
+        "files": fx.in_target(
+            t, "ls -A /var/tmp/tunnelbench 2>/dev/null; ls -A /run/wireguard"
+        ).stdout.strip(),
+        "nft": fx.in_target(t, f"nft list tables | grep {tag} || true").stdout.strip(),
+        "procs": "\n".join(_tunnelbench_procs(fx, t, tag)),
+    }
+
+
+def test_inventory_parsing_and_errors(tmp_path):
+    from tunnelbench.lab.inventory import InventoryError, load_inventory
+
+    p = tmp_path / "inv.yaml"
+    p.write_text(
+        "all:\n  vars: {ansible_user: bench, tunnelbench_known_hosts: kh}\n  children:\n"
+        "    peers:\n      vars: {ansible_port: 2222}\n      hosts:\n"
+        "        edge-b: {ansible_host: 192.0.2.11, tunnelbench_underlay_ip: 10.0.0.11}\n"
+        "        edge-a: {ansible_host: 192.0.2.10, ansible_user: root}\n"
+        "    routers:\n      hosts:\n        wan: {ansible_host: 192.0.2.1, ansible_host_key_checking: false}\n"
+    )
+    inv = load_inventory(p)
+    peers = inv.peers()
+    assert [h.name for h in peers] == ["edge-b", "edge-a"]  # file order plays h1, h2
+    assert peers[0].port == 2222 and peers[0].user == "bench" and peers[0].underlay_ip == "10.0.0.11"
+    assert peers[1].user == "root" and peers[1].underlay_ip == "192.0.2.10"
+    assert peers[0].known_hosts == str(tmp_path / "kh") and peers[0].host_key_check
+    router = inv.router()
+    assert router is not None and router.name == "wan" and not router.host_key_check
+    p.write_text("all:\n  children:\n    peers:\n      hosts:\n        only: {ansible_host: 192.0.2.1}\n")
+    with pytest.raises(InventoryError, match="at least two"):
+        load_inventory(p)
+    from tunnelbench.scenario import ScenarioError, parse_scenario
+
+    with pytest.raises(ScenarioError, match="inventory"):
+        parse_scenario({"lab": {"backend": "ssh"}}, "t")
+
+
+def test_ssh_host_api_and_host_key_checking(ssh_env: SshFixture, tmp_path):
+    from tunnelbench.lab.inventory import load_inventory
+    from tunnelbench.lab.ssh import SshError, SshHost
+
+    inv = load_inventory(ssh_env.inventory(tmp_path / "inv.yaml"))
+    # the controller lives in h3: do the host API checks from there too, in a child process
+    code = f"""
+import signal, time
+from pathlib import Path
+from tunnelbench.lab.inventory import load_inventory
+from tunnelbench.lab.ssh import SshHost
+from tunnelbench.lab.host import CommandError
+inv = load_inventory({str(tmp_path / "inv.yaml")!r})
+h = SshHost("h1", inv.peers()[0], Path("/var/tmp/tunnelbench/t/h1"), None)
+assert h.run(["echo", "hi"]).stdout == "hi\\n"
+assert h.run(["sh", "-c", "exit 3"], check=False).returncode == 3
+assert h.run(["cat"], input="data").stdout == "data"
+try:
+    h.run(["sleep", "30"], timeout=1)
+    raise SystemExit("no timeout")
+except CommandError as e:
+    assert e.returncode is None
+time.sleep(0.2)
+assert "sleep 30" not in [x.strip() for x in h.run(["ps", "-eo", "args"]).stdout.splitlines()]  # killed there
+h.write_file(Path("/var/tmp/tunnelbench/t/h1/k/private.key"), "secret\\n", 0o600)
+assert h.run(["stat", "-c", "%a", "/var/tmp/tunnelbench/t/h1/k/private.key"]).stdout.strip() == "600"
+assert h.read_file(Path("/var/tmp/tunnelbench/t/h1/k/private.key")) == b"secret\\n"
+p = h.spawn(["sh", "-c", "echo started; exec sleep 60"], label="sleeper", log_path=Path("/var/tmp/tunnelbench/t/h1/s.log"))
+time.sleep(0.3)
+assert p.alive() and p.start is not None and "started" in p.log_tail()
+p.stop(grace=2)
+assert not p.alive()
+h.run(["rm", "-rf", "/var/tmp/tunnelbench/t"])
+print("OK")
+"""
+    r = subprocess.run(["ip", "netns", "exec", ssh_env.ctl_netns, sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=120, env=ssh_env.env())  # fmt: skip
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    # host-key checking is on by default: an empty known_hosts refuses the host with a clear message
+    ssh_env.known_hosts.rename(ssh_env.known_hosts.with_suffix(".bak"))
+    try:
+        ssh_env.known_hosts.write_text("")
+        r = ssh_env.tb("doctor", "--inventory", str(tmp_path / "inv.yaml"), timeout=120)
+        assert r.returncode == 1 and "host key not verified" in (r.stdout + r.stderr), r.stdout + r.stderr
+        # ... and the explicit opt-out connects
+        r = ssh_env.tb("doctor", "--inventory", str(tmp_path / "inv.yaml"), "--insecure-no-host-key-check")
+        assert "reachable" in r.stdout and "host key not verified" not in r.stdout, r.stdout + r.stderr
+    finally:
+        ssh_env.known_hosts.with_suffix(".bak").replace(ssh_env.known_hosts)
+    assert isinstance(inv.peers()[0].address, str) and SshHost and SshError
+
+
+def test_doctor_inventory_reports_per_host(ssh_env: SshFixture, tmp_path):
+    inv = ssh_env.inventory(tmp_path / "inv.yaml")
+    r = ssh_env.tb("doctor", "--inventory", str(inv), timeout=200)
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    for t in ssh_env.targets:
+        assert f"{t.name} (root@{t.ip}:22)" in out
+    for check in ("reachable", "tc netem", "TUN/TAP", "kernel WireGuard", "clock sync", "CPU", "NICs",
+                  "wireguard-go", "iperf3"):  # fmt: skip
+        assert check in out, check
+    assert "eth0" in out  # the NIC list of a peer
+
+
+def test_scenario_runs_over_ssh_with_the_same_shape_as_netns(ssh_env: SshFixture, tmp_path):
+    from tunnelbench.vpns import DRIVERS
+
+    vpns = ["internal", "wireguard-go"] + [v for v in ("nebula",) if DRIVERS[v].availability().ok]
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(vpns=json.dumps(vpns), reps=2, dur=1))
+    inv = ssh_env.inventory(tmp_path / "inv.yaml")
+    res_ssh, res_ns = tmp_path / "ssh-results", tmp_path / "ns-results"
+    r = ssh_env.tb("run", str(scen), "--inventory", str(inv), "--results", str(res_ssh), "--no-html")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (run_dir,) = res_ssh.iterdir()
+    r_ns = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results", str(res_ns),
+                           "--no-html"], capture_output=True, text=True, timeout=400, env=ssh_env.env())  # fmt: skip
+    assert r_ns.returncode == 0, r_ns.stdout + r_ns.stderr
+    (ns_dir,) = res_ns.iterdir()
+    cases, metrics = _shape(run_dir / "results.sqlite")
+    ns_cases, ns_metrics = _shape(ns_dir / "results.sqlite")
+    assert cases == ns_cases and all(c[-1] == "ok" for c in cases)
+    assert {v for v, *_ in cases} == set(vpns)
+    assert metrics == ns_metrics, metrics ^ ns_metrics
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    gp = db.execute('SELECT c.vpn, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+                    "WHERE m.name = 'goodput_mbps'").fetchall()  # fmt: skip
+    assert {v for v, _ in gp} == set(vpns) and all(x > 0 for _, x in gp)
+    env = dict(db.execute("SELECT key, value FROM environment").fetchall())
+    assert env["lab.backend"] == "ssh" and "h1=h1" in env["lab.mapping"]
+    assert env["kernel"] and "iperf 3" in env["tool.iperf3"]
+    versions = dict(db.execute("SELECT name, version FROM vpn").fetchall())
+    assert all(versions[v] for v in vpns)
+    # artifacts came back: iperf3 JSON and server logs per case, daemon logs per host
+    assert list(run_dir.glob("cases/wireguard-go/baseline/tcp/r1a0/tcp-client.json"))
+    assert list(run_dir.glob("cases/wireguard-go/baseline/tcp/r1a0/tcp-server.log"))
+    assert list(run_dir.glob("hosts/h1/wireguard-go/daemon.log"))
+    # the targets are as they were: no processes, interfaces, files or rules of the run
+    tag = run_dir.name.split("-")[-1]
+    for t in ssh_env.targets:
+        assert _target_state(ssh_env, t, tag) == {"links": "", "files": "", "nft": "", "procs": ""}, t.name
+    journal = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines()]
+    procs = [e for e in journal if e["kind"] == "process"]
+    assert procs and all(e["backend"] == "ssh" and e["address"] and e["start"] for e in procs)
+
+
+def test_sigkill_mid_case_then_clean_inventory_leaves_targets_clean(ssh_env: SshFixture, tmp_path):
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(vpns='["wireguard-go"]', reps=5, dur=3))
+    inv = ssh_env.inventory(tmp_path / "inv.yaml")
+    results = tmp_path / "results"
+    p = subprocess.Popen(ssh_env.tb_argv("run", str(scen), "--inventory", str(inv), "--results", str(results)),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ssh_env.env())  # fmt: skip
+    try:
+        run_dir = _wait_for_ok_case(results, 1)
+        time.sleep(1.0)  # inside the next case
+        # the controller is the python child of `ip netns exec` (exec'd: same PID)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    tag = run_dir.name.split("-")[-1]
+    journal = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines() if x.strip()]
+    daemons = [e for e in journal if e["kind"] == "process" and e["argv"][0] == "wireguard-go"]
+    assert daemons
+    peers = {t.name: t for t in ssh_env.targets}
+    before = {t.name: _target_state(ssh_env, t, tag) for t in ssh_env.targets}
+    assert before["h1"]["links"] and before["h1"]["files"] and before["h1"]["procs"], before
+    assert before["wan"]["nft"], "the router's counting table should be left behind"
+    for e in daemons:
+        assert process_alive(e["pid"], e["start"])  # same PID namespace in this test: we can see them
+    r = ssh_env.tb("clean", "--inventory", str(inv), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "removed" in r.stdout
+    for name, t in peers.items():
+        assert _target_state(ssh_env, t, tag) == {"links": "", "files": "", "nft": "", "procs": ""}, name
+    for e in daemons:
+        assert not process_alive(e["pid"], e["start"])
+    assert not list((ssh_env.dir / "registry").glob(f"*{tag}"))
+    r = ssh_env.tb("clean", "--inventory", str(inv), timeout=60)
+    assert "nothing to clean" in r.stdout, r.stdout + r.stderr
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 1
+
+
+def _wait_for_ok_case(results: Path, n_ok: int, timeout: float = 180) -> Path:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for db in results.glob("*/results.sqlite"):
+            with contextlib.suppress(sqlite3.Error):
+                c = sqlite3.connect(db, timeout=5)
+                got = c.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0]
+                c.close()
+                if got >= n_ok:
+                    return db.parent
+        time.sleep(0.2)
+    raise AssertionError(f"no {n_ok} finished cases after {timeout} s")
