@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   iproute2 iputils-ping fping iperf3 nftables iptables ethtool procps kmod openssl
   wireguard-tools wireguard-go nebula tinc openvpn
+  openssh-server openssh-client
+  chromium
 )
 need=()
 for p in "${APT_PACKAGES[@]}"; do

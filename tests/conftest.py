@@ -29,11 +29,11 @@ def lab_factory(tmp_path: Path):
         pytest.skip(why)
     made: list[NetnsLab] = []
 
-    def make(n_hosts: int = 3) -> NetnsLab:
+    def make(n_hosts: int = 3, path: str = "direct", relay: str | None = None) -> NetnsLab:
         tag = new_tag()
         run_dir = tmp_path / new_run_id(tag)
         journal = Journal(run_dir, run_dir.name)
-        lab = NetnsLab(tag, n_hosts, run_dir, journal)
+        lab = NetnsLab(tag, n_hosts, run_dir, journal, path, relay)
         made.append(lab)
         lab.build()
         lab.wait_links()

@@ -59,8 +59,12 @@ def make_run(root: Path, run_id: str, goodput: dict[str, tuple[float, float]], n
         if vpn == fail:
             adir = run_dir / "cases" / vpn / profile / "tcp" / f"r{n}a1"
             (adir / "daemon-logs").mkdir(parents=True)
-            (adir / "error.txt").write_text("Traceback (most recent call last):\nWorkloadError: iperf3 timed out\n")
-            (adir / "daemon-logs" / "h1-daemon.log").write_text("handshake did not complete after 5 seconds\n")
+            (adir / "error.txt").write_text(
+                "Traceback (most recent call last):\nWorkloadError: iperf3 timed out\n"
+            )
+            (adir / "daemon-logs" / "h1-daemon.log").write_text(
+                "handshake did not complete after 5 seconds\n"
+            )
             cid = st.start_case(run_id, vpn, profile, "tcp", "tcp", {}, n, 1, "h1", "h2", adir)
             st.finish_case(cid, "failed", error="WorkloadError: iperf3 timed out")
     st.end_run(run_id, "ok")

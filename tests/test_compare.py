@@ -20,8 +20,12 @@ def tb(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def test_compare_flags_a_20pct_regression_and_not_noise(tmp_path):
-    a = make_run(tmp_path, "20260101-000000-tbaaaa", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=8, seed=1)
-    b = make_run(tmp_path, "20260101-000001-tbbbbb", {"internal": (1000, 30), "fastvpn": (400, 12)}, n=8, seed=2)
+    a = make_run(
+        tmp_path, "20260101-000000-tbaaaa", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=8, seed=1
+    )
+    b = make_run(
+        tmp_path, "20260101-000001-tbbbbb", {"internal": (1000, 30), "fastvpn": (400, 12)}, n=8, seed=2
+    )
     same = make_run(tmp_path, "20260101-000002-tbcccc", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=8,
                     seed=3)  # fmt: skip
     cmp = compare_runs(load_run(a), load_run(b))

@@ -84,7 +84,9 @@ def test_exports(tmp_path):
     assert tuple(rows[0]) == COLUMNS
     n_metrics = len(run.metrics)
     assert len(rows) == n_metrics
-    r = next(r for r in rows if r["vpn"] == "fastvpn" and r["metric"] == "goodput_mbps" and r["label"] == "tcp")
+    r = next(
+        r for r in rows if r["vpn"] == "fastvpn" and r["metric"] == "goodput_mbps" and r["label"] == "tcp"
+    )
     assert r["vpn_version"] == "1.0" and r["unit"] == "Mbit/s" and r["repetition"] == "1" and r["host"] == ""
     assert r["better"] == "higher" and float(r["value"]) > 0
     assert any(r["host"] == "h1" and r["metric"] == "daemon_cpu_pct" for r in rows)
@@ -206,4 +208,7 @@ def test_report_of_a_real_run_in_headless_chromium(tmp_path):
     # exports of the real run
     res = tb("export", str(run_dir))
     rows = list(csv.DictReader(io.StringIO(res.stdout)))
-    assert {r["vpn"] for r in rows} == {"internal", "wireguard-go"} and {r["label"] for r in rows} >= {"tcp", "ping"}
+    assert {r["vpn"] for r in rows} == {"internal", "wireguard-go"} and {r["label"] for r in rows} >= {
+        "tcp",
+        "ping",
+    }

@@ -132,7 +132,12 @@ def test_tiers_separate_only_significant_differences():
                 assert frozenset((x, y)) in sig  # different tiers => significant pair
     # lower is better: the same cuts, reversed
     low = tiers(g, "lower")
-    assert low.order[0] == "d" and low.tier["d"] == 1 and low.tier["c"] == 2 and low.tier["a"] == low.tier["b"] == 3
+    assert (
+        low.order[0] == "d"
+        and low.tier["d"] == 1
+        and low.tier["c"] == 2
+        and low.tier["a"] == low.tier["b"] == 3
+    )
 
 
 def test_tiers_with_too_few_repetitions_are_one_tier():

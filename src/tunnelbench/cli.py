@@ -52,6 +52,8 @@ def main() -> None:
     "--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all'); overrides the scenario"
 )
 @click.option("--repetitions", "-n", type=int, help="override run.repetitions")
+@click.option("--profile", "-p", "profiles", multiple=True,
+              help="impairment profile(s) to run under (repeat or comma-separate); overrides the scenario")  # fmt: skip
 @click.option(
     "--results", type=click.Path(file_okay=False, path_type=Path), help="results folder (default ./results)"
 )
@@ -60,14 +62,14 @@ def main() -> None:
               help="run on the real hosts of this Ansible-style YAML inventory over SSH (lab.backend = ssh)")  # fmt: skip
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True,
               help="with --inventory: do not verify SSH host keys (only on a lab network you fully control)")  # fmt: skip
-def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path | None,
-        no_html: bool, inventory: Path | None = None, insecure: bool = False) -> None:  # fmt: skip
+def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...],
+        results: Path | None, no_html: bool, inventory: Path | None = None, insecure: bool = False) -> None:  # fmt: skip
     """Run a scenario (the built-in default when none is given) and print the summary."""
     from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
 
     try:
         sc, text = load_scenario(scenario)
-        if vpns or repetitions or inventory or insecure:
+        if vpns or repetitions or profiles or inventory or insecure:
             import tomllib
 
             data = tomllib.loads(text)
@@ -79,8 +81,10 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, r
                 data["vpns"] = [v for arg in vpns for v in arg.split(",")]
             if repetitions:
                 data.setdefault("run", {})["repetitions"] = repetitions
+            if profiles:
+                data["profiles"] = [p for arg in profiles for p in arg.split(",")]
             sc = parse_scenario(data, f"{scenario or 'default scenario'} with command-line overrides")
-            text = _dump_toml_note(text, vpns, repetitions)
+            text = _dump_toml_note(text, vpns, repetitions, profiles)
             if inventory:
                 text = (
                     f"# --inventory {inventory}{' --insecure-no-host-key-check' if insecure else ''}\n{text}"
@@ -123,10 +127,14 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, r
     sys.exit(code)
 
 
-def _dump_toml_note(text: str, vpns: tuple[str, ...], repetitions: int | None) -> str:
+def _dump_toml_note(
+    text: str, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...]
+) -> str:
     note = "# command-line overrides:"
     if vpns:
         note += f" --vpn {','.join(vpns)}"
+    if profiles:
+        note += f" --profile {','.join(profiles)}"
     if repetitions:
         note += f" --repetitions {repetitions}"
     return note + "\n" + text
@@ -329,22 +337,69 @@ def clean(force: bool, inventory: Path | None = None, insecure: bool = False) ->
     sys.exit(1 if rep.problems else 0)
 
 
+@main.command()
+@click.argument("vpns", nargs=-1)
+@click.option("--force", is_flag=True, help="rebuild even if the cache has this version")
+def install(vpns: tuple[str, ...], force: bool) -> None:
+    """Install the pinned binaries of VPNs (default: all) from Debian, the Go proxy or crates.io.
+
+    Registry builds go to a cache keyed by name and version ($TUNNELBENCH_CACHE, default
+    /var/cache/tunnelbench): a second install, or CI with the cache restored, does not rebuild."""
+    _need_root()
+    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.vpns.impossible import IMPOSSIBLE
+    from tunnelbench.vpns.install import cache_root, install_source
+
+    names = list(DRIVERS) if not vpns or "all" in vpns else [v for arg in vpns for v in arg.split(",")]
+    bad = [n for n in names if n not in DRIVERS]
+    for n in bad:
+        why = IMPOSSIBLE[n].reason if n in IMPOSSIBLE else f"unknown VPN; known: {', '.join(DRIVERS)}"
+        err.print(f"[red]{n}: {why}[/]")
+    logdir = cache_root() / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    t = Table(title="tunnelbench install", title_justify="left")
+    for c in ("vpn", "source", "status", "seconds", "where / why"):
+        t.add_column(c)
+    failed = bool(bad)
+    for n in names:
+        if n in bad:
+            continue
+        cls = DRIVERS[n]
+        why = cls.impossible_here()
+        if why:
+            t.add_row(n, "", "[red]impossible here[/]", "", why)
+            continue
+        for src in cls.installs:
+            err.print(f"{n}: {src.label} ...")
+            with open(logdir / f"{src.name}.log", "a") as log:
+                r = install_source(src, log, force)
+            failed |= r.status == "failed"
+            colour = {"cached": "green", "installed": "green", "failed": "red"}[r.status]
+            detail = r.detail + (f" (log: {logdir / (src.name + '.log')})" if r.status == "failed" else "")
+            t.add_row(n, r.source, f"[{colour}]{r.status}[/]", f"{r.seconds:.0f}", detail)
+    console.print(t)
+    sys.exit(1 if failed else 0)
+
+
 @main.command("list")
 def list_() -> None:
     """VPNs, workloads and impairment profiles, and whether each is available here."""
     from tunnelbench.impair.profiles import PROFILES
     from tunnelbench.scenario import builtin_scenarios
     from tunnelbench.vpns import DRIVERS
+    from tunnelbench.vpns.impossible import IMPOSSIBLE
     from tunnelbench.workloads import WORKLOADS
 
     t = Table(title="VPNs", title_justify="left")
-    for c in ("name", "available", "version / reason", "what is tested"):
+    for c in ("name", "state", "version / reason", "paths", "what is tested"):
         t.add_column(c)
+    colour = {"available": "green", "installable": "yellow", "impossible here": "red"}
     for name, cls in DRIVERS.items():
         a = cls.availability()
-        t.add_row(
-            name, "[green]yes[/]" if a.ok else "[red]no[/]", a.version if a.ok else a.reason, cls.summary
-        )
+        t.add_row(name, f"[{colour[a.state]}]{a.state}[/]", a.version if a.ok else a.reason,
+                  ", ".join(sorted(cls.paths)), cls.summary)  # fmt: skip
+    for name, imp in IMPOSSIBLE.items():
+        t.add_row(name, "[red]impossible here[/]", imp.reason, "", imp.summary)
     console.print(t)
     t = Table(title="Workloads", title_justify="left")
     for c in ("name", "available", "parameters", "metrics"):
@@ -367,26 +422,96 @@ def list_() -> None:
 
 
 @main.command()
-@click.argument("run_ref", required=False)
+@click.argument("run_refs", nargs=-1)
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True)  # fmt: skip
 @click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), help="HTML file (default RUN/report.html)"
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="HTML file (default RUN/report.html; for several runs LAST_RUN/report-combined.html)",
 )
-def report(run_ref: str | None, results: Path, out: Path | None) -> None:
-    """Print the summary of a stored run and write its HTML page (newest run when none is given)."""
+@click.option(
+    "--markdown",
+    "md_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Markdown summary (default: the HTML path with .md)",
+)
+def report(run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: Path | None) -> None:
+    """Print the summary of stored run(s) and write the self-contained HTML report and a Markdown summary
+    (newest run when none is given). Several runs are combined into one report, e.g. two releases of a VPN."""
     from tunnelbench.analysis.summary import summarize
-    from tunnelbench.report.html import write_html
+    from tunnelbench.report.full import write_report
     from tunnelbench.report.terminal import print_summary
     from tunnelbench.store import Store
 
-    run_dir = _find_run(run_ref, results)
-    store = Store.open_run_dir(run_dir)
-    run_id = store.run_row()["id"]
-    summary = summarize(store, run_id)
-    print_summary(store, run_id, summary, console)
-    path = write_html(store, run_id, summary, out or run_dir / "report.html")
-    err.print(f"report: {path}")
+    run_dirs = [_find_run(r, results) for r in run_refs] if run_refs else [_find_run(None, results)]
+    for run_dir in run_dirs:
+        store = Store.open_run_dir(run_dir)
+        run_id = store.run_row()["id"]
+        print_summary(store, run_id, summarize(store, run_id), console)
+        store.close()
+    default = run_dirs[-1] / ("report.html" if len(run_dirs) == 1 else "report-combined.html")
+    path = out or default
+    write_report(run_dirs, path, md_out or path.with_suffix(".md"))
+    err.print(f"report: {path}\nmarkdown: {md_out or path.with_suffix('.md')}")
+
+
+@main.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+              show_default=True)  # fmt: skip
+@click.option("--threshold", type=float, default=10.0, show_default=True,
+              help="flag regressions whose whole 95%% CI is beyond this many percent")  # fmt: skip
+@click.option("--metric", "metrics", multiple=True,
+              help="compare and gate only these metrics (repeat); default: headline throughput/latency/time")  # fmt: skip
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="also write the comparison as JSON")  # fmt: skip
+@click.option("--all", "show_all", is_flag=True, help="also list metrics that are not gated")
+def compare(run_a: str, run_b: str, results: Path, threshold: float, metrics: tuple[str, ...],
+            json_out: Path | None, show_all: bool) -> None:  # fmt: skip
+    """Compare run B against run A (matched by VPN, profile, workload, metric); exit 1 on a significant
+    regression beyond --threshold in a gated metric, 0 otherwise (2 when nothing matches)."""
+    import json
+
+    from tunnelbench.analysis.analyze import load_run
+    from tunnelbench.analysis.compare import compare_runs
+    from tunnelbench.report.terminal import print_comparison
+
+    a = load_run(_find_run(run_a, results))
+    b = load_run(_find_run(run_b, results))
+    cmp = compare_runs(a, b, threshold, list(metrics) or None)
+    if json_out:
+        json_out.write_text(json.dumps(cmp.to_json(), indent=1) + "\n")
+    if not cmp.changes:
+        err.print(f"[red]no matching (VPN, profile, workload, metric) between {a.run_id} and {b.run_id}[/]")
+        sys.exit(2)
+    print_comparison(cmp, console, show_all)
+    sys.exit(1 if cmp.regressions else 0)
+
+
+@main.command()
+@click.argument("run_ref", required=False)
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+              show_default=True)  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
+@click.option("--series", is_flag=True, help="CSV: the time series instead of the metrics; JSON: add them")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="file (default: stdout)")
+def export(run_ref: str | None, results: Path, fmt: str, series: bool, out: Path | None) -> None:
+    """Tidy export of a run's metrics with their case keys (one row per value), as CSV or JSON."""
+    from tunnelbench.analysis.analyze import load_run
+    from tunnelbench.report.export import SERIES_COLUMNS, metric_rows, series_rows, to_csv, to_json
+
+    run = load_run(_find_run(run_ref, results))
+    if fmt == "json":
+        text = to_json(run, series)
+    else:
+        text = to_csv(series_rows(run), SERIES_COLUMNS) if series else to_csv(metric_rows(run))
+    if out:
+        out.write_text(text)
+        err.print(f"{fmt}: {out}")
+    else:
+        sys.stdout.write(text)
 
 
 if __name__ == "__main__":

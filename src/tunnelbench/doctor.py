@@ -124,7 +124,12 @@ def run_doctor() -> list[Check]:
         checks += _probe_kernel()
     for name, cls in DRIVERS.items():
         a = cls.availability()
-        checks.append(Check("vpns", name, a.ok, a.version if a.ok else a.reason, cls.summary))
+        detail = a.version if a.ok else f"{a.state}: {a.reason}"
+        checks.append(Check("vpns", name, a.ok, detail or "", cls.summary))
+    from tunnelbench.vpns.impossible import IMPOSSIBLE
+
+    for name, imp in IMPOSSIBLE.items():
+        checks.append(Check("vpns", name, False, f"impossible here: {imp.reason}", imp.summary))
     for name, wl in WORKLOADS.items():
         missing = [t for t in wl.tools if shutil.which(t) is None]
         checks.append(Check("workloads", name, not missing,

@@ -141,6 +141,10 @@ class Runner:
         env["lab.hosts"] = self.sc.lab.hosts
         env["fairness.mss"] = self.sc.fairness.mss or "none (path default)"
         env["fairness.tunnel_mtu"] = self.sc.fairness.tunnel_mtu or "none (each VPN's default)"
+        env["lab.path"] = self.sc.lab.path
+        relay = getattr(self.lab, "relay", None)
+        if relay is not None:
+            env["lab.relay"] = relay.name
         self.store.set_env(self.run_id, env)
         self._phase(None, "lab_setup", time.monotonic() - t0)
 
@@ -183,6 +187,10 @@ class Runner:
         profiles = [self.sc.profile(n) for n in self.sc.profiles]
         if all(p.is_baseline for p in profiles):
             return
+        if self.sc.lab.backend == "ssh":  # hook for issue 3: SshLab.impairment_plan() says where netem goes
+            raise RuntimeError(
+                f"impairment profiles on SSH hosts are not implemented yet: {self.lab.impairment_plan()}"
+            )  # type: ignore[attr-defined]
         t0 = time.monotonic()
         self.backend = make_backend(
             self.sc.impair.backend, self.lab.router, self.lab.hosts, self.run_dir / "impair"
@@ -248,6 +256,12 @@ class Runner:
         per_profile = self.sc.run.repetitions * len(self.workloads)
         n_cases = per_profile * len(self.sc.profiles)
         avail = cls.availability(self.lab.hosts)
+        path = self.sc.lab.path
+        if avail.ok and path not in cls.paths:
+            why = cls.paths_why.get(path, f"{vpn} does not support the {path!r} path scenario")
+            avail = type(avail)(False, f"path {path}: {why}")
+        if avail.ok and self.sc.lab.topology not in cls.topologies:
+            avail = type(avail)(False, f"topology {self.sc.lab.topology}: not supported by {vpn}")
         if not avail.ok:
             self.store.set_vpn(self.run_id, vpn, None, "unavailable", avail.reason)
             self._skip_all(vpn, avail.reason, self.sc.profiles)
@@ -255,7 +269,9 @@ class Runner:
             progress.advance(task, n_cases)
             return
         spec = MeshSpec(hosts=list(self.lab.hosts), tag=self.lab.tag, workdir=self.run_dir,
-                        mtu=self.sc.fairness.tunnel_mtu, options=self.sc.vpn_options.get(vpn, {}))  # fmt: skip
+                        mtu=self.sc.fairness.tunnel_mtu, options=self.sc.vpn_options.get(vpn, {}),
+                        path=path, relay=getattr(self.lab, "relay", None),
+                        topology=self.sc.lab.topology, hub=server)  # fmt: skip
         driver = cls(spec)
         mesh = Mesh(driver)
         progress.update(task, description=f"{vpn}: bringing the mesh up")
@@ -273,15 +289,13 @@ class Runner:
             self._phase(vpn, "tunnel_wait", time.monotonic() - t0)
             reason = f"mesh did not come up: {e}"
             self._keep_logs(driver, self.run_dir / "cases" / vpn / "startup-failure")
-            self.store.set_vpn(
-                self.run_id, vpn, avail.version, "failed", reason, getattr(driver, "settings", {})
-            )
+            self.store.set_vpn(self.run_id, vpn, avail.version, "failed", reason, self._vpn_settings(driver))
             self._skip_all(vpn, reason, self.sc.profiles)
             self._say(f"[red]{vpn}: {reason}[/]")
             self._stop_and_verify(mesh, vpn)
             progress.advance(task, n_cases)
             return
-        self.store.set_vpn(self.run_id, vpn, avail.version, "ok", "", getattr(driver, "settings", {}))
+        self.store.set_vpn(self.run_id, vpn, avail.version, "ok", "", self._vpn_settings(driver))
         self._say(
             f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s"
         )
@@ -302,6 +316,15 @@ class Runner:
             if self.backend is not None:
                 self.backend.clear()
         self._stop_and_verify(mesh, vpn)
+
+    def _vpn_settings(self, driver: VpnDriver) -> dict:
+        """What ran (driver.settings, with its defaults), the path scenario, and the feature record."""
+        out = dict(getattr(driver, "settings", {}))
+        out.setdefault("mtu", driver.mtu)
+        out["path"] = driver.spec.path
+        if driver.features:
+            out["features"] = driver.features
+        return out
 
     def _stop_and_verify(self, mesh: Mesh, vpn: str) -> None:
         assert self.lab is not None

@@ -45,9 +45,19 @@ class LabCfg(Strict):
     insecure_no_host_key_check: bool = Field(
         False, description="ssh: do not verify host keys (only on a lab network you fully control)"
     )
-    hosts: int = Field(3, ge=2, le=250, description="number of peer hosts")
+    hosts: int = Field(3, ge=2, le=1023, description="number of peer hosts")
+    topology: Literal["mesh", "star"] = Field(
+        "mesh", description="mesh = every host peers with every other; star = peers only with the server "
+        "host (many-client scenarios, seed 001; only drivers that list it)",
+    )
     client: str = Field("h1", description="host that runs workload clients (fixed placement)")
     server: str = Field("h2", description="host that runs workload servers (fixed placement)")
+    path: Literal["direct", "relay", "nat"] = Field(
+        "direct",
+        description="underlay path: direct; relay = UDP between peers blocked so traffic must cross the relay "
+        "host; nat = every peer but the relay host behind its own masquerading NAT",
+    )
+    relay: str | None = Field(None, description="relay / rendezvous host for path relay|nat (default: the last host)")
 
     @model_validator(mode="after")
     def _placement(self) -> LabCfg:
@@ -57,6 +67,13 @@ class LabCfg(Strict):
                 raise ValueError(f"{role} must be one of {', '.join(names)} (got {getattr(self, role)!r})")
         if self.client == self.server:
             raise ValueError("client and server must be different hosts")
+        if self.path != "direct":
+            relay = self.relay or names[-1]
+            if relay not in names or relay in (self.client, self.server):
+                raise ValueError(f"relay must be a host other than client and server, one of {', '.join(names)} "
+                                 f"(got {relay!r}; path {self.path!r} needs hosts >= 3)")  # fmt: skip
+        elif self.relay:
+            raise ValueError('relay is only used with path = "relay" or "nat"')
         if self.backend == "ssh" and not self.inventory:
             raise ValueError("backend 'ssh' needs inventory = \"path/to/inventory.yaml\" (or --inventory)")
         if self.backend == "netns" and self.inventory:

@@ -21,7 +21,6 @@ from tunnelbench.analysis.stats import (
     Tiering,
     describe,
     min_attainable_p,
-    pairwise,
     ratio_ci,
     tiers,
 )
@@ -351,6 +350,7 @@ def _efficiency(runs: list[RunData], variant_of: dict[tuple[str, str], str],
 def _usage(raw: dict[tuple[str, str, str], dict[str, list[float]]], variants: list[str]) -> list[Usage]:
     out = []
     for (var, profile, label), d in raw.items():
+
         def desc(k: str, d: dict[str, list[float]] = d) -> Describe | None:
             return describe(d[k]) if d.get(k) else None
 

@@ -33,7 +33,7 @@ def make_lab(cfg: LabCfg, tag: str, run_dir: Path, journal: Journal) -> Lab:
     if cfg.backend == "netns":
         from tunnelbench.lab.netns import NetnsLab
 
-        return NetnsLab(tag, cfg.hosts, run_dir, journal)
+        return NetnsLab(tag, cfg.hosts, run_dir, journal, cfg.path, cfg.relay)
     if cfg.backend == "ssh":
         from tunnelbench.lab.inventory import load_inventory
         from tunnelbench.lab.ssh import SshLab
@@ -41,6 +41,8 @@ def make_lab(cfg: LabCfg, tag: str, run_dir: Path, journal: Journal) -> Lab:
         if not cfg.inventory:
             raise ValueError("lab.backend 'ssh' needs lab.inventory (or --inventory FILE)")
         inv = load_inventory(cfg.inventory)
+        if cfg.path != "direct":
+            raise ValueError(f"lab.path {cfg.path!r} needs the namespace lab (the SSH lab has no path policies yet)")
         if cfg.insecure_no_host_key_check:
             inv.insecure()
         return SshLab(inv, cfg.hosts, tag, run_dir, journal)

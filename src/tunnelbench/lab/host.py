@@ -114,11 +114,21 @@ class Host(ABC):
     """A machine (or namespace) that runs commands. Everything above the lab talks to hosts only here."""
 
     name: str
-    underlay_ip: str
+    underlay_ip: str  # the host's own address (private when behind NAT)
     journal: Journal | None
     workdir: Path  # per-host folder for configs, keys and logs
     remote = False  # True: workdir, PIDs and files live on another machine (the SSH lab)
     preexisting_links: frozenset[str] = frozenset()  # interfaces the host had before the run (not ours)
+    behind_nat = False  # lab path "nat": the host is reachable only through its NAT, at public_ip
+
+    @property
+    def public_ip(self) -> str:
+        """Where other hosts reach this one: underlay_ip, or its NAT's address when behind NAT."""
+        return self.__dict__.get("public_ip") or self.underlay_ip
+
+    @public_ip.setter
+    def public_ip(self, value: str) -> None:
+        self.__dict__["public_ip"] = value
 
     @abstractmethod
     def argv(self, argv: Sequence[str]) -> list[str]:

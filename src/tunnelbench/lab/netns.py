@@ -3,7 +3,18 @@
     h1 (10.100.1.2) --- r (10.100.1.1 | 10.100.2.1 | ...) --- h2 (10.100.2.2) ...
 
 Every underlay packet between hosts is forwarded by the router, so impairment and firewall policies
-live there. The router has no uplink; an nftables table drops and counts anything not addressed to the
+live there.
+
+Path scenarios (`[lab] path`, see VpnDriver.paths):
+  direct  the topology above.
+  relay   the router drops UDP between any two peers unless one of them is the relay host, so a VPN
+          must carry peer-to-peer traffic through its relay there (DERP, TURN, EasyTier/Nebula relay).
+          `watch_relay()` counts the relay host's bytes per peer, to prove the traffic crossed it.
+  nat     every peer except the relay host sits behind its own masquerading NAT namespace:
+            hI (172.16.I.2) --- nI (172.16.I.1 | 10.100.I.2, masquerade) --- r
+          The NAT keeps the host's old address on its WAN side, so the router is unchanged; new inbound
+          connections are dropped (an endpoint-independent-mapping, address-and-port-dependent-filtering
+          NAT, as Linux conntrack does). The relay host stays public: the rendezvous for the others. The router has no uplink; an nftables table drops and counts anything not addressed to the
 lab (some VPNs probe public STUN servers at start)."""
 
 from __future__ import annotations
@@ -15,11 +26,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tunnelbench.lab.addressing import LAB_PREFIX, TUNNEL_RANGES_V4, TUNNEL_RANGES_V6, host_ip, router_ip
 from tunnelbench.lab.host import CommandError, Host
 from tunnelbench.lab.journal import Journal
+
+PATHS = ("direct", "relay", "nat")
 
 
 def sh(argv: Sequence[str], timeout: float = 20.0, check: bool = True) -> subprocess.CompletedProcess:
@@ -27,6 +41,16 @@ def sh(argv: Sequence[str], timeout: float = 20.0, check: bool = True) -> subpro
     if check and p.returncode != 0:
         raise CommandError("local", argv, p.returncode, p.stdout + p.stderr)
     return p
+
+
+BATCH_ABOVE = 16  # labs with more hosts are built with `ip -batch`
+
+
+def ip_batch(lines: list[str], netns: str | None = None, timeout: float = 300.0) -> None:
+    argv = ["ip", *(["-n", netns] if netns else []), "-batch", "-"]
+    p = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise CommandError("local", argv, p.returncode, p.stdout + p.stderr)
 
 
 def netns_exists(name: str) -> bool:
@@ -43,6 +67,8 @@ class NetnsHost(Host):
         self.name = name
         self.netns = netns
         self.underlay_ip = underlay_ip
+        self.public_ip = underlay_ip
+        self.behind_nat = False
         self.workdir = workdir
         self.journal = journal
         self.underlay_if = "eth0"
@@ -57,17 +83,34 @@ class NetnsHost(Host):
 class NetnsLab:
     """Builds and destroys the namespace topology for one run (names carry the run's tag)."""
 
-    def __init__(self, tag: str, n_hosts: int, run_dir: Path, journal: Journal):
+    def __init__(self, tag: str, n_hosts: int, run_dir: Path, journal: Journal, path: str = "direct",
+                 relay: str | None = None):  # fmt: skip
+        if path not in PATHS:
+            raise ValueError(f"lab path must be one of {', '.join(PATHS)}, not {path!r}")
         self.tag = tag
         self.run_dir = run_dir
         self.journal = journal
+        self.path = path
         self._ns_entries: dict[str, dict] = {}
         self.router = NetnsHost("router", f"{tag}-r", "", run_dir / "hosts" / "router", journal)
         self.hosts = [
             NetnsHost(f"h{i}", f"{tag}-h{i}", host_ip(i), run_dir / "hosts" / f"h{i}", journal)
             for i in range(1, n_hosts + 1)
         ]
+        self.relay: NetnsHost | None = None
+        if path != "direct":
+            if n_hosts < 3:
+                raise ValueError(f"lab path {path!r} needs at least 3 hosts (two peers and a relay host)")
+            self.relay = next(h for h in self.hosts if h.name == (relay or self.hosts[-1].name))
+        self.nats: dict[str, NetnsHost] = {}
+        if path == "nat":
+            for i, h in enumerate(self.hosts, start=1):
+                if h is not self.relay:
+                    self.nats[h.name] = NetnsHost(f"n{i}", f"{tag}-n{i}", host_ip(i), run_dir / "hosts" / f"n{i}",
+                                                  journal)  # fmt: skip
+                    h.underlay_ip, h.behind_nat = f"172.16.{i}.2", True
         self.nft_table = f"{tag}guard"
+        self.path_table = f"{tag}path"
 
     # -- build -------------------------------------------------------------------------------------
     def _add_ns(self, host: NetnsHost) -> None:
@@ -82,8 +125,15 @@ class NetnsLab:
         self._add_ns(self.router)
         self.router.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         self.router.run(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
-        for i, h in enumerate(self.hosts, start=1):
+        batched = len(self.hosts) > BATCH_ABOVE and not self.nats
+        if batched:
+            self._build_hosts_batched()
+        for i, h in enumerate([] if batched else self.hosts, start=1):
             self._add_ns(h)
+            nat = self.nats.get(h.name)
+            if nat is not None:
+                self._build_nat(i, h, nat)
+                continue
             # create the pair directly inside the two namespaces: no name ever lives in the root namespace
             sh(["ip", "link", "add", "eth0", "netns", h.netns, "type", "veth",
                 "peer", "name", f"h{i}", "netns", self.router.netns])  # fmt: skip
@@ -94,6 +144,119 @@ class NetnsLab:
             # a default route keeps VPNs that look up "their" address (vpncloud) working; the router drops it
             h.run(["ip", "route", "add", "default", "via", router_ip(i)])
         self._install_guard()
+        if self.path == "relay":
+            self.block_udp_between_peers()
+
+    def _build_hosts_batched(self) -> None:
+        """The hosts of build() for large labs (many-client scenarios): a few `ip -batch` runs plus one
+        `ip -n NS -batch` per host instead of ~8 commands per host (1000 hosts: seconds, not minutes)."""
+        for h in self.hosts:
+            self._ns_entries[h.netns] = self.journal.netns(h.netns)  # journal first: clean finds half-made ones
+        for k, v in (("gc_thresh1", 2048), ("gc_thresh2", 4096), ("gc_thresh3", 8192)):  # ARP for >1000 hosts
+            self.router.run(["sysctl", "-qw", f"net.ipv4.neigh.default.{k}={v}"], check=False)
+        ip_batch([f"netns add {h.netns}" for h in self.hosts])
+        ip_batch([f"link add eth0 netns {h.netns} type veth peer name h{i} netns {self.router.netns}"
+                  for i, h in enumerate(self.hosts, start=1)])  # fmt: skip
+        ip_batch([line for i in range(1, len(self.hosts) + 1)
+                  for line in (f"addr add {router_ip(i)}/24 dev h{i}", f"link set h{i} up")], self.router.netns)  # fmt: skip
+
+        def one(i: int, h: NetnsHost) -> None:
+            h.workdir.mkdir(parents=True, exist_ok=True)
+            ip_batch(["link set lo up", f"addr add {host_ip(i)}/24 dev eth0", "link set eth0 up",
+                      f"route add default via {router_ip(i)}"], h.netns)  # fmt: skip
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, range(1, len(self.hosts) + 1), self.hosts))
+
+    def _build_nat(self, i: int, h: NetnsHost, nat: NetnsHost) -> None:
+        """hI --- nI (masquerade) --- router; nI takes the address the host would have had."""
+        self._add_ns(nat)
+        nat.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        sh(["ip", "link", "add", "wan", "netns", nat.netns, "type", "veth",
+            "peer", "name", f"h{i}", "netns", self.router.netns])  # fmt: skip
+        self.router.run(["ip", "addr", "add", f"{router_ip(i)}/24", "dev", f"h{i}"])
+        self.router.run(["ip", "link", "set", f"h{i}", "up"])
+        nat.run(["ip", "addr", "add", f"{host_ip(i)}/24", "dev", "wan"])
+        nat.run(["ip", "link", "set", "wan", "up"])
+        nat.run(["ip", "route", "add", "default", "via", router_ip(i)])
+        sh(["ip", "link", "add", "eth0", "netns", h.netns, "type", "veth", "peer", "name", "lan", "netns", nat.netns])
+        nat.run(["ip", "addr", "add", f"172.16.{i}.1/24", "dev", "lan"])
+        nat.run(["ip", "link", "set", "lan", "up"])
+        h.run(["ip", "addr", "add", f"{h.underlay_ip}/24", "dev", "eth0"])
+        h.run(["ip", "link", "set", "eth0", "up"])
+        h.run(["ip", "route", "add", "default", "via", f"172.16.{i}.1"])
+        rules = f"""
+table inet {self.tag}nat {{
+  counter inbound_dropped {{ }}
+  chain forward {{
+    type filter hook forward priority 0; policy accept;
+    iifname "wan" ct state established,related accept
+    iifname "wan" counter name inbound_dropped drop
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority 100; policy accept;
+    oifname "wan" masquerade
+  }}
+}}
+"""
+        nat.run(["nft", "-f", "-"], input=rules)
+
+    # -- path policies (relay scenario) ------------------------------------------------------------
+    def block_udp_between_peers(self, except_host: NetnsHost | None = None) -> None:
+        """Drop (and count) UDP the router forwards between two peers, unless one is `except_host`
+        (default: the relay host). All UDP, not only to the peer's tunnel port: VPNs that find no direct
+        path try every port they know (Tailscale disco, STUN)."""
+        keep = except_host or self.relay
+        peers = ", ".join(h.public_ip for h in self.hosts if h is not keep)
+        rules = f"""
+table inet {self.path_table} {{
+  counter udp_blocked {{ }}
+  chain forward {{
+    type filter hook forward priority -10; policy accept;
+    meta nfproto ipv4 meta l4proto udp ip saddr {{ {peers} }} ip daddr {{ {peers} }} counter name udp_blocked drop
+  }}
+}}
+"""
+        self.unblock()
+        self.router.run(["nft", "-f", "-"], input=rules)
+
+    def unblock(self) -> None:
+        self.router.run(["nft", "delete", "table", "inet", self.path_table], check=False)
+
+    def udp_blocked(self) -> int:
+        return self._counter(self.router, self.path_table, "udp_blocked")["packets"]
+
+    def watch_relay(self, relay: NetnsHost | None = None) -> None:
+        """Count the relay host's underlay bytes to and from every other peer (nft counters there)."""
+        relay = relay or self.relay
+        assert relay is not None
+        lines = []
+        for h in self.hosts:
+            if h is relay:
+                continue
+            lines.append(f"  counter from_{h.name} {{ }}\n  counter to_{h.name} {{ }}")
+        inp = "\n".join(f"    ip saddr {h.public_ip} counter name from_{h.name}" for h in self.hosts if h is not relay)
+        out = "\n".join(f"    ip daddr {h.public_ip} counter name to_{h.name}" for h in self.hosts if h is not relay)
+        rules = (f"table inet {self.tag}relay {{\n" + "\n".join(lines)
+                 + f"\n  chain input {{\n    type filter hook input priority -300; policy accept;\n{inp}\n  }}"
+                 + f"\n  chain output {{\n    type filter hook output priority -300; policy accept;\n{out}\n  }}\n}}\n")  # fmt: skip
+        relay.run(["nft", "delete", "table", "inet", f"{self.tag}relay"], check=False)
+        relay.run(["nft", "-f", "-"], input=rules)
+
+    def relay_bytes(self, relay: NetnsHost | None = None) -> dict[str, int]:
+        """Bytes the relay host received from / sent to each peer since watch_relay(): from_h1, to_h1, ..."""
+        relay = relay or self.relay
+        assert relay is not None
+        out = relay.run(["nft", "-j", "list", "table", "inet", f"{self.tag}relay"]).stdout
+        return {item["counter"]["name"]: int(item["counter"]["bytes"])
+                for item in json.loads(out)["nftables"] if "counter" in item}  # fmt: skip
+
+    def _counter(self, host: NetnsHost, table: str, name: str) -> dict[str, int]:
+        out = host.run(["nft", "-j", "list", "counter", "inet", table, name]).stdout
+        for item in json.loads(out)["nftables"]:
+            if "counter" in item:
+                return {"packets": int(item["counter"]["packets"]), "bytes": int(item["counter"]["bytes"])}
+        return {"packets": -1, "bytes": -1}
 
     def _install_guard(self) -> None:
         rules = f"""
@@ -133,7 +296,18 @@ table inet {self.nft_table} {{
     def wait_links(self, timeout: float = 5.0) -> None:
         """Block until every host reaches the router (DAD/ARP settle)."""
         end = time.monotonic() + timeout
+        if len(self.hosts) > BATCH_ABOVE and not self.nats:  # one fping from the router, 1 ms apart
+            todo = [h.underlay_ip for h in self.hosts]
+            while todo:
+                alive = set(self.router.run(["fping", "-a", "-r", "0", "-i", "1", "-t", "500", *todo], check=False,
+                                            timeout=30 + len(todo) / 500).stdout.split())  # fmt: skip
+                todo = [ip for ip in todo if ip not in alive]
+                if todo and time.monotonic() > end + len(self.hosts) / 100:
+                    raise RuntimeError(f"hosts do not answer the router: {todo[:10]}")
+            return
         for i, h in enumerate(self.hosts, start=1):
+            if h.name in self.nats:  # through its NAT: the NAT's WAN side must be up too
+                self.nats[h.name].run(["ping", "-c1", "-W1", router_ip(i)], check=False)
             while h.run(["ping", "-c1", "-W1", router_ip(i)], check=False).returncode != 0:
                 if time.monotonic() > end:
                     raise RuntimeError(f"{h.name} cannot reach the router at {router_ip(i)}")
@@ -143,7 +317,7 @@ table inet {self.nft_table} {{
     def destroy(self) -> list[str]:
         """Kill whatever still runs in our namespaces (all of it is ours), delete them; return problems."""
         problems: list[str] = []
-        for h in [*self.hosts, self.router]:
+        for h in [*self.hosts, *self.nats.values(), self.router]:
             problems += destroy_netns(h.netns)
             entry = self._ns_entries.pop(h.netns, None)
             if entry is not None and not netns_exists(h.netns):

@@ -399,7 +399,7 @@ class SshHost(Host):
         self._nlog += 1
         return PurePosixPath(str(self.workdir)) / "logs" / f"{self._nlog:04d}-{label}.log", log_path
 
-    async def _aspawn(self, cmd: str) -> int:
+    async def _aspawn(self, cmd: str) -> tuple[int, int]:
         conn = await self._aconn()
         proc = await conn.create_process(cmd, encoding=None)
         proc.stdin.write_eof()
@@ -411,7 +411,8 @@ class SshHost(Host):
             await asyncio.wait_for(proc.wait(check=False), 10)
         proc.close()
         try:
-            return int(line.strip())
+            pid, start = line.split()
+            return int(pid), int(start)
         except ValueError:
             raise SshError(
                 f"{self.name}: could not start process: {(line + err).decode(errors='replace')}"
@@ -429,11 +430,11 @@ class SshHost(Host):
         """Start a detached process (own session); its stdout+stderr go to a remote log file."""
         remote_log, local_log = self._remote_log(log_path, label)
         log = _q(remote_log) if remote_log else "/dev/null"
-        inner = f'echo $$; exec "$@" >>{log} 2>&1 </dev/null'
+        # the PID and its start time (kept across exec) in one line: one round trip per spawn
+        inner = f'echo $$ $(sed "s/.*) //" /proc/$$/stat | cut -d" " -f20); exec "$@" >>{log} 2>&1 </dev/null'
         mk = f"mkdir -p {_q(remote_log.parent)} && " if remote_log else ""
         cmd = f"{mk}cd / && exec setsid sh -c {shlex.quote(inner)} tb {shlex.join(_wrap(argv, env))}"
-        pid = _Loop.get().call(self._aspawn(cmd), 40)
-        start = self.proc_start(pid)
+        pid, start = _Loop.get().call(self._aspawn(cmd), 40)
         self._starts[pid] = start
         entry = self.journal.process(pid, list(argv), self.name, start) if self.journal else None
         return SshProcess(self, label, list(argv), pid, Path(str(remote_log)) if remote_log else None,
@@ -633,6 +634,16 @@ class SshLab:
             if "counter" in item:
                 return int(item["counter"]["packets"])
         return -1
+
+    def impairment_plan(self) -> str:
+        """Where impairment would go on these hosts (hook for issue 3: netem backends on real hosts).
+        inventory var tunnelbench_impair: "router" (netem on the router host's interfaces toward each peer)
+        or "egress" (netem on each peer's underlay interface, as seed 003 did); default: router if any."""
+        where = {h.inv.vars.get("tunnelbench_impair") for h in self.all_hosts()} - {None}
+        mode = where.pop() if len(where) == 1 else ("router" if self.router else "egress")
+        if mode == "router" and self.router is not None:
+            return f"netem on router host {self.router.inv.name} toward each peer"
+        return "netem on each peer's egress: " + ", ".join(f"{h.name}:{h.underlay_if}" for h in self.hosts)
 
     # -- teardown --------------------------------------------------------------------------------------
     def collect_logs(self) -> None:
@@ -902,4 +913,9 @@ def nic_check(h: SshHost):
 
 
 def doctor_inventory(inventory: Inventory) -> list[tuple[InvHost, list]]:
-    return [(inv, doctor_host(inv)) for inv in (inventory.hosts[n] for n in inventory.order)]
+    """Every host at once (each check is a round trip; hosts are independent)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hosts = [inventory.hosts[n] for n in inventory.order]
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return list(zip(hosts, pool.map(doctor_host, hosts), strict=True))

@@ -56,9 +56,23 @@ def to_json(run: RunData, series: bool = False) -> str:
         "run": {k: run.run[k] for k in ("id", "tag", "started", "ended", "status", "tunnelbench_version")},
         "environment": run.env,
         "vpns": [{k: v[k] for k in ("name", "version", "status", "reason")} for v in run.vpns],
-        "cases": [{"id": c.id, "vpn": c.vpn, "profile": c.profile, "workload": c.workload, "label": c.label,
-                   "params": c.params, "repetition": c.repetition, "attempt": c.attempt, "status": c.status,
-                   "error": c.error, "client": c.client, "server": c.server} for c in run.cases],  # fmt: skip
+        "cases": [
+            {
+                "id": c.id,
+                "vpn": c.vpn,
+                "profile": c.profile,
+                "workload": c.workload,
+                "label": c.label,
+                "params": c.params,
+                "repetition": c.repetition,
+                "attempt": c.attempt,
+                "status": c.status,
+                "error": c.error,
+                "client": c.client,
+                "server": c.server,
+            }
+            for c in run.cases
+        ],  # fmt: skip
         "metrics": metric_rows(run),
     }
     if series:

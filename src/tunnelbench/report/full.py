@@ -140,7 +140,9 @@ def _calibration(r: RunData) -> dict:
                              "checks": [{**c, "configured": num(c.get("configured")),
                                          "measured": num(c.get("measured"))} for c in d["checks"]]})  # fmt: skip
         else:
-            profiles.append({"name": k.split(".", 1)[1], "summary": v, "backend": "", "ok": None, "checks": []})
+            profiles.append(
+                {"name": k.split(".", 1)[1], "summary": v, "backend": "", "ok": None, "checks": []}
+            )
     return {"base": base, "profiles": profiles}
 
 

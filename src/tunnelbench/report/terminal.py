@@ -69,3 +69,52 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
         console.print(
             f"[yellow]router dropped {drops} packet(s) addressed outside the lab (VPNs probing the internet)[/]"
         )
+
+
+def print_comparison(cmp, console: Console, show_all: bool = False) -> None:
+    """The table of `tunnelbench compare`: per matched group and metric, B relative to A."""
+    import math
+
+    from tunnelbench.analysis.stats import ALPHA
+
+    t = Table(
+        title=f"compare {cmp.run_a} (A) -> {cmp.run_b} (B); threshold {cmp.threshold_pct:g}%",
+        title_justify="left",
+        caption=(
+            "change = median B / median A - 1 with bootstrap 95% CI; p = two-sided Mann-Whitney U, "
+            f"Holm-corrected per metric; REGRESSION = gated, p < {ALPHA} and the whole CI beyond the threshold"
+        ),
+        caption_justify="left",
+    )
+    for col, just in [("VPN", "left"), ("profile", "left"), ("workload", "left"), ("metric", "left"),
+                      ("A median", "right"), ("B median", "right"), ("n A/B", "right"), ("change", "right"),
+                      ("95% CI", "right"), ("p (Holm)", "right"), ("Cliff's δ", "right"),
+                      ("verdict", "left")]:  # fmt: skip
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    shown = [c for c in cmp.changes if c.gated or show_all]
+    for c in shown:
+        style = {"REGRESSION": "bold red", "improvement": "green"}.get(c.verdict, "")
+        verdict = f"[{style}]{c.verdict}[/]" if style else c.verdict
+        ci = "–" if math.isnan(c.ci_lo_pct) else f"{c.ci_lo_pct:+.1f}% … {c.ci_hi_pct:+.1f}%"
+        p = "–" if math.isnan(c.p_holm) else f"{c.p_holm:.2g}"
+        metric = c.metric + ("" if c.gated else " [dim](not gated)[/]")
+        t.add_row(c.vpn, c.profile, c.label, f"{metric} [{c.unit}]", num(c.median_a, c.unit),
+                  num(c.median_b, c.unit), f"{c.n_a}/{c.n_b}",
+                  "–" if math.isnan(c.change_pct) else f"{c.change_pct:+.1f}%", ci, p,
+                  "–" if math.isnan(c.cliffs_delta) else f"{c.cliffs_delta:+.2f}", verdict)  # fmt: skip
+    console.print(t)
+    hidden = len(cmp.changes) - len(shown)
+    if hidden:
+        console.print(f"{hidden} non-gated metric(s) not shown (--all lists them)")
+    for m in cmp.underpowered:
+        console.print(f"[yellow]{m}: too few repetitions for any significant result after Holm correction; "
+                      "this comparison cannot detect a regression (use more repetitions)[/]")  # fmt: skip
+    for k in cmp.only_a:
+        console.print(f"[yellow]only in A: {' · '.join(k)}[/]")
+    for k in cmp.only_b:
+        console.print(f"[yellow]only in B: {' · '.join(k)}[/]")
+    n = len(cmp.regressions)
+    if n:
+        console.print(f"[bold red]{n} significant regression(s) beyond {cmp.threshold_pct:g}%[/]")
+    else:
+        console.print(f"[green]no significant regression beyond {cmp.threshold_pct:g}%[/]")

@@ -5,7 +5,6 @@ hands the mesh (hosts + tunnel addresses) to workloads."""
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import subprocess
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from tunnelbench.lab.host import CommandError, Host, Process
+from tunnelbench.vpns.install import Source, binary
 
 
 @dataclass
@@ -23,6 +23,11 @@ class Availability:
     ok: bool
     reason: str = ""
     version: str | None = None
+    installable: bool = False  # not ok, but `tunnelbench install NAME` can fix it here
+
+    @property
+    def state(self) -> str:
+        return "available" if self.ok else "installable" if self.installable else "impossible here"
 
 
 @dataclass
@@ -34,6 +39,14 @@ class MeshSpec:
     workdir: Path
     mtu: int | None = None  # common tunnel MTU when the scenario levels the field; None = the VPN's default
     options: dict = field(default_factory=dict)
+    # underlay path scenario (lab/paths.py): "direct" | "relay" | "nat"; relay = the host carrying relayed
+    # traffic (and any control server), public = hosts not behind NAT (their underlay_ip is reachable)
+    path: str = "direct"
+    relay: Host | None = None
+    # "mesh": every host peers with every other; "star": hosts peer only with the hub (the server host),
+    # for many-client scenarios (seed 001) where N^2 peerings would not fit. Drivers list theirs in topologies
+    topology: str = "mesh"
+    hub: Host | None = None
 
 
 # set while availability() asks a remote host for a driver's version: _first_line runs there
@@ -44,16 +57,33 @@ class VpnDriver(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     binaries: ClassVar[tuple[str, ...]] = ()
+    # where the binaries come from (vpns/install.py): `tunnelbench install NAME` installs them
+    installs: ClassVar[tuple[Source, ...]] = ()
+    # underlay path scenarios the driver supports (lab/paths.py); others are skipped with paths_why
+    paths: ClassVar[frozenset[str]] = frozenset({"direct"})
+    paths_why: ClassVar[dict[str, str]] = {}
+    # the feature record (vpns/features.py): protocol, ciphers, data plane, ... each fact with its source
+    features: ClassVar[dict] = {}
     default_mtu: ClassVar[int | None] = None
     # seconds the tunnel needs after every pair answers before it runs at full speed (e.g. tinc's PMTU
     # discovery sends large packets over its TCP meta connection for ~5 s); the runner waits this out
     settle_s: ClassVar[float] = 0.0
-    # tunnel addresses: host i (1-based) gets TUNNEL_NET.i
+    # tunnel addresses: host i (1-based) gets TUNNEL_NET.i; above 253 hosts the net widens to a /16
+    # (10.77.0.0/16, host i at 10.77.((i-1)//254).((i-1)%254+1): the first 254 keep their addresses)
     tunnel_prefix: ClassVar[str] = "10.77.0"
     tunnel_prefixlen: ClassVar[int] = 24
+    topologies: ClassVar[frozenset[str]] = frozenset({"mesh"})
 
     def __init__(self, spec: MeshSpec):
         self.spec = spec
+        if spec.topology not in self.topologies:
+            raise ValueError(f"{self.name} does not support topology {spec.topology!r} "
+                             f"(supported: {', '.join(sorted(self.topologies))})")  # fmt: skip
+        if spec.topology == "star" and spec.hub is None:
+            raise ValueError("topology 'star' needs a hub host")
+        if len(spec.hosts) > 253:
+            self.tunnel_prefixlen = 16
+        self._index = {h.name: i for i, h in enumerate(spec.hosts, start=1)}
         self.procs: dict[str, list[Process]] = {h.name: [] for h in spec.hosts}
 
     # -- identity ----------------------------------------------------------------------------------
@@ -61,16 +91,22 @@ class VpnDriver(ABC):
     def availability(cls, hosts: list[Host] | None = None) -> Availability:
         """Binaries and version here, or on the hosts when they are remote (SSH lab: version from the first)."""
         remote = [h for h in hosts or [] if h.remote]
+        why = cls.impossible_here()
+        if why:
+            return Availability(False, why)
         if remote:
             missing = sorted(
                 {f"{b} on {h.name}" for h in remote for b, p in h.which(cls.binaries).items() if p is None}
             )  # type: ignore[attr-defined]
         else:
-            missing = [b for b in cls.binaries if shutil.which(b) is None]
+            missing = [b for b in cls.binaries if cls.bin(b) == b and shutil.which(b) is None]
         if missing:
-            return Availability(
-                False, f"missing binaries: {', '.join(missing)} (try `tunnelbench install {cls.name}`)"
-            )
+            blocked = [w for s in cls.installs if (w := s.possible())]
+            if cls.installs and not blocked and not remote:
+                return Availability(False, f"missing binaries: {', '.join(missing)}; install with "
+                                    f"`tunnelbench install {cls.name}`", installable=True)  # fmt: skip
+            return Availability(False, f"missing binaries: {', '.join(missing)}"
+                                + (f" ({'; '.join(blocked)})" if blocked else ""))  # fmt: skip
         token = _VERSION_HOST.set(remote[0] if remote else None)
         try:
             return Availability(True, version=cls.version())
@@ -82,6 +118,19 @@ class VpnDriver(ABC):
     @classmethod
     @abstractmethod
     def version(cls) -> str: ...
+
+    @classmethod
+    def impossible_here(cls) -> str | None:
+        """Why the VPN cannot run on this machine whatever is installed (e.g. a missing kernel module)."""
+        return None
+
+    @classmethod
+    def bin(cls, name: str) -> str:
+        """The binary to run: the install cache first (vpns/install.py), then PATH; the bare name if neither
+        (an SSH host resolves it on its own PATH)."""
+        if _VERSION_HOST.get() is not None:
+            return name
+        return binary(name, cls.installs) or name
 
     @staticmethod
     def _first_line(argv: list[str], contains: str = "") -> str:
@@ -98,10 +147,20 @@ class VpnDriver(ABC):
 
     # -- addressing --------------------------------------------------------------------------------
     def index(self, host: Host) -> int:
-        return self.spec.hosts.index(host) + 1
+        return self._index[host.name]
 
     def tunnel_ip(self, host: Host) -> str:
-        return f"{self.tunnel_prefix}.{self.index(host)}"
+        i = self.index(host)
+        if i <= 254:
+            return f"{self.tunnel_prefix}.{i}"
+        a, b, _ = self.tunnel_prefix.split(".")
+        return f"{a}.{b}.{(i - 1) // 254}.{(i - 1) % 254 + 1}"
+
+    def peers(self, host: Host) -> list[Host]:
+        """The hosts `host` has a tunnel to: all others in a mesh; the hub, or (on the hub) all, in a star."""
+        if self.spec.topology == "star" and host is not self.spec.hub:
+            return [self.spec.hub]  # type: ignore[list-item]
+        return [h for h in self.spec.hosts if h is not host]
 
     @property
     def mtu(self) -> int | None:
@@ -199,20 +258,23 @@ class Mesh:
             self.driver.stop(h)
 
     def pairs_down(self, per_probe_ms: int | None = None) -> list[tuple[str, str]]:
-        """Pairs (a, b) where a cannot ping b's tunnel address now (fping, one round)."""
+        """Pairs (a, b) where a cannot ping b's tunnel address now (fping, one round). In a star only the
+        hub probes (one fping to every spoke, 1 ms apart): a reply proves the spoke's tunnel both ways."""
         per_probe_ms = per_probe_ms or self.probe_ms
         down: list[tuple[str, str]] = []
-        for a in self.hosts:
-            targets = {self.tunnel_ip(b): b for b in self.hosts if b is not a}
-            limit = 10 + 2 * per_probe_ms / 1000
+        star = self.driver.spec.topology == "star"
+        for a in [self.driver.spec.hub] if star else self.hosts:
+            targets = {self.tunnel_ip(b): b for b in self.driver.peers(a)}
+            limit = 10 + 2 * per_probe_ms / 1000 + (len(targets) / 1000 if star else 0)
+            iv = ["-i", "1"] if star else []
             p = a.run(
-                ["fping", "-q", "-r", "0", "-t", str(per_probe_ms), *targets], check=False, timeout=limit
+                ["fping", "-q", "-r", "0", *iv, "-t", str(per_probe_ms), *targets], check=False, timeout=limit
             )
             if p.returncode == 0:
                 continue
             alive = set(
                 a.run(
-                    ["fping", "-a", "-r", "0", "-t", str(per_probe_ms), *targets], check=False
+                    ["fping", "-a", "-r", "0", *iv, "-t", str(per_probe_ms), *targets], check=False, timeout=limit
                 ).stdout.split()
             )
             down += [(a.name, b.name) for ip, b in targets.items() if ip not in alive]
@@ -221,7 +283,7 @@ class Mesh:
     def wait_ready(self, timeout: float) -> float:
         """Wait until every ordered pair answers over the tunnel; returns seconds waited."""
         t0 = time.monotonic()
-        down = list(itertools.permutations([h.name for h in self.hosts], 2))
+        down = [("", "")]  # not probed yet
         while down:
             for h in self.hosts:
                 for p in self.driver.daemons(h):

@@ -11,6 +11,7 @@ from tunnelbench.vpns.base import VpnDriver
 class Internal(VpnDriver):
     name = "internal"
     summary = "no VPN: plain underlay path through the router (the baseline)"
+    topologies = frozenset({"mesh", "star"})  # the underlay is a star around the router anyway
 
     @classmethod
     def version(cls) -> str:

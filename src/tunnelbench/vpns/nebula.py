@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Apt
 
 LISTEN_PORT = 4242
 CIPHERS = {"aes": "AES-256-GCM", "chachapoly": "ChaCha20-Poly1305"}
@@ -26,6 +27,7 @@ class Nebula(VpnDriver):
     name = "nebula"
     summary = "Nebula 1.6 full mesh (lighthouse h1, static host map), Noise IX + AES-256-GCM over UDP 4242"
     binaries = ("nebula", "nebula-cert")
+    installs = (Apt(("nebula",)),)
     default_mtu = 1300  # nebula's own default tun.mtu
 
     def __init__(self, spec):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Apt
 
 BASE_PORT = 1194
 CIPHER = "AES-256-GCM"
@@ -38,6 +39,7 @@ class OpenVpn(VpnDriver):
         "OpenVPN 2.6 full mesh of p2p TLS tunnels (one per pair, UDP 1194+k), AES-256-GCM, userspace (no DCO)"
     )
     binaries = ("openvpn", "openssl")
+    installs = (Apt(("openvpn", "openssl")),)
     default_mtu = 1500  # openvpn's default --tun-mtu
 
     def __init__(self, spec):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Apt
 
 PORT = 655
 RSA_BITS = 2048
@@ -52,6 +53,7 @@ class Tinc(VpnDriver):
     name = "tinc"
     summary = "tinc 1.0 full mesh (direct UDP 655, meta star via h1), router mode, blowfish-CBC + HMAC-SHA1 (default)"
     binaries = ("tincd",)
+    installs = (Apt(("tinc",)),)
     # tinc does not set an MTU: the tun device keeps the kernel's 1500 and tinc relies on its PMTU
     # discovery (ICMP frag-needed to the sender, TCP fallback for oversize packets)
     default_mtu = 1500

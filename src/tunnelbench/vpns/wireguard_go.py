@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Apt
 
 LISTEN_PORT = 51820
 UAPI_DIR = Path("/var/run/wireguard")
@@ -18,6 +19,8 @@ class WireguardGo(VpnDriver):
     name = "wireguard-go"
     summary = "WireGuard, userspace Go implementation (Debian wireguard-go + wg)"
     binaries = ("wireguard-go", "wg")
+    topologies = frozenset({"mesh", "star"})
+    installs = (Apt(("wireguard-go", "wireguard-tools")),)
     default_mtu = 1420
 
     @classmethod
@@ -40,23 +43,24 @@ class WireguardGo(VpnDriver):
         sock = UAPI_DIR / f"{ifname}.sock"
         if host.journal:
             host.journal.path_entry(str(sock))
-        # -f keeps it in the foreground so the PID we hold is the daemon's
-        proc = host.spawn(["wireguard-go", "-f", ifname], label="wireguard-go", log_path=d / "daemon.log",
-                          env={"LOG_LEVEL": "error"})  # fmt: skip
+        proc = self._spawn_daemon(host, ifname, d)
         self.procs[host.name].append(proc)
-        self.wait_for("wireguard-go UAPI socket", lambda: host.exists(sock) or not proc.alive(), timeout=10)
+        self.wait_for(f"{self.name} UAPI socket", lambda: host.exists(sock) or not proc.alive(), timeout=10)
         if not proc.alive():
-            raise RuntimeError(f"wireguard-go exited: {proc.log_tail()}")
+            raise RuntimeError(f"{self.name} exited: {proc.log_tail()}")
         key_path, _ = self.keys[host.name]
         cmd = ["wg", "set", ifname, "listen-port", str(LISTEN_PORT), "private-key", str(key_path)]
-        for peer in self.spec.hosts:
-            if peer is host:
-                continue
+        for peer in self.peers(host):  # every other host in a mesh; the hub only (or all, on it) in a star
             cmd += ["peer", self.keys[peer.name][1], "endpoint", f"{peer.underlay_ip}:{LISTEN_PORT}",
                     "allowed-ips", f"{self.tunnel_ip(peer)}/32"]  # fmt: skip
         host.run(cmd)
         host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/{self.tunnel_prefixlen}", "dev", ifname])
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
+
+    def _spawn_daemon(self, host: Host, ifname: str, d: Path):
+        # -f keeps it in the foreground so the PID we hold is the daemon's
+        return host.spawn([self.bin("wireguard-go"), "-f", ifname], label="wireguard-go", log_path=d / "daemon.log",
+                          env={"LOG_LEVEL": "error"})  # fmt: skip
 
     def after_stop(self, host: Host) -> None:
         ifname = self.ifname(host)

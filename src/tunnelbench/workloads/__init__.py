@@ -4,10 +4,32 @@ from __future__ import annotations
 
 from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Workload, WorkloadError
 from tunnelbench.workloads.connect import Connect
+from tunnelbench.workloads.http_api import HttpApi
+from tunnelbench.workloads.http_download import HttpDownload
+from tunnelbench.workloads.latency_load import LatencyLoad
+from tunnelbench.workloads.many_clients import ManyClients
+from tunnelbench.workloads.multihost import Multihost
+from tunnelbench.workloads.overhead import Overhead
 from tunnelbench.workloads.ping import Ping
+from tunnelbench.workloads.streaming import Streaming
 from tunnelbench.workloads.tcp import Tcp
 from tunnelbench.workloads.udp import Udp
 
-WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (Tcp, Udp, Ping, Connect)}
+WORKLOADS: dict[str, type[Workload]] = {
+    w.name: w
+    for w in (
+        Tcp,
+        Udp,
+        Ping,
+        Connect,
+        Multihost,
+        LatencyLoad,
+        HttpDownload,
+        HttpApi,
+        Overhead,
+        ManyClients,
+        Streaming,
+    )
+}
 
 __all__ = ["WORKLOADS", "CaseContext", "MetricSpec", "Outcome", "Workload", "WorkloadError"]

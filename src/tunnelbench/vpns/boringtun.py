@@ -1,0 +1,49 @@
+"""boringtun: Cloudflare's userspace WireGuard in Rust (crates.io `boringtun-cli`), configured with wg(8).
+
+Same mesh as the wireguard-go driver (one peer per host, UDP 51820, /32 allowed-ips), only the data plane
+differs. boringtun keeps its UAPI socket in /var/run/wireguard/<ifname>.sock like wireguard-go, so the
+socket directory is shared by every namespace and interface names are unique on the machine (the run tag
+is in them), which also lets both drivers run in the same run one after the other.
+
+boringtun-cli runs in the foreground (-f) so the PID we hold is the daemon's; it would drop privileges to
+the invoking sudo user, which root in a namespace does not need (--disable-drop-privileges, and WG_SUDO
+must be the string "true", not 1); its log goes to a file in the run folder (--log)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.install import Apt, Crate
+from tunnelbench.vpns.wireguard_go import WireguardGo
+
+VERSION = "0.7.1"
+
+
+class Boringtun(WireguardGo):
+    name = "boringtun"
+    summary = (
+        f"WireGuard, userspace Rust implementation (cargo boringtun-cli {VERSION} + wg), full mesh UDP 51820"
+    )
+    binaries = ("boringtun-cli", "wg")
+    installs = (Crate("boringtun-cli", VERSION, ("boringtun-cli",)), Apt(("wireguard-tools",)))
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.settings = {
+            "mode": "full mesh, one WireGuard peer per host, direct UDP",
+            "cipher": "ChaCha20-Poly1305 (WireGuard, Noise IK, Curve25519)",
+            "mtu": self.mtu,
+            "port": 51820,
+            "threads": "boringtun default (4)",
+        }
+
+    @classmethod
+    def version(cls) -> str:
+        # "boringtun 0.7.1"
+        return cls._first_line([cls.bin("boringtun-cli"), "--version"], "boringtun").split()[-1]
+
+    def _spawn_daemon(self, host: Host, ifname: str, d: Path):
+        argv = [self.bin("boringtun-cli"), "-f", "--disable-drop-privileges", "--log", str(d / "boringtun.log"),
+                "--verbosity", "error", ifname]  # fmt: skip
+        return host.spawn(argv, label="boringtun", log_path=d / "daemon.log", env={"WG_SUDO": "true"})

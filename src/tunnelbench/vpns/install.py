@@ -1,0 +1,256 @@
+"""Pinned installs of VPN binaries: Debian packages, Go modules, Rust crates.
+
+Every driver declares where its binaries come from as data (`installs = (Apt(...), GoModule(...), ...)`).
+Registry builds (Go proxy, crates.io) go into a cache keyed by name and version:
+
+    $TUNNELBENCH_CACHE (default /var/cache/tunnelbench)/<name>-<version>/bin/<binary>
+    $TUNNELBENCH_CACHE/<name>-<version>/installed.json   what was built, how, and how long it took
+
+so a second `tunnelbench install` (or CI with the cache restored) does not rebuild. Drivers find their
+binaries with `binary(name, sources)`: the cache first, then PATH. Debian packages are installed with
+apt-get and their version is the package's.
+
+Go builds: the module proxy answers some modules' version lists with "403 Forbidden" (headscale), and the
+Go toolchain here is newer than some releases support, so versions are pinned exactly. For a module whose
+version list is refused, the module is fetched by exact version with `go mod download` first, and the
+build then falls back to the local module cache (`GOPROXY='<proxy>|file://$GOMODCACHE/cache/download'`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TUNNELBENCH_CACHE", "/var/cache/tunnelbench"))
+
+
+class InstallError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Apt:
+    """Debian packages (apt-get install)."""
+
+    packages: tuple[str, ...]
+    binaries: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return "apt " + " ".join(self.packages)
+
+    @property
+    def name(self) -> str:
+        return self.packages[0]
+
+    def cached(self) -> bool:
+        return all(_dpkg_version(p) for p in self.packages)
+
+    def bin_dir(self) -> Path | None:
+        return None
+
+    def possible(self) -> str | None:
+        if shutil.which("apt-get") is None:
+            return "apt-get not found (not a Debian system)"
+        missing = [p for p in self.packages if not _apt_candidate(p)]
+        return f"no Debian package {', '.join(missing)} in the configured sources" if missing else None
+
+
+@dataclass(frozen=True)
+class GoModule:
+    """`go install <package>@<version>` for each package, GOBIN in the cache."""
+
+    name: str  # cache key
+    module: str
+    version: str  # exact tag, e.g. v1.102.5
+    packages: tuple[str, ...]  # import paths of the commands
+    binaries: tuple[str, ...]
+    download_first: bool = False  # the proxy refuses the module's version list: `go mod download` first
+
+    @property
+    def label(self) -> str:
+        return f"go {self.module}@{self.version}"
+
+    def cache_dir(self) -> Path:
+        return cache_root() / f"{self.name}-{self.version.removeprefix('v')}"
+
+    def bin_dir(self) -> Path:
+        return self.cache_dir() / "bin"
+
+    def cached(self) -> bool:
+        return all((self.bin_dir() / b).is_file() for b in self.binaries)
+
+    def possible(self) -> str | None:
+        return None if shutil.which("go") else "the Go toolchain (go) is not installed"
+
+
+@dataclass(frozen=True)
+class Crate:
+    """`cargo install --root <cache> --version <v> [--locked] <crate>`."""
+
+    crate: str
+    version: str
+    binaries: tuple[str, ...]
+    locked: bool = False
+    apt_build_deps: tuple[str, ...] = ()
+    name: str = ""  # cache key; default the crate name
+
+    @property
+    def label(self) -> str:
+        return f"cargo {self.crate} {self.version}{' --locked' if self.locked else ''}"
+
+    def cache_dir(self) -> Path:
+        return cache_root() / f"{self.name or self.crate}-{self.version}"
+
+    def bin_dir(self) -> Path:
+        return self.cache_dir() / "bin"
+
+    def cached(self) -> bool:
+        return all((self.bin_dir() / b).is_file() for b in self.binaries)
+
+    def possible(self) -> str | None:
+        return None if shutil.which("cargo") else "the Rust toolchain (cargo) is not installed"
+
+
+Source = Apt | GoModule | Crate
+
+
+# -- lookups -----------------------------------------------------------------------------------------
+def binary(name: str, sources: tuple[Source, ...] = ()) -> str | None:
+    """Absolute path of a binary: the cache of the given sources first, then PATH."""
+    for s in sources:
+        d = s.bin_dir()
+        if d is not None and name in s.binaries and (d / name).is_file():
+            return str(d / name)
+    return shutil.which(name)
+
+
+def installed_record(source: Source) -> dict | None:
+    d = getattr(source, "cache_dir", None)
+    if d is None:
+        return None
+    try:
+        return json.loads((d() / "installed.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _dpkg_version(pkg: str) -> str | None:
+    if shutil.which("dpkg-query") is None:
+        return None
+    p = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", pkg], capture_output=True, text=True)
+    if p.returncode != 0 or "install ok installed" not in p.stdout:
+        return None
+    return p.stdout.split("\t", 1)[1].strip()
+
+
+def _apt_candidate(pkg: str) -> bool:
+    if _dpkg_version(pkg):
+        return True
+    if shutil.which("apt-cache") is None:
+        return False
+    p = subprocess.run(["apt-cache", "policy", pkg], capture_output=True, text=True)
+    return "Candidate:" in p.stdout and "Candidate: (none)" not in p.stdout
+
+
+def debian_version(pkg: str) -> str | None:
+    return _dpkg_version(pkg)
+
+
+# -- installing --------------------------------------------------------------------------------------
+@dataclass
+class InstallResult:
+    source: str
+    status: str  # "cached" | "installed" | "failed"
+    seconds: float
+    detail: str = ""
+
+
+def _run(argv: list[str], env: dict[str, str] | None, log) -> None:
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    p = subprocess.run(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+        raise InstallError(f"`{' '.join(argv)}` exited {p.returncode}")
+
+
+def _apt_install(packages: tuple[str, ...], log) -> None:
+    need = [p for p in packages if not _dpkg_version(p)]
+    if not need:
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    p = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need],
+                       env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    if p.returncode != 0:  # stale package lists on a fresh machine
+        _run(["apt-get", "update", "-qq"], env, log)
+        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need], env, log)
+
+
+def _go_proxy() -> str:
+    out = subprocess.run(["go", "env", "GOPROXY"], capture_output=True, text=True).stdout.strip()
+    for part in out.replace("|", ",").split(","):
+        if part and part not in ("direct", "off"):
+            return part
+    return "https://proxy.golang.org"
+
+
+def _install_go(s: GoModule, log) -> None:
+    env = {"GOBIN": str(s.bin_dir()), "GOFLAGS": "-mod=mod"}
+    if s.download_first:
+        _run(["go", "mod", "download", f"{s.module}@{s.version}"], env, log)
+        modcache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True).stdout.strip()
+        env["GOPROXY"] = f"{_go_proxy()}|file://{modcache}/cache/download"
+    _run(["go", "install", *(f"{p}@{s.version}" for p in s.packages)], env, log)
+
+
+def _install_crate(s: Crate, log) -> None:
+    _apt_install(s.apt_build_deps, log)
+    argv = ["cargo", "install", "--root", str(s.cache_dir()), "--version", s.version]
+    if s.locked:
+        argv.append("--locked")
+    _run([*argv, s.crate], None, log)
+
+
+def install_source(s: Source, log, force: bool = False) -> InstallResult:
+    if s.cached() and not force:
+        return InstallResult(s.label, "cached", 0.0, str(s.bin_dir() or "debian"))
+    why = s.possible()
+    if why:
+        return InstallResult(s.label, "failed", 0.0, why)
+    t0 = time.monotonic()
+    try:
+        if isinstance(s, Apt):
+            _apt_install(s.packages, log)
+        elif isinstance(s, GoModule):
+            s.bin_dir().mkdir(parents=True, exist_ok=True)
+            _install_go(s, log)
+        else:
+            s.cache_dir().mkdir(parents=True, exist_ok=True)
+            _install_crate(s, log)
+    except InstallError as e:
+        return InstallResult(s.label, "failed", time.monotonic() - t0, str(e))
+    seconds = time.monotonic() - t0
+    if not s.cached():
+        return InstallResult(s.label, "failed", seconds, f"built, but binaries missing: {s.binaries}")
+    if not isinstance(s, Apt):
+        record = {"source": {"kind": type(s).__name__, **asdict(s)}, "seconds": round(seconds, 1),
+                  "installed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                  "toolchain": _toolchain(s)}  # fmt: skip
+        (s.cache_dir() / "installed.json").write_text(json.dumps(record, indent=2) + "\n")
+    return InstallResult(s.label, "installed", seconds, str(s.bin_dir() or "debian"))
+
+
+def _toolchain(s: Source) -> str:
+    argv = ["go", "version"] if isinstance(s, GoModule) else ["cargo", "--version"]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"

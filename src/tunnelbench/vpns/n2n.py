@@ -1,0 +1,78 @@
+"""n2n v1 (Debian `n2n` 1.3.x, ntop): a layer-2 peer-to-peer VPN with a supernode.
+
+The supernode (UDP 7654) runs on the relay host when the lab has one (path relay/nat), else on h1; every
+host runs an edge (TAP device, fixed MAC, tunnel address) registered with the supernode. Edges learn
+each other's public address from the supernode and then send directly (peer to peer); when they cannot
+(UDP blocked between them, or both behind NAT), the supernode forwards their packets: that is n2n's relay.
+`-r` lets edges forward packets for others. Encryption: n2n v1's Twofish with a shared community key,
+passed in the N2N_KEY environment variable (not on the command line, where `ps` would show it); the
+key file in the run folder is 0600. Old and unmaintained upstream (v1 protocol), measured as packaged."""
+
+from __future__ import annotations
+
+import secrets
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Apt, debian_version
+
+SUPERNODE_PORT = 7654
+
+
+class N2n(VpnDriver):
+    name = "n2n"
+    summary = "n2n v1 (Debian), supernode on the relay host / h1, edges peer to peer, Twofish, TAP"
+    binaries = ("edge", "supernode")
+    installs = (Apt(("n2n",)),)
+    default_mtu = 1400  # edge's default -M
+    paths = frozenset({"direct", "relay", "nat"})
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.super_host = spec.relay or spec.hosts[0]
+        self.community = f"tb{spec.tag}"
+        self.settings = {"mode": "edges peer to peer, supernode relays when direct fails",
+                         "supernode": self.super_host.name, "cipher": "Twofish (n2n v1, shared key)",
+                         "mtu": self.mtu, "supernode_port": SUPERNODE_PORT, "packet_forwarding": True}  # fmt: skip
+
+    @classmethod
+    def version(cls) -> str:
+        line = cls._first_line([cls.bin("edge"), "-h"], "n2n v.")
+        v = line.split("n2n v.", 1)[1].split()[0]
+        deb = debian_version("n2n")
+        return f"{v} (debian {deb})" if deb else v
+
+    def configure(self) -> None:
+        self.key = secrets.token_hex(16)
+        for h in self.spec.hosts:
+            h.write_file(self.host_dir(h) / "community.key", self.key + "\n", 0o600)
+
+    def mac(self, host: Host) -> str:
+        i = self.index(host)
+        return f"02:78:00:00:{i // 256:02x}:{i % 256:02x}"
+
+    def start(self, host: Host) -> None:
+        d = self.host_dir(host)
+        if host is self.super_host:
+            sn = host.spawn([self.bin("supernode"), "-l", str(SUPERNODE_PORT)], label="supernode",
+                            log_path=d / "supernode.log")  # fmt: skip
+            self.procs[host.name].append(sn)
+        ifname = self.ifname(host)
+        argv = [self.bin("edge"), "-d", ifname, "-a", self.tunnel_ip(host), "-s", "255.255.255.0",
+                "-c", self.community, "-l", f"{self.super_host.public_ip}:{SUPERNODE_PORT}",
+                "-m", self.mac(host), "-M", str(self.mtu), "-r"]  # fmt: skip
+        proc = host.spawn(argv, label="edge", log_path=d / "edge.log", env={"N2N_KEY": self.key})
+        self.procs[host.name].append(proc)
+
+        def addressed() -> bool:
+            out = host.run(["ip", "-o", "-4", "addr", "show", "dev", ifname], check=False).stdout
+            return not proc.alive() or f" {self.tunnel_ip(host)}/" in out
+
+        self.wait_for("n2n edge tap address", addressed, timeout=10)
+        if not proc.alive():
+            raise RuntimeError(f"n2n edge exited: {proc.log_tail()}")
+
+    def after_stop(self, host: Host) -> None:
+        ifname = self.ifname(host)
+        if self.link_exists(host, ifname):
+            host.run(["ip", "link", "del", ifname], check=False)

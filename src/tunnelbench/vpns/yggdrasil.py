@@ -1,0 +1,116 @@
+"""Yggdrasil (Go module v0.5.6 built into the install cache, else Debian's 0.4.7): an end-to-end encrypted
+IPv6 overlay with its own routing (a spanning tree plus greedy routing on Ed25519 keys).
+
+Addresses: each node's tunnel address is derived from its key, inside 200::/7 (IPv6 only), so tunnel_ip
+is an IPv6 address read back with `yggdrasil -useconffile CONF -address` after key generation.
+
+Links: TCP on port 9001 (Yggdrasil has no UDP transport in 0.5 except QUIC, which is not used here).
+direct: every host listens and host j dials every host i < j, so each pair has a direct link.
+relay / nat: peers dial only the relay host, so every packet between two peers crosses it (Yggdrasil
+routes through the node both are linked to); behind NAT this is also the only way in.
+A node that dials before the listener is up retries only after ~60 s, so start() returns only once the
+host's own listener accepts connections (hosts start in order). AdminListen is "none" (no admin socket
+in /var/run), multicast discovery is off (no LAN peering outside the configured links). The private key
+is in the config file (0600)."""
+
+from __future__ import annotations
+
+import json
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import GoModule
+
+PORT = 9001
+GO = GoModule(
+    "yggdrasil",
+    "github.com/yggdrasil-network/yggdrasil-go",
+    "v0.5.6",
+    ("github.com/yggdrasil-network/yggdrasil-go/cmd/yggdrasil",
+     "github.com/yggdrasil-network/yggdrasil-go/cmd/yggdrasilctl"),
+    ("yggdrasil", "yggdrasilctl"),
+)  # fmt: skip
+
+
+class Yggdrasil(VpnDriver):
+    name = "yggdrasil"
+    summary = "Yggdrasil IPv6 overlay (200::/7), direct TCP links between every pair (relay/nat: via the relay host)"
+    binaries = ("yggdrasil",)
+    installs = (GO,)
+    default_mtu = 65535  # Yggdrasil's default IfMTU
+    paths = frozenset({"direct", "relay", "nat"})
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.addrs: dict[str, str] = {}
+        self.settings = {
+            "mode": "direct TCP link per pair"
+            if spec.path == "direct"
+            else "every peer linked to the relay host",
+            "links": f"tcp:{PORT}",
+            "crypto": "Ed25519 keys, end-to-end sessions (X25519 + XSalsa20-Poly1305 / ChaCha20-Poly1305)",
+            "mtu": self.mtu,
+            "multicast": False,
+            "build": "go module v0.5.6 (install cache) if present, else Debian",
+        }
+
+    @classmethod
+    def version(cls) -> str:
+        # 0.5: "Build version: 0.5.6"; 0.4 (Debian): "Build version: 0.4.7"
+        return cls._first_line([cls.bin("yggdrasil"), "-version"], "version").split()[-1]
+
+    def tunnel_ip(self, host: Host) -> str:
+        return self.addrs[host.name]
+
+    def _conf(self, host: Host):
+        return self.host_dir(host) / "yggdrasil.conf"
+
+    def _dials(self, host: Host) -> list[Host]:
+        if self.spec.path == "direct" or self.spec.relay is None:
+            return [p for p in self.spec.hosts if self.index(p) < self.index(host)]
+        return [] if host is self.spec.relay else [self.spec.relay]
+
+    def configure(self) -> None:
+        for h in self.spec.hosts:
+            conf = json.loads(h.run([self.bin("yggdrasil"), "-genconf", "-json"]).stdout)
+            listen = not h.behind_nat and (self.spec.path == "direct" or h is self.spec.relay)
+            conf.update({
+                "Listen": [f"tcp://{h.underlay_ip}:{PORT}"] if listen else [],
+                "Peers": [f"tcp://{p.public_ip}:{PORT}" for p in self._dials(h)],
+                "AdminListen": "none",
+                "MulticastInterfaces": [],
+                "IfName": self.ifname(h),
+                "IfMTU": self.mtu,
+                "NodeInfoPrivacy": True,
+            })  # fmt: skip
+            h.write_file(self._conf(h), json.dumps(conf, indent=2) + "\n", 0o600)
+            self.addrs[h.name] = h.run(
+                [self.bin("yggdrasil"), "-useconffile", str(self._conf(h)), "-address"]
+            ).stdout.strip()
+
+    def start(self, host: Host) -> None:
+        d = self.host_dir(host)
+        proc = host.spawn([self.bin("yggdrasil"), "-useconffile", str(self._conf(host)), "-logto", "stdout"],
+                          label="yggdrasil", log_path=d / "daemon.log")  # fmt: skip
+        self.procs[host.name].append(proc)
+        ifname = self.ifname(host)
+        listens = bool(json.loads(host.read_file(self._conf(host)))["Listen"])
+
+        def ready() -> bool:
+            if not proc.alive():
+                return True
+            if f" {self.addrs[host.name]}/" not in host.run(["ip", "-o", "-6", "addr", "show", "dev", ifname],
+                                                            check=False).stdout:  # fmt: skip
+                return False
+            return not listens or bool(
+                host.run(["ss", "-Hltn", f"sport = :{PORT}"], check=False).stdout.strip()
+            )
+
+        self.wait_for("yggdrasil tun address and listener", ready, timeout=15)
+        if not proc.alive():
+            raise RuntimeError(f"yggdrasil exited: {proc.log_tail()}")
+
+    def after_stop(self, host: Host) -> None:
+        ifname = self.ifname(host)
+        if self.link_exists(host, ifname):
+            host.run(["ip", "link", "del", ifname], check=False)

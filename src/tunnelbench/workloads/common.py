@@ -1,0 +1,122 @@
+"""Plumbing several workloads share: background iperf3 runs, percentiles, interface counters, tool lookup."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tunnelbench.lab.host import Host, Process
+from tunnelbench.workloads.base import CaseContext, Outcome, WorkloadError
+from tunnelbench.workloads.iperf3 import wait_listening
+
+
+def tool(name: str) -> str:
+    """A tool's path: PATH first, then where `go install` puts binaries for root (hey)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for d in (Path("/usr/local/bin"), Path.home() / "go" / "bin", Path("/root/go/bin")):
+        if (d / name).exists():
+            return str(d / name)
+    raise WorkloadError(f"{name} not found; run scripts/setup.sh")
+
+
+def add_percentiles(out: Outcome, prefix: str, values, unit: str = "ms", qs=(50, 90, 99)) -> None:
+    vals = np.asarray(list(values), dtype=float)
+    if vals.size == 0:
+        return
+    for q in qs:
+        out.add(f"{prefix}_p{q}_{unit}", float(np.percentile(vals, q)), unit)
+
+
+@dataclass
+class Iperf3Run:
+    """An iperf3 client started in the background (JSON to a file) against a one-off server."""
+
+    server: Process
+    client: Process
+    json_path: Path
+    label: str
+
+    def wait(self, timeout: float) -> dict:
+        if self.client.wait(timeout) is None and self.client.alive():
+            self.client.stop(grace=1)
+            self.server.stop(grace=1)
+            raise WorkloadError(f"iperf3 {self.label} did not finish within {timeout:.0f} s")
+        self.server.stop(grace=2)
+        self.client.stop(grace=1)  # releases the journal entry
+        text = self.json_path.read_text(errors="replace") if self.json_path.exists() else ""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            raise WorkloadError(f"iperf3 {self.label} printed no JSON: {text[-300:]}") from None
+        if "error" in data:
+            raise WorkloadError(f"iperf3 {self.label}: {data['error']}")
+        return data
+
+    def stop(self) -> None:
+        self.client.stop(grace=1)
+        self.server.stop(grace=1)
+
+
+def start_iperf3(ctx: CaseContext, client: Host, server: Host, server_ip: str, port: int, args: list[str],
+                 duration_s: float, label: str, omit_s: float = 0.0, mss: int | None = None) -> Iperf3Run:  # fmt: skip
+    """Start a one-off iperf3 server on `server` (bound to server_ip:port) and a client on `client`."""
+    srv = server.spawn(["iperf3", "-s", "-1", "-p", str(port), "-B", server_ip], label=f"iperf3-server-{label}",
+                       log_path=ctx.artifact_dir / f"{label}-server.log")  # fmt: skip
+    try:
+        wait_listening(server, port)
+    except WorkloadError:
+        srv.stop(grace=1)
+        raise
+    json_path = ctx.artifact_dir / f"{label}-client.json"
+    json_path.unlink(missing_ok=True)
+    argv = [
+        "iperf3",
+        "-c",
+        server_ip,
+        "-p",
+        str(port),
+        "-J",
+        "-t",
+        f"{duration_s:g}",
+        "--connect-timeout",
+        "5000",
+    ]
+    if omit_s:
+        argv += ["-O", f"{omit_s:g}"]
+    if mss:
+        argv += ["-M", str(mss)]
+    argv += ["--logfile", str(json_path), *args]
+    cli = client.spawn(
+        argv, label=f"iperf3-client-{label}", log_path=ctx.artifact_dir / f"{label}-client.log"
+    )
+    return Iperf3Run(srv, cli, json_path, label)
+
+
+def link_counters(host: Host, ifname: str) -> dict[str, int]:
+    """rx/tx bytes and packets of one interface on a host (from sysfs, read inside its namespace)."""
+    base = f"/sys/class/net/{ifname}/statistics"
+    names = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets")
+    out = host.run(["cat", *[f"{base}/{n}" for n in names]]).stdout.split()
+    return {n: int(v) for n, v in zip(names, out, strict=True)}
+
+
+def interface_of(host: Host, ip: str) -> str | None:
+    """The interface that holds address `ip` on the host (the tunnel interface of a VPN, eth0 for internal)."""
+    out = host.run(["ip", "-o", "-4", "addr", "show", "to", ip], check=False).stdout.split()
+    return out[1].split("@")[0] if len(out) > 1 else None
+
+
+def wait_tcp_listening(host: Host, port: int, timeout: float = 5.0, what: str = "server") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if host.run(["ss", "-Hltn", f"sport = :{port}"], check=False).stdout.strip():
+            return
+        time.sleep(0.02)
+    raise WorkloadError(f"{what} on {host.name} not listening on :{port} after {timeout:.0f} s")

@@ -1,0 +1,232 @@
+"""Many clients (seed 001): N client hosts, each calling a REST service on the server host every 250 ms
+for a set time (an empty GET answered `200 OK` by nginx, a new TCP connection per call as the seed's curl
+did); response-time percentiles and the failure rate (timeouts after 10 s, connection errors, non-200).
+
+Each client is a host of the lab running its own VPN daemon; the server is the hub (scenario `lab.topology
+= "star"` keeps N^2 peerings out of it). The clients themselves are light: one load-generator process per
+`workers` opens every request's socket inside the calling client's network namespace (setns before
+socket(); a socket stays in the namespace it was made in) and drives them all from one asyncio loop, so
+1000 clients cost two processes, not 1000 curl loops. Needs the namespace lab (the SSH lab has no netns).
+
+A sweep over N is one scenario entry per N (labels many-clients-n5, -n25, ...) on a lab with as many hosts
+as the largest N plus the server. `schedule_lag_p99_ms` tells when the generator itself fell behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field
+
+from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.workloads.common import add_percentiles
+from tunnelbench.workloads.nginx import start_nginx, stop_nginx
+
+REST_PORT = 8082
+
+
+class ManyClientsParams(Params):
+    clients: int = Field(5, ge=1, le=1022, description="client hosts calling the service (N)")
+    interval_s: float = Field(
+        0.25, gt=0, le=60, description="seconds between one client's calls (seed: 0.25)"
+    )
+    duration_s: float = Field(15.0, gt=0, le=3600, description="seconds of calling (seed: 15 minutes)")
+    timeout_s: float = Field(10.0, gt=0, le=120, description="a call slower than this fails (seed: 10 s)")
+    keepalive: bool = Field(
+        False, description="reuse one connection per client (seed: new connection per call)"
+    )
+    workers: int = Field(2, ge=1, le=16, description="load-generator processes sharing the clients")
+    server_workers: int = Field(2, ge=1, le=16, description="nginx worker processes")
+
+
+class ManyClients(Workload):
+    name = "many_clients"
+    summary = "N client hosts call a REST service every 250 ms (seed 001 scalability)"
+    tools = ("nginx",)
+    headline = ("response_p50_ms", "response_p99_ms", "failure_rate_pct")
+    Params = ManyClientsParams
+    metrics = (
+        MetricSpec("response_p50_ms", "ms", "lower", "median response time of successful calls"),
+        MetricSpec("response_p90_ms", "ms", "lower", "90th percentile response time"),
+        MetricSpec("response_p99_ms", "ms", "lower", "99th percentile response time"),
+        MetricSpec("response_max_ms", "ms", "lower", "slowest successful call"),
+        MetricSpec(
+            "failure_rate_pct", "%", "lower", "calls that failed (timeout, connection error, not 200)"
+        ),
+        MetricSpec("timeouts", "count", "lower", "calls that hit timeout_s"),
+        MetricSpec("calls", "count", "none", "calls made"),
+        MetricSpec("calls_per_s", "1/s", "none", "calls completed per second (N / interval if all keep up)"),
+        MetricSpec("clients_calling", "count", "none", "clients with at least one successful call"),
+        MetricSpec("schedule_lag_p99_ms", "ms", "lower", "call start behind schedule (generator saturation)"),
+    )
+
+    def label(self) -> str:
+        return f"many-clients-n{self.params.clients}"
+
+    def expected_seconds(self) -> float:
+        return self.params.duration_s + self.params.timeout_s + 5 + self.params.clients / 100
+
+    def run(self, ctx: CaseContext) -> Outcome:
+        p = self.params
+        clients = [h for h in ctx.mesh.hosts if h is not ctx.server][: p.clients]
+        if len(clients) < p.clients:
+            raise WorkloadError(f"many_clients needs {p.clients} client hosts besides the server; the lab has "
+                                f"{len(clients)} (set lab.hosts >= {p.clients + 1})")  # fmt: skip
+        if not all(hasattr(h, "netns") for h in clients):
+            raise WorkloadError("many_clients needs the namespace lab (clients open sockets via setns)")
+        ndir = ctx.artifact_dir / "nginx"
+        nginx = start_nginx(ctx.server, ctx.server_ip, REST_PORT, ndir, workers=p.server_workers)
+        procs = []
+        try:
+            go = ctx.artifact_dir / "go"  # the common start time, written once every generator is ready
+            for w in range(p.workers):
+                mine = clients[w :: p.workers]
+                if not mine:
+                    continue
+                spec = {"server": ctx.server_ip, "port": REST_PORT, "interval": p.interval_s,
+                        "duration": p.duration_s, "timeout": p.timeout_s, "keepalive": p.keepalive,
+                        "go": str(go), "n_total": p.clients,
+                        "clients": [[clients.index(h), f"/run/netns/{h.netns}"] for h in mine],  # type: ignore[attr-defined]
+                        "out": str(ctx.artifact_dir / f"calls-{w}.npy")}  # fmt: skip
+                spec_path = ctx.artifact_dir / f"generator-{w}.json"
+                spec_path.write_text(json.dumps(spec))
+                procs.append(ctx.client.spawn([sys.executable, "-m", "tunnelbench.workloads.many_clients", str(spec_path)],
+                                              label=f"rest-clients-{w}", log_path=ctx.artifact_dir / f"generator-{w}.log"))  # fmt: skip
+            end = time.monotonic() + 30 + p.clients / 50
+            while not all((ctx.artifact_dir / f"generator-{w}.ready").exists() for w in range(len(procs))):
+                if time.monotonic() > end or any(not pr.alive() for pr in procs):
+                    raise WorkloadError(f"load generators not ready: {procs[0].log_tail(400)}")
+                time.sleep(0.05)
+            (ctx.artifact_dir / "go.tmp").write_text(str(time.time() + 0.5))
+            (ctx.artifact_dir / "go.tmp").rename(go)  # atomic: a generator never reads half of it
+            limit = p.duration_s + p.timeout_s + 30
+            for pr in procs:
+                if pr.wait(max(1.0, limit)) is None and pr.alive():
+                    raise WorkloadError(f"load generator did not finish: {pr.log_tail(400)}")
+                if pr.returncode() not in (0, None):
+                    raise WorkloadError(f"load generator failed: {pr.log_tail(600)}")
+        finally:
+            for pr in procs:
+                pr.stop(grace=1)
+            stop_nginx(nginx, ndir)
+        rows = np.concatenate([np.load(ctx.artifact_dir / f"calls-{w}.npy") for w in range(len(procs))])
+        # columns: client, scheduled offset s, lag ms, latency ms, status (1 ok, 0 error, -1 timeout)
+        out = Outcome(measure_s=p.duration_s)
+        n = len(rows)
+        if n == 0:
+            raise WorkloadError("no call was made")
+        ok = rows[rows[:, 4] == 1]
+        out.add("calls", n, "count")
+        out.add("failure_rate_pct", 100.0 * (n - len(ok)) / n, "%")
+        out.add("timeouts", int((rows[:, 4] == -1).sum()), "count")
+        out.add("calls_per_s", len(ok) / p.duration_s, "1/s")
+        out.add("clients_calling", len(np.unique(ok[:, 0])) if len(ok) else 0, "count")
+        add_percentiles(out, "schedule_lag", rows[:, 2], "ms", (99,))
+        if len(ok):
+            add_percentiles(out, "response", ok[:, 3], "ms", (50, 90, 99))
+            out.add("response_max_ms", float(ok[:, 3].max()), "ms")
+        return out
+
+
+# -- the load generator (runs as its own process: python -m tunnelbench.workloads.many_clients SPEC) -------
+def _generator(spec: dict) -> None:
+    import asyncio
+    import resource
+    import socket
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    clone_newnet = 0x40000000
+    if hasattr(os, "setns"):
+        setns = os.setns
+    else:  # Python 3.11
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def setns(fd: int, nstype: int) -> None:
+            if libc.setns(fd, nstype) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, os.strerror(e))
+
+    ns_fds = {idx: os.open(path, os.O_RDONLY) for idx, path in spec["clients"]}
+    server, port = spec["server"], spec["port"]
+    interval, duration, timeout = spec["interval"], spec["duration"], spec["timeout"]
+    request = f"GET /api HTTP/1.1\r\nHost: {server}\r\nUser-Agent: tunnelbench\r\nAccept: */*\r\n".encode()
+    records: list[tuple[int, float, float, float, int]] = []
+
+    def new_socket(idx: int) -> socket.socket:
+        setns(ns_fds[idx], clone_newnet)  # sockets live in the namespace they were created in
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        return s
+
+    async def call(loop, idx: int, conn: list) -> int:
+        if conn[0] is None:
+            s = new_socket(idx)
+            await loop.sock_connect(s, (server, port))
+            conn[0] = s
+        s = conn[0]
+        keep = spec["keepalive"]
+        await loop.sock_sendall(s, request + (b"\r\n" if keep else b"Connection: close\r\n\r\n"))
+        buf = b""
+        while b"\r\n\r\n" not in buf or not buf.endswith(b"OK\n"):
+            chunk = await loop.sock_recv(s, 4096)
+            if not chunk:
+                break
+            buf += chunk
+        if not keep:
+            s.close()
+            conn[0] = None
+        return 1 if buf.startswith(b"HTTP/1.1 200") and buf.endswith(b"OK\n") else 0
+
+    async def client(idx: int, t0: float) -> None:
+        loop = asyncio.get_running_loop()
+        # evenly staggered first calls (deterministic), then every interval
+        first = t0 + interval * (idx / spec["n_total"])
+        k = 0
+        conn: list = [None]
+        while True:
+            sched = first + k * interval
+            if sched - t0 >= duration:
+                return
+            now = time.time()
+            if sched > now:
+                await asyncio.sleep(sched - now)
+            start = time.time()
+            try:
+                status = await asyncio.wait_for(call(loop, idx, conn), timeout)
+            except TimeoutError:
+                status = -1
+            except OSError:
+                status = 0
+            if status != 1 and conn[0] is not None:
+                conn[0].close()
+                conn[0] = None
+            end = time.time()
+            records.append((idx, sched - t0, (start - sched) * 1000, (end - start) * 1000, status))
+            k += 1
+            if end > sched + interval:  # a slow call: the next one starts when this one is done
+                k = max(k, int((end - first) / interval) + 1)
+
+    Path(spec["out"]).with_name(Path(spec["out"]).stem.replace("calls", "generator") + ".ready").touch()
+    go = Path(spec["go"])
+    while not go.exists():
+        time.sleep(0.01)
+    time.sleep(0.01)
+
+    async def main() -> None:
+        t0 = float(go.read_text())
+        await asyncio.sleep(max(0.0, t0 - time.time()))
+        await asyncio.gather(*(client(idx, t0) for idx in ns_fds))
+
+    asyncio.run(main())
+    np.save(spec["out"], np.array(records, dtype=float).reshape(-1, 5))
+
+
+if __name__ == "__main__":
+    _generator(json.loads(Path(sys.argv[1]).read_text()))

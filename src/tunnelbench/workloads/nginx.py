@@ -1,0 +1,80 @@
+"""Shared nginx plumbing: a private nginx (Debian's binary) on one host with its config, pid file, logs and
+temp paths all in the run folder, started as a journaled process with host.spawn and stopped after.
+Serves a document root (file sets) and `/api`, a REST-style endpoint answering `200 OK`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tunnelbench.lab.host import Host, Process
+from tunnelbench.workloads.base import WorkloadError
+from tunnelbench.workloads.common import tool, wait_tcp_listening
+
+CONF = """worker_processes {workers};
+user root;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+worker_rlimit_nofile 65536;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/tmp/body;
+  proxy_temp_path {d}/tmp/proxy;
+  fastcgi_temp_path {d}/tmp/fastcgi;
+  uwsgi_temp_path {d}/tmp/uwsgi;
+  scgi_temp_path {d}/tmp/scgi;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_requests 100000;
+  keepalive_timeout 30s;
+  default_type application/octet-stream;
+  server {{
+    listen {ip}:{port} backlog=4096;
+    root {root};
+    location = /api {{ default_type text/plain; return 200 "OK\\n"; }}
+  }}
+}}
+"""
+
+
+def nginx_version() -> str:
+    import subprocess
+
+    p = subprocess.run([tool("nginx"), "-v"], capture_output=True, text=True, timeout=10)
+    return (p.stderr or p.stdout).strip().split("/")[-1]
+
+
+def start_nginx(
+    host: Host, ip: str, port: int, workdir: Path, root: Path | None = None, workers: int = 1
+) -> Process:
+    """Start nginx on `host` listening on ip:port; everything it writes stays under `workdir`."""
+    d = workdir
+    for sub in ("tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    root = root or d / "www"
+    root.mkdir(parents=True, exist_ok=True)
+    conf = d / "nginx.conf"
+    host.write_file(conf, CONF.format(workers=workers, d=d, ip=ip, port=port, root=root))
+    argv = [tool("nginx"), "-p", str(d), "-c", str(conf), "-e", str(d / "error.log"), "-g", "daemon off;"]
+    check = host.run([*argv, "-t"], check=False)
+    if check.returncode != 0:
+        raise WorkloadError(f"nginx config test failed: {(check.stdout + check.stderr)[-400:]}")
+    proc = host.spawn(argv, label="nginx", log_path=d / "nginx.out")
+    try:
+        wait_tcp_listening(host, port, timeout=5, what="nginx")
+    except WorkloadError:
+        stop_nginx(proc, d)
+        raise WorkloadError(
+            f"nginx did not start: {(d / 'error.log').read_text(errors='replace')[-400:]}"
+        ) from None
+    return proc
+
+
+def stop_nginx(proc: Process, workdir: Path) -> None:
+    """Stop the master (SIGTERM: fast shutdown, it takes its workers down) and wait for the pid file to go."""
+    proc.stop(grace=5)
+    pid_file = workdir / "nginx.pid"
+    end = time.monotonic() + 5
+    while pid_file.exists() and time.monotonic() < end:
+        time.sleep(0.05)
