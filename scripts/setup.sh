@@ -10,6 +10,7 @@ APT_PACKAGES=(
   iproute2 iputils-ping fping iperf3 nftables iptables ethtool procps kmod openssl
   wireguard-tools wireguard-go nebula tinc openvpn
   openssh-server openssh-client
+  nginx curl rist-tools  # workloads: http_download/http_api/many_clients (nginx, curl), streaming (RIST)
   chromium
 )
 need=()
@@ -30,6 +31,13 @@ if [ ! -x .venv/bin/tunnelbench ] || [ pyproject.toml -nt .venv/.installed ]; th
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test]'
   touch .venv/.installed
+fi
+
+# hey, the HTTP load generator of the http_api workload (Go module proxy, pinned; not packaged by Debian).
+HEY_VERSION=v0.1.5
+if ! command -v hey >/dev/null && command -v go >/dev/null; then
+  echo "setup: go install github.com/rakyll/hey@${HEY_VERSION}" >&2
+  GOBIN=/usr/local/bin go install "github.com/rakyll/hey@${HEY_VERSION}"
 fi
 
 # The native impairment engine (Rust), used where the kernel has no netem.

@@ -61,6 +61,7 @@ def test_delay_25ms_each_way_gives_rtt_within_2pct(path):
 
 def test_random_loss_5pct_ci_covers_5pct(path):
     c, cal = check(path, Profile(name="l5", loss_pct=5), "loss", probes=8000, interval_us=250)
+    assert c.ci_low <= 5.0 <= c.ci_high, c  # the 95% interval covers the configured rate
     assert c.ok, c
     assert 3.5 < c.measured < 6.5
 
@@ -68,6 +69,7 @@ def test_random_loss_5pct_ci_covers_5pct(path):
 def test_gilbert_elliott_loss_and_burst_length(path):
     p = Profile(name="ge", gemodel=GilbertElliott(p_pct=1, r_pct=25))
     loss, cal = check(path, p, "loss", probes=20000, interval_us=100)
+    assert loss.ci_low <= loss.configured <= loss.ci_high, loss
     assert loss.ok, loss
     (burst,) = [x for x in cal.checks if x.quantity == "mean loss burst"]
     assert burst.configured == pytest.approx(4.0)
@@ -78,6 +80,13 @@ def test_reorder_25pct(path):
     c, cal = check(path, Profile(name="r25", delay_ms=10, reorder_pct=25), "reorder share", probes=4000)
     assert c.ok, c
     assert 22 < c.measured < 28
+
+
+def test_correlated_loss_keeps_its_rate(path):
+    # seed 003's Medium loss: 1% at 50% correlation. netem's own correlation would drop far fewer
+    p = Profile(name="corr", loss_pct=1, loss_correlation_pct=50)
+    c, cal = check(path, p, "loss", probes=20000, interval_us=100)
+    assert c.ci_low <= 1.0 <= c.ci_high, c
 
 
 def test_rate_100mbit_gives_90_to_100_goodput(path):

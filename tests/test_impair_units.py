@@ -47,9 +47,25 @@ def test_gilbert_elliott_closed_form():
 
 def test_netem_args_and_engine_rule():
     p = PROFILES["medium"]
-    assert netem_args(p) == ["delay", "4.0ms", "loss", "random", "1.0%", "50.0%", "reorder", "2.5%", "50.0%"]
+    # markov correlation on netem: loss becomes the rate-preserving Gilbert chain
+    assert netem_args(p) == [
+        "delay",
+        "4.0ms",
+        "loss",
+        "gemodel",
+        "0.5%",
+        "49.5%",
+        "0%",
+        "100%",
+        "reorder",
+        "2.5%",
+        "50.0%",
+    ]
+    netem_like = p.model_copy(update={"correlation_model": "netem"})
+    assert netem_args(netem_like)[2:6] == ["loss", "random", "1.0%", "50.0%"]
     r = engine_rule("to-h2", "10.100.0.0/14", "10.100.2.0/24", p)
     assert r["delay_us"] == 4000 and r["loss"] == {"model": "random", "p": 0.01, "correlation": 0.5}
+    assert r["correlation_model"] == "markov"
     assert r["reorder"] == {"p": 0.025, "correlation": 0.5}
     ge = engine_rule("x", "a", "b", Profile(gemodel=GilbertElliott(p_pct=1, r_pct=25)))["loss"]
     assert ge == {"model": "gemodel", "p": 0.01, "r": 0.25, "h": 0.0, "k": 1.0}

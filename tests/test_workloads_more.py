@@ -214,3 +214,31 @@ def test_tunnel_addresses_beyond_254():
     assert len(d.peers(hosts[1])) == 1000 and d.peers(hosts[5]) == [hosts[1]]
     with pytest.raises(ValueError, match="does not support topology"):
         DRIVERS["tinc"](MeshSpec(hosts=hosts[:3], tag="t", workdir=Path("/x"), topology="star", hub=hosts[1]))
+
+
+def test_streaming_rist_and_udp(mesh):
+    for transport in ("rist", "udp"):
+        m, _ = run(mesh, "streaming", transport=transport, bitrate_mbps=10, duration_s=3, playout_ms=400)
+        declared("streaming", m)
+        assert m["lost_pct"] + m["late_pct"] + m["on_time_pct"] == pytest.approx(100)
+        assert m["lost_pct"] < 5 and m["late_pct"] < 5  # an idle lab path at 10 Mbit/s
+        assert 0 <= m["jitter_ms"] < 50
+        assert 0 < m["delay_p50_ms"] <= m["delay_p99_ms"] < 1000
+        assert 4.0 < m["quality_mos"] <= 4.5
+        assert m["received_mbps"] == pytest.approx(10 * (100 - m["lost_pct"]) / 100, rel=0.1)
+    from tunnelbench.workloads.streaming import mos
+
+    assert mos(0) > 4.4 and mos(1) > mos(5) > mos(20) >= 1.0
+
+
+def test_resilience_restart_one_and_all(mesh):
+    m, _ = run(mesh, "resilience", timeout=180, before_s=0.5, after_s=0.5, timeout_s=40)
+    declared("resilience", {k: v for k, v in m.items()} | {"failover_s": 0})
+    for tag in ("one", "all"):
+        assert 0 <= m[f"reconnect_{tag}_s"] < 40
+        assert 0 < m[f"outage_{tag}_s"] < 41
+        if mesh.vpn == "internal":  # nothing restarts: no outage beyond a probe interval or two
+            assert m[f"outage_{tag}_s"] < 0.3
+        else:  # the tunnel went away: replies stopped for at least the restart itself
+            assert m[f"outage_{tag}_s"] >= m[f"reconnect_{tag}_s"] * 0.9
+    assert mesh.pairs_down() == []

@@ -323,7 +323,9 @@ class Runner:
         out.setdefault("mtu", driver.mtu)
         out["path"] = driver.spec.path
         if driver.features:
-            out["features"] = driver.features
+            from tunnelbench.vpns.features import record
+
+            out["features"] = record(driver.name, driver.features)
         return out
 
     def _stop_and_verify(self, mesh: Mesh, vpn: str) -> None:
@@ -356,7 +358,7 @@ class Runner:
                                         wl.params.model_dump(), rep, attempt, client.name, server.name, adir)  # fmt: skip
             t0 = time.monotonic()
             ctx = CaseContext(mesh, client, server, adir, t0 + self._case_timeout(wl),
-                              {"mss": self.sc.fairness.mss})  # fmt: skip
+                              {"mss": self.sc.fairness.mss, "lab": self.lab})  # fmt: skip
             try:
                 self._check_path()
                 health = self.backend.health if self.backend is not None else None

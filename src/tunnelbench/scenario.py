@@ -47,7 +47,8 @@ class LabCfg(Strict):
     )
     hosts: int = Field(3, ge=2, le=1023, description="number of peer hosts")
     topology: Literal["mesh", "star"] = Field(
-        "mesh", description="mesh = every host peers with every other; star = peers only with the server "
+        "mesh",
+        description="mesh = every host peers with every other; star = peers only with the server "
         "host (many-client scenarios, seed 001; only drivers that list it)",
     )
     client: str = Field("h1", description="host that runs workload clients (fixed placement)")

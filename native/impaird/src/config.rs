@@ -106,10 +106,26 @@ impl fmt::Display for Cidr {
     }
 }
 
+/// How `correlation` acts on loss, duplicate, corrupt and reorder decisions.
+/// `netem`: netem's `get_crandom` (averages uniform draws, which also lowers the
+/// event rate: 1% loss at 50% correlation drops far fewer than 1%).
+/// `markov`: a two-state chain with the configured long-run rate `p` and
+/// lag-1 correlation `correlation` (P(event | event) = p + c(1 - p),
+/// P(event | no event) = p(1 - c)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CorrelationModel {
+    #[default]
+    Netem,
+    Markov,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleCfg {
     pub name: String,
+    #[serde(default)]
+    pub correlation_model: CorrelationModel,
     #[serde(default)]
     pub src: Option<String>,
     #[serde(default)]
@@ -137,6 +153,7 @@ impl RuleCfg {
     pub fn for_tests() -> RuleCfg {
         RuleCfg {
             name: "t".into(),
+            correlation_model: CorrelationModel::Netem,
             src: None,
             dst: None,
             delay_us: 0,

@@ -6,7 +6,7 @@
 //! (iproute2 scales percentages the same way), and compared against 32-bit
 //! (optionally correlated) random numbers.
 
-use crate::config::{Distribution, LossCfg, RuleCfg};
+use crate::config::{CorrelationModel, Distribution, LossCfg, Prob, RuleCfg};
 
 /// netem's `NETEM_DIST_SCALE`.
 pub const NETEM_DIST_SCALE: i64 = 8192;
@@ -86,6 +86,69 @@ impl CRandom {
         let answer = ((value * ((1u64 << 32) - rho) + self.last as u64 * rho) >> 32) as u32;
         self.last = answer;
         answer
+    }
+}
+
+/// A yes/no decision with a probability and a correlation (loss, duplicate,
+/// corrupt, reorder), in netem's or the rate-preserving Markov form.
+#[derive(Clone, Debug)]
+pub enum Chance {
+    Never,
+    /// netem: event iff `p >= get_crandom()`.
+    Netem {
+        p: u32,
+        cor: CRandom,
+    },
+    /// Two-state chain: `stay` = P(event | last was an event), `enter` = P(event | last was not).
+    Markov {
+        stay: u32,
+        enter: u32,
+        last: bool,
+    },
+}
+
+impl Chance {
+    pub fn new(p: f64, correlation: f64, model: CorrelationModel, prng: &mut Prng) -> Chance {
+        if p <= 0.0 {
+            // keep the PRNG stream aligned with netem's init_crandom either way
+            let _ = CRandom::new(correlation, prng);
+            return Chance::Never;
+        }
+        match model {
+            CorrelationModel::Netem => Chance::Netem {
+                p: prob_u32(p),
+                cor: CRandom::new(correlation, prng),
+            },
+            CorrelationModel::Markov => {
+                let _ = prng.next_u32();
+                let c = correlation.clamp(0.0, 1.0);
+                Chance::Markov {
+                    stay: prob_u32(p + c * (1.0 - p)),
+                    enter: prob_u32(p * (1.0 - c)),
+                    last: false,
+                }
+            }
+        }
+    }
+
+    #[inline]
+    pub fn active(&self) -> bool {
+        !matches!(self, Chance::Never)
+    }
+
+    #[inline]
+    pub fn event(&mut self, prng: &mut Prng) -> bool {
+        match self {
+            Chance::Never => false,
+            Chance::Netem { p, cor } => *p >= cor.get(prng),
+            Chance::Markov { stay, enter, last } => {
+                let threshold = if *last { *stay } else { *enter };
+                // u32::MAX threshold must always fire (p = 1)
+                let e = threshold == u32::MAX || prng.next_u32() < threshold;
+                *last = e;
+                e
+            }
+        }
     }
 }
 
@@ -199,10 +262,7 @@ pub fn tabledist(
 #[derive(Clone, Debug)]
 pub enum Loss {
     None,
-    Random {
-        p: u32,
-        cor: CRandom,
-    },
+    Random(Chance),
     /// netem CLG_GILB_ELL: a1 = p, a2 = r, a3 = h, a4 = 1-k.
     Gemodel {
         a1: u32,
@@ -229,17 +289,14 @@ const LOST_IN_GAP_PERIOD: u8 = 3;
 const LOST_IN_BURST_PERIOD: u8 = 4;
 
 impl Loss {
-    pub fn from_cfg(cfg: &Option<LossCfg>, prng: &mut Prng) -> Loss {
+    pub fn from_cfg(cfg: &Option<LossCfg>, model: CorrelationModel, prng: &mut Prng) -> Loss {
         match cfg {
             None => Loss::None,
             Some(LossCfg::Random { p, correlation }) => {
                 if *p <= 0.0 {
                     Loss::None
                 } else {
-                    Loss::Random {
-                        p: prob_u32(*p),
-                        cor: CRandom::new(*correlation, prng),
-                    }
+                    Loss::Random(Chance::new(*p, *correlation, model, prng))
                 }
             }
             Some(LossCfg::Gemodel { p, r, h, k }) => Loss::Gemodel {
@@ -271,7 +328,7 @@ impl Loss {
     pub fn event(&mut self, prng: &mut Prng) -> bool {
         match self {
             Loss::None => false,
-            Loss::Random { p, cor } => *p != 0 && *p >= cor.get(prng),
+            Loss::Random(chance) => chance.event(prng),
             Loss::Gemodel {
                 a1,
                 a2,
@@ -361,41 +418,30 @@ pub struct RuleModel {
     table: Option<Vec<i16>>,
     delay_cor: CRandom,
     loss: Loss,
-    duplicate: u32,
-    dup_cor: CRandom,
-    reorder: u32,
-    reorder_cor: CRandom,
+    duplicate: Chance,
+    reorder: Chance,
     gap: u32,
     counter: u32,
-    corrupt: u32,
-    corrupt_cor: CRandom,
+    corrupt: Chance,
 }
 
 impl RuleModel {
     pub fn new(cfg: &RuleCfg, seed: u64) -> Self {
         let mut prng = Prng::new(seed);
         let delay_cor = CRandom::new(cfg.delay_correlation, &mut prng);
-        let loss = Loss::from_cfg(&cfg.loss, &mut prng);
-        let (dp, dc) = cfg
-            .duplicate
-            .map(|d| (d.p, d.correlation))
-            .unwrap_or((0.0, 0.0));
-        let dup_cor = CRandom::new(dc, &mut prng);
-        let (rp, rc) = cfg
-            .reorder
-            .map(|d| (d.p, d.correlation))
-            .unwrap_or((0.0, 0.0));
-        let reorder_cor = CRandom::new(rc, &mut prng);
-        let (cp, cc) = cfg
-            .corrupt
-            .map(|d| (d.p, d.correlation))
-            .unwrap_or((0.0, 0.0));
-        let corrupt_cor = CRandom::new(cc, &mut prng);
-        let reorder = prob_u32(rp);
+        let model = cfg.correlation_model;
+        let loss = Loss::from_cfg(&cfg.loss, model, &mut prng);
+        let pc = |x: Option<Prob>| x.map(|d| (d.p, d.correlation)).unwrap_or((0.0, 0.0));
+        let (dp, dc) = pc(cfg.duplicate);
+        let duplicate = Chance::new(dp, dc, model, &mut prng);
+        let (rp, rc) = pc(cfg.reorder);
+        let reorder = Chance::new(rp, rc, model, &mut prng);
+        let (cp, cc) = pc(cfg.corrupt);
+        let corrupt = Chance::new(cp, cc, model, &mut prng);
         // iproute2: "if (reorder && !gap) gap = 1"
         let gap = match cfg.reorder.and_then(|r| r.gap) {
             Some(g) => g,
-            None if reorder > 0 => 1,
+            None if reorder.active() => 1,
             None => 0,
         };
         RuleModel {
@@ -405,40 +451,34 @@ impl RuleModel {
             table: make_table(cfg.distribution),
             delay_cor,
             loss,
-            duplicate: prob_u32(dp),
-            dup_cor,
+            duplicate,
             reorder,
-            reorder_cor,
             gap,
             counter: 0,
-            corrupt: prob_u32(cp),
-            corrupt_cor,
+            corrupt,
         }
     }
 
     /// True if this rule never needs packet bytes beyond the IP addresses.
     pub fn needs_payload(&self) -> bool {
-        self.duplicate != 0 || self.corrupt != 0
+        self.duplicate.active() || self.corrupt.active()
     }
 
     /// Duplication decision (first step of netem_enqueue).
     #[inline]
     pub fn duplicate_event(&mut self) -> bool {
-        self.duplicate != 0 && self.duplicate >= self.dup_cor.get(&mut self.prng)
+        self.duplicate.event(&mut self.prng)
     }
 
     #[inline]
     fn corrupt_event(&mut self) -> bool {
-        self.corrupt != 0 && self.corrupt >= self.corrupt_cor.get(&mut self.prng)
+        self.corrupt.event(&mut self.prng)
     }
 
     /// Reorder / delay step of netem_enqueue: (delay_ns, reordered).
     #[inline]
     fn schedule(&mut self) -> (i64, bool) {
-        if self.gap == 0
-            || self.counter < self.gap - 1
-            || self.reorder < self.reorder_cor.get(&mut self.prng)
-        {
+        if self.gap == 0 || self.counter < self.gap - 1 || !self.reorder.event(&mut self.prng) {
             let delay = tabledist(
                 self.latency_ns,
                 self.jitter_ns,
@@ -592,6 +632,41 @@ mod tests {
         let l2 = v2.iter().filter(|x| **x).count() as f64 / n as f64;
         let p2 = v2.windows(2).filter(|w| w[0] && w[1]).count() as f64 / (n - 1) as f64;
         assert!((p2 / l2 - l2).abs() < 0.01);
+    }
+
+    #[test]
+    fn markov_correlation_keeps_the_rate_and_sets_lag1_correlation() {
+        // netem's form loses far fewer packets than configured at low p (the
+        // reason the markov form exists); the markov form keeps p and gives
+        // P(loss | loss) = p + c (1 - p).
+        for (p, c) in [(0.01, 0.5), (0.05, 0.25), (0.3, 0.75)] {
+            let mut r = rule();
+            r.correlation_model = CorrelationModel::Markov;
+            r.loss = Some(LossCfg::Random { p, correlation: c });
+            let mut m = RuleModel::new(&r, 11);
+            let n = 400_000;
+            let v: Vec<bool> = (0..n).map(|_| m.decide().drop).collect();
+            let lost = v.iter().filter(|x| **x).count() as f64 / n as f64;
+            let ll = v.windows(2).filter(|w| w[0] && w[1]).count() as f64;
+            let cond = ll / v[..n - 1].iter().filter(|x| **x).count() as f64;
+            // the chain's variance is (1 + c) / (1 - c) times the binomial one
+            let sigma = (p * (1.0 - p) / n as f64 * (1.0 + c) / (1.0 - c)).sqrt();
+            assert!((lost - p).abs() < 4.0 * sigma, "p {p} c {c}: lost {lost}");
+            let want = p + c * (1.0 - p);
+            assert!(
+                (cond - want).abs() < 0.05 * want + 0.01,
+                "p {p} c {c}: P(l|l) {cond} want {want}"
+            );
+        }
+        // netem's form at 1% / 50%: well under 1%
+        let mut r = rule();
+        r.loss = Some(LossCfg::Random {
+            p: 0.01,
+            correlation: 0.5,
+        });
+        let mut m = RuleModel::new(&r, 11);
+        let lost = (0..400_000).filter(|_| m.decide().drop).count() as f64 / 400_000.0;
+        assert!(lost < 0.005, "netem form lost {lost}");
     }
 
     #[test]

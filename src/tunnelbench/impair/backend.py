@@ -142,7 +142,11 @@ def netem_args(p: Profile) -> list[str]:
                 a += [f"{p.delay_correlation_pct}%"]
             if p.distribution != "uniform":
                 a += ["distribution", p.distribution]
-    if p.loss_pct:
+    if p.loss_pct and p.loss_correlation_pct and p.correlation_model == "markov":
+        # rate-preserving correlated loss = a Gilbert chain entering with p(1-c), staying with p + c(1-p)
+        q, c = p.loss_pct / 100, p.loss_correlation_pct / 100
+        a += ["loss", "gemodel", f"{100 * q * (1 - c):.6g}%", f"{100 * (1 - q) * (1 - c):.6g}%", "0%", "100%"]
+    elif p.loss_pct:
         a += ["loss", "random", f"{p.loss_pct}%"] + (
             [f"{p.loss_correlation_pct}%"] if p.loss_correlation_pct else []
         )
@@ -174,7 +178,7 @@ def netem_args(p: Profile) -> list[str]:
 
 def engine_rule(name: str, src: str, dst: str, p: Profile) -> dict:
     r: dict = {
-        "name": name, "src": src, "dst": dst,
+        "name": name, "src": src, "dst": dst, "correlation_model": p.correlation_model,
         "delay_us": int(p.delay_ms * 1000), "jitter_us": int(p.jitter_ms * 1000),
         "distribution": p.distribution, "delay_correlation": p.delay_correlation_pct / 100,
         "loss": None,

@@ -46,6 +46,18 @@ def sh(argv: Sequence[str], timeout: float = 20.0, check: bool = True) -> subpro
 BATCH_ABOVE = 16  # labs with more hosts are built with `ip -batch`
 
 
+def raise_neigh_limits(entries: int) -> None:
+    """The router holds one ARP/ND entry per host; the neighbour-table thresholds are global (set in the
+    root namespace, default 128/512/1024): above gc_thresh2 entries get evicted and hosts stop answering.
+    Only raised, never lowered."""
+    for fam in ("ipv4", "ipv6"):
+        for k, v in (("gc_thresh1", entries // 2), ("gc_thresh2", entries), ("gc_thresh3", 2 * entries)):
+            knob = Path(f"/proc/sys/net/{fam}/neigh/default/{k}")
+            with contextlib.suppress(OSError, ValueError):
+                if int(knob.read_text()) < v:
+                    knob.write_text(str(v))
+
+
 def ip_batch(lines: list[str], netns: str | None = None, timeout: float = 300.0) -> None:
     argv = ["ip", *(["-n", netns] if netns else []), "-batch", "-"]
     p = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=timeout)
@@ -150,10 +162,9 @@ class NetnsLab:
     def _build_hosts_batched(self) -> None:
         """The hosts of build() for large labs (many-client scenarios): a few `ip -batch` runs plus one
         `ip -n NS -batch` per host instead of ~8 commands per host (1000 hosts: seconds, not minutes)."""
-        for h in self.hosts:
-            self._ns_entries[h.netns] = self.journal.netns(h.netns)  # journal first: clean finds half-made ones
-        for k, v in (("gc_thresh1", 2048), ("gc_thresh2", 4096), ("gc_thresh3", 8192)):  # ARP for >1000 hosts
-            self.router.run(["sysctl", "-qw", f"net.ipv4.neigh.default.{k}={v}"], check=False)
+        for h in self.hosts:  # journal first: clean finds half-made ones
+            self._ns_entries[h.netns] = self.journal.netns(h.netns)
+        raise_neigh_limits(2 * len(self.hosts) + 256)
         ip_batch([f"netns add {h.netns}" for h in self.hosts])
         ip_batch([f"link add eth0 netns {h.netns} type veth peer name h{i} netns {self.router.netns}"
                   for i, h in enumerate(self.hosts, start=1)])  # fmt: skip

@@ -274,7 +274,9 @@ class Mesh:
                 continue
             alive = set(
                 a.run(
-                    ["fping", "-a", "-r", "0", *iv, "-t", str(per_probe_ms), *targets], check=False, timeout=limit
+                    ["fping", "-a", "-r", "0", *iv, "-t", str(per_probe_ms), *targets],
+                    check=False,
+                    timeout=limit,
                 ).stdout.split()
             )
             down += [(a.name, b.name) for ip, b in targets.items() if ip not in alive]

@@ -101,14 +101,18 @@ class Crate:
     binaries: tuple[str, ...]
     locked: bool = False
     apt_build_deps: tuple[str, ...] = ()
-    name: str = ""  # cache key; default the crate name
+    cache_name: str = ""  # cache key; default the crate name
+
+    @property
+    def name(self) -> str:
+        return self.cache_name or self.crate
 
     @property
     def label(self) -> str:
         return f"cargo {self.crate} {self.version}{' --locked' if self.locked else ''}"
 
     def cache_dir(self) -> Path:
-        return cache_root() / f"{self.name or self.crate}-{self.version}"
+        return cache_root() / f"{self.name}-{self.version}"
 
     def bin_dir(self) -> Path:
         return self.cache_dir() / "bin"

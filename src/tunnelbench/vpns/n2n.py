@@ -53,10 +53,17 @@ class N2n(VpnDriver):
 
     def start(self, host: Host) -> None:
         d = self.host_dir(host)
-        if host is self.super_host:
-            sn = host.spawn([self.bin("supernode"), "-l", str(SUPERNODE_PORT)], label="supernode",
-                            log_path=d / "supernode.log")  # fmt: skip
-            self.procs[host.name].append(sn)
+        sh = self.super_host
+        if not any(p.label == "supernode" and p.alive() for p in self.procs[sh.name]):
+            # edges register once at start and then only every minute or so: the supernode comes first,
+            # whichever host starts first
+            sn = sh.spawn([self.bin("supernode"), "-l", str(SUPERNODE_PORT)], label="supernode",
+                          log_path=self.host_dir(sh) / "supernode.log")  # fmt: skip
+            self.procs[sh.name].insert(0, sn)
+            self.wait_for("n2n supernode UDP port", lambda: not sn.alive() or bool(sh.run(
+                ["ss", "-Hlun", f"sport = :{SUPERNODE_PORT}"], check=False).stdout.strip()), timeout=10)  # fmt: skip
+            if not sn.alive():
+                raise RuntimeError(f"n2n supernode exited: {sn.log_tail()}")
         ifname = self.ifname(host)
         argv = [self.bin("edge"), "-d", ifname, "-a", self.tunnel_ip(host), "-s", "255.255.255.0",
                 "-c", self.community, "-l", f"{self.super_host.public_ip}:{SUPERNODE_PORT}",

@@ -15,6 +15,18 @@ LISTEN_PORT = 51820
 UAPI_DIR = Path("/var/run/wireguard")
 
 
+def raise_inotify_limit(daemons: int) -> None:
+    """Each daemon watches its UAPI socket with an inotify instance; Linux allows 128 per user by default,
+    so a many-client lab (seed 001) would stop at the 129th daemon ("too many open files"). Only raised,
+    never lowered; only on this machine (an SSH lab's hosts run one daemon each)."""
+    knob = Path("/proc/sys/fs/inotify/max_user_instances")
+    try:
+        if daemons > 64 and int(knob.read_text()) < daemons + 256:
+            knob.write_text(str(daemons + 256))
+    except OSError:
+        pass
+
+
 class WireguardGo(VpnDriver):
     name = "wireguard-go"
     summary = "WireGuard, userspace Go implementation (Debian wireguard-go + wg)"
@@ -29,6 +41,7 @@ class WireguardGo(VpnDriver):
 
     def configure(self) -> None:
         self.keys: dict[str, tuple[Path, str]] = {}
+        raise_inotify_limit(len(self.spec.hosts))
         for h in self.spec.hosts:
             d = self.host_dir(h)
             priv = h.run(["wg", "genkey"]).stdout.strip()

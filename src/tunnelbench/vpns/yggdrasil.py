@@ -89,6 +89,11 @@ class Yggdrasil(VpnDriver):
             ).stdout.strip()
 
     def start(self, host: Host) -> None:
+        if any(p.alive() for p in self.procs[host.name]):
+            return  # already started ahead of its turn (the relay host, below)
+        relay = self.spec.relay
+        if relay is not None and self.spec.path != "direct" and host is not relay:
+            self.start(relay)  # everyone dials it: its listener must be up first (else a 60 s retry)
         d = self.host_dir(host)
         proc = host.spawn([self.bin("yggdrasil"), "-useconffile", str(self._conf(host)), "-logto", "stdout"],
                           label="yggdrasil", log_path=d / "daemon.log")  # fmt: skip

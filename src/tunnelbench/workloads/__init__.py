@@ -11,6 +11,7 @@ from tunnelbench.workloads.many_clients import ManyClients
 from tunnelbench.workloads.multihost import Multihost
 from tunnelbench.workloads.overhead import Overhead
 from tunnelbench.workloads.ping import Ping
+from tunnelbench.workloads.resilience import Resilience
 from tunnelbench.workloads.streaming import Streaming
 from tunnelbench.workloads.tcp import Tcp
 from tunnelbench.workloads.udp import Udp
@@ -29,6 +30,7 @@ WORKLOADS: dict[str, type[Workload]] = {
         Overhead,
         ManyClients,
         Streaming,
+        Resilience,
     )
 }
 

@@ -1,0 +1,101 @@
+"""EasyTier 2.0.3 (crates.io `easytier`, `cargo install --locked`, needs Debian protobuf-compiler): a
+decentralised mesh VPN in Rust where every node routes and relays for the others.
+
+Each host runs easytier-core from a TOML config (0600: it holds the network secret) with a fixed tunnel
+address, its own tun device and MTU, and UDP listeners on 11010. direct: host j dials every host i < j
+(a full mesh of direct UDP connections). relay / nat: peers dial only the relay host; the relay host
+also listens on TCP. With UDP between peers blocked (relay path), EasyTier's routing carries h1 <-> h2
+through the relay host (it relays for any node by default); behind NAT, EasyTier tries UDP hole punching
+and relays through the public node until (unless) that works. The RPC portal listens on the namespace's
+loopback only. EasyTier sends STUN to hard-coded public servers at start: the lab router drops and
+counts that (router.offlab_drops in the run's environment)."""
+
+from __future__ import annotations
+
+import secrets
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Crate
+
+VERSION = "2.0.3"
+PORT = 11010
+
+
+class EasyTier(VpnDriver):
+    name = "easytier"
+    summary = f"EasyTier {VERSION} mesh (UDP {PORT}), nodes route and relay for each other, encrypted"
+    binaries = ("easytier-core",)
+    installs = (Crate("easytier", VERSION, ("easytier-core", "easytier-cli"), locked=True,
+                      apt_build_deps=("protobuf-compiler",)),)  # fmt: skip
+    default_mtu = 1380  # easytier's default tun MTU
+    paths = frozenset({"direct", "relay", "nat"})
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.settings = {"mode": "direct UDP full mesh" if spec.path == "direct" else "peers dial the relay host; "
+                         "EasyTier routes/relays, hole punching on", "port": PORT, "mtu": self.mtu,
+                         "encryption": "on (EasyTier default, key from the network secret)",
+                         "default_protocol": "udp"}  # fmt: skip
+
+    @classmethod
+    def version(cls) -> str:
+        # "easytier-core 2.0.3-<git>"
+        return cls._first_line([cls.bin("easytier-core"), "--version"], "easytier").split()[-1]
+
+    def _dials(self, host: Host) -> list[Host]:
+        if self.spec.path == "direct" or self.spec.relay is None:
+            return [p for p in self.spec.hosts if self.index(p) < self.index(host)]
+        return [] if host is self.spec.relay else [self.spec.relay]
+
+    def configure(self) -> None:
+        secret = secrets.token_urlsafe(24)
+        for h in self.spec.hosts:
+            listeners = [f'"udp://0.0.0.0:{PORT}"']
+            if h is self.spec.relay:
+                listeners.append(f'"tcp://0.0.0.0:{PORT}"')
+            conf = [
+                f'instance_name = "{self.spec.tag}-{h.name}"',
+                f'hostname = "{h.name}"',
+                f'ipv4 = "{self.tunnel_ip(h)}"',
+                "dhcp = false",
+                f"listeners = [{', '.join(listeners)}]",
+                "exit_nodes = []",
+                'rpc_portal = "127.0.0.1:15888"',
+                "",
+                "[network_identity]",
+                f'network_name = "tb-{self.spec.tag}"',
+                f'network_secret = "{secret}"',
+                "",
+            ]
+            for p in self._dials(h):
+                conf += ["[[peer]]", f'uri = "udp://{p.public_ip}:{PORT}"', ""]
+            conf += [
+                "[flags]",
+                'default_protocol = "udp"',
+                f'dev_name = "{self.ifname(h)}"',
+                "enable_encryption = true",
+                "enable_ipv6 = false",
+                f"mtu = {self.mtu}",
+            ]
+            h.write_file(self.host_dir(h) / "easytier.toml", "\n".join(conf) + "\n", 0o600)
+
+    def start(self, host: Host) -> None:
+        d = self.host_dir(host)
+        proc = host.spawn([self.bin("easytier-core"), "-c", str(d / "easytier.toml")], label="easytier",
+                          log_path=d / "daemon.log")  # fmt: skip
+        self.procs[host.name].append(proc)
+        ifname = self.ifname(host)
+
+        def addressed() -> bool:
+            out = host.run(["ip", "-o", "-4", "addr", "show", "dev", ifname], check=False).stdout
+            return not proc.alive() or f" {self.tunnel_ip(host)}/" in out
+
+        self.wait_for("easytier tun address", addressed, timeout=20)
+        if not proc.alive():
+            raise RuntimeError(f"easytier-core exited: {proc.log_tail()}")
+
+    def after_stop(self, host: Host) -> None:
+        ifname = self.ifname(host)
+        if self.link_exists(host, ifname):
+            host.run(["ip", "link", "del", ifname], check=False)

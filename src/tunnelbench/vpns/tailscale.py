@@ -1,0 +1,214 @@
+"""Tailscale (tailscaled + tailscale, Go proxy v1.102.5) with a self-hosted control server (Headscale
+v0.29.3) and a self-hosted DERP relay (derper): no Tailscale-operated service is ever contacted.
+
+Infrastructure host: the lab's relay host when it has one (path relay/nat), else the last host. It runs
+  derper    DERP over HTTPS on :8443 with a self-signed certificate (`--certmode=manual`), STUN on :3478;
+            Headscale's DERP map pins the certificate by hash (`certname: sha256-raw:...`, from derper's log);
+  headscale control server on :8080 (plain HTTP inside the lab; clients speak Noise to it), embedded
+            DERP off, tailnet 100.64.0.0/10 (outside it Headscale is "not supported" and tailscaled used
+            its own tailnet IP as an endpoint), v6 off, SQLite in the run folder, no update checks.
+One reusable pre-auth key (`headscale preauthkeys create -u <id> --reusable`) joins every node unattended;
+it is passed to `tailscale up` as `--auth-key=file:...` (0600), never on a command line.
+
+Every host runs tailscaled with its own state dir, socket and tun device (`--tun=<ifname>`), logtail off
+(`--no-logs-no-support`), `tailscale up --accept-dns=false --netfilter-mode=off` (it still makes empty
+nft tables in the namespace, which go with it). The data plane is WireGuard in userspace (wireguard-go
+inside tailscaled, with the kernel TUN's GSO/GRO). Tunnel addresses are whatever Headscale assigned,
+read back with `tailscale ip -4`. MTU: tailscaled's 1280 unless the scenario sets one (TS_DEBUG_MTU).
+A new node takes ~7 s to its first direct ping (the first disco handshake is retried after 5 s).
+
+Paths: direct (peers find each other's underlay endpoints); relay (UDP blocked between peers: all
+their traffic goes over DERP on the infrastructure host, TCP 8443); nat (peers behind their own NATs
+learn their public endpoints by STUN and punch through; DERP carries traffic until then)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import GoModule
+
+TS = GoModule("tailscale", "tailscale.com", "v1.102.5",
+              ("tailscale.com/cmd/tailscaled", "tailscale.com/cmd/tailscale", "tailscale.com/cmd/derper"),
+              ("tailscaled", "tailscale", "derper"))  # fmt: skip
+HS = GoModule("headscale", "github.com/juanfont/headscale", "v0.29.3", ("github.com/juanfont/headscale/cmd/headscale",),
+              ("headscale",), download_first=True)  # fmt: skip
+HS_PORT, DERP_PORT, STUN_PORT, TS_PORT = 8080, 8443, 3478, 41641
+REGION = 900
+
+
+class Tailscale(VpnDriver):
+    name = "tailscale"
+    summary = (
+        "Tailscale v1.102.5 + Headscale v0.29.3 + self-hosted DERP (no public services), userspace WireGuard"
+    )
+    binaries = ("tailscaled", "tailscale", "derper", "headscale")
+    installs = (TS, HS)
+    default_mtu = 1280  # tailscaled's tun MTU
+    settle_s = 1.0
+    paths = frozenset({"direct", "relay", "nat"})
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.infra = spec.relay or spec.hosts[-1]
+        self.addrs: dict[str, str] = {}
+        self.certname: str | None = None
+        self.settings = {
+            "mode": "full mesh of WireGuard peers, control by Headscale, DERP relay on the infrastructure host",
+            "infrastructure_host": self.infra.name,
+            "cipher": "ChaCha20-Poly1305 (WireGuard, Noise IK, Curve25519)",
+            "mtu": self.mtu,
+            "control": f"headscale {HS.version} (http :{HS_PORT})",
+            "derp": f"derper {TS.version} (https :{DERP_PORT}, stun :{STUN_PORT}), no public DERP",
+            "tailnet": "100.64.0.0/10",
+            "port": TS_PORT,
+        }
+
+    @classmethod
+    def version(cls) -> str:
+        # `tailscaled --version` prints "1.102.5\n  tailscale commit: ..."; the control server's version too
+        ts = cls._first_line([cls.bin("tailscaled"), "--version"]).split()[0]
+        hs = cls._first_line([cls.bin("headscale"), "version"]).split()[-1]
+        return f"{ts} (headscale {hs})"
+
+    def tunnel_ip(self, host: Host) -> str:
+        return self.addrs[host.name]
+
+    # -- paths -------------------------------------------------------------------------------------
+    def _infra_dir(self) -> Path:
+        return self.host_dir(self.infra) / "infra"
+
+    def _sock(self, host: Host) -> Path:
+        return self.host_dir(host) / "ts.sock"
+
+    # -- configure ---------------------------------------------------------------------------------
+    def configure(self) -> None:
+        d = self._infra_dir()
+        self.infra.mkdir(d)
+        self.infra.mkdir(d / "certs")
+        ip = self.infra.public_ip
+        hs = {
+            "server_url": f"http://{ip}:{HS_PORT}",
+            "listen_addr": f"{self.infra.underlay_ip}:{HS_PORT}",
+            "metrics_listen_addr": "127.0.0.1:9090",
+            "grpc_listen_addr": "127.0.0.1:50443",
+            "grpc_allow_insecure": False,
+            "unix_socket": str(d / "headscale.sock"),
+            "unix_socket_permission": "0770",
+            "noise": {"private_key_path": str(d / "noise_private.key")},
+            "prefixes": {"v4": "100.64.0.0/10", "allocation": "sequential"},
+            "derp": {
+                "server": {"enabled": False},
+                "urls": [],
+                "paths": [str(d / "derp.yaml")],
+                "auto_update_enabled": False,
+                "update_frequency": "24h",
+            },
+            "disable_check_updates": True,
+            "ephemeral_node_inactivity_timeout": "30m",
+            "database": {"type": "sqlite", "sqlite": {"path": str(d / "db.sqlite"), "write_ahead_log": True}},
+            "log": {"level": "warn", "format": "text"},
+            "logtail": {"enabled": False},
+            "randomize_client_port": False,
+            "dns": {
+                "magic_dns": False,
+                "base_domain": "tailnet.lab",
+                "override_local_dns": False,
+                "nameservers": {"global": []},
+            },  # fmt: skip
+            "policy": {"mode": "file", "path": ""},
+        }
+        self.infra.write_file(d / "headscale.yaml", json.dumps(hs, indent=2) + "\n", 0o600)
+
+    def _derp_map(self) -> str:
+        ip = self.infra.public_ip
+        return json.dumps({"regions": {str(REGION): {
+            "regionid": REGION, "regioncode": "lab", "regionname": "tunnelbench lab DERP",
+            "nodes": [{"name": f"{REGION}a", "regionid": REGION, "hostname": ip, "ipv4": ip,
+                       "stunport": STUN_PORT, "derpport": DERP_PORT, "certname": self.certname}]}}}, indent=2)  # fmt: skip
+
+    # -- infrastructure ----------------------------------------------------------------------------
+    def _infra_running(self) -> bool:
+        return any(p.label == "headscale" and p.alive() for p in self.procs[self.infra.name])
+
+    def _start_infra(self) -> None:
+        h, d = self.infra, self._infra_dir()
+        ip = h.underlay_ip
+        derper = h.spawn([self.bin("derper"), "-a", f"{ip}:{DERP_PORT}", "--http-port=-1", f"--stun-port={STUN_PORT}",
+                          "--certmode=manual", f"--certdir={d / 'certs'}", f"--hostname={h.public_ip}"],
+                         label="derper", log_path=d / "derper.log")  # fmt: skip
+        self.procs[h.name].insert(0, derper)
+        found: list[str] = []
+
+        def certname() -> bool:
+            m = re.search(r"(sha256-raw:[0-9a-f]{64})", derper.log_tail(20000))
+            if m:
+                found.append(m.group(1))
+            return bool(m) or not derper.alive()
+
+        self.wait_for("derper certificate name", certname, timeout=30)
+        if not derper.alive():
+            raise RuntimeError(f"derper exited: {derper.log_tail()}")
+        self.certname = found[0]
+        for f in (d / "certs").iterdir():  # derper's self-signed key
+            if f.suffix == ".key":
+                h.run(["chmod", "600", str(f)])
+        h.write_file(d / "derp.yaml", self._derp_map() + "\n", 0o644)
+        hs = h.spawn([self.bin("headscale"), "serve", "-c", str(d / "headscale.yaml")], label="headscale",
+                     log_path=d / "headscale.log")  # fmt: skip
+        self.procs[h.name].insert(1, hs)
+        self.wait_for("headscale listening", lambda: not hs.alive() or bool(h.run(
+            ["ss", "-Hltn", f"sport = :{HS_PORT}"], check=False).stdout.strip()), timeout=30)  # fmt: skip
+        if not hs.alive():
+            raise RuntimeError(f"headscale exited: {hs.log_tail()}")
+        hsctl = [self.bin("headscale"), "-c", str(d / "headscale.yaml"), "--force"]
+        h.run([*hsctl, "users", "create", "tunnelbench"])
+        users = json.loads(h.run([*hsctl, "users", "list", "-o", "json"]).stdout)
+        uid = next(str(u["id"]) for u in users if u["name"] == "tunnelbench")
+        out = h.run(
+            [*hsctl, "preauthkeys", "create", "-u", uid, "--reusable", "-e", "2h", "-o", "json"]
+        ).stdout
+        key = json.loads(out)["key"]
+        for host in self.spec.hosts:
+            host.write_file(self.host_dir(host) / "authkey", key + "\n", 0o600)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, host: Host) -> None:
+        if not self._infra_running():
+            self._start_infra()
+        d = self.host_dir(host)
+        sock = self._sock(host)
+        env = {"TS_NO_LOGS_NO_SUPPORT": "true", "TS_DEBUG_MTU": str(self.mtu)}
+        proc = host.spawn([self.bin("tailscaled"), f"--tun={self.ifname(host)}", f"--statedir={d / 'state'}",
+                           f"--socket={sock}", f"--port={TS_PORT}", "--no-logs-no-support"],
+                          label="tailscaled", log_path=d / "tailscaled.log", env=env)  # fmt: skip
+        self.procs[host.name].append(proc)
+        self.wait_for("tailscaled socket", lambda: host.exists(sock) or not proc.alive(), timeout=20)
+        if not proc.alive():
+            raise RuntimeError(f"tailscaled exited: {proc.log_tail()}")
+        ts = [self.bin("tailscale"), f"--socket={sock}"]
+        host.run([*ts, "up", f"--login-server=http://{self.infra.public_ip}:{HS_PORT}",
+                  f"--auth-key=file:{d / 'authkey'}", f"--hostname={host.name}", "--accept-dns=false",
+                  "--netfilter-mode=off", "--timeout=60s"], timeout=75)  # fmt: skip
+        self.addrs[host.name] = host.run([*ts, "ip", "-4"]).stdout.strip().splitlines()[0]
+        state = d / "state" / "tailscaled.state"
+        if host.exists(state):
+            host.run(["chmod", "600", str(state)])
+
+    def after_stop(self, host: Host) -> None:
+        ifname = self.ifname(host)
+        if self.link_exists(host, ifname):
+            host.run(["ip", "link", "del", ifname], check=False)
+        host.remove(self._sock(host))
+
+    def leftovers(self, host: Host) -> list[str]:
+        found = super().leftovers(host)
+        rules = host.run(["ip", "rule", "show"], check=False).stdout
+        found += [f"ip rule {r.strip()}" for r in rules.splitlines() if "lookup 52" in r]
+        t52 = host.run(["ip", "route", "show", "table", "52"], check=False).stdout.strip()
+        if t52:
+            found.append(f"routes in table 52: {t52[:200]}")
+        return found

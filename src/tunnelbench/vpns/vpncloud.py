@@ -1,0 +1,75 @@
+"""VpnCloud 2.3.0 (crates.io `vpncloud`, built into the install cache): a fully meshed peer-to-peer VPN.
+
+Every host runs one vpncloud in tun mode on UDP 3210 and is given the others' addresses (`-c`); peers
+exchange their peer lists, so each pair talks directly (full mesh, no hub). Crypto: a shared password
+(in a 0600 config file, never on the command line), from which vpncloud derives Ed25519 identities and
+runs its own handshake, then AES-256-GCM or ChaCha20-Poly1305 (negotiated, the fastest both support).
+
+Gotchas (notes/sandbox.md): with current Rust, `--ip` assigns a wrong address, so the driver assigns the
+address and MTU itself and claims it (`--no-auto-claim --claim <ip>/32`); vpncloud UDP-connects to a
+public address at start to learn its own IP and panics without a default route, so lab hosts have a
+default route into the lab and the router drops (and counts) anything not addressed to the lab. No UPnP
+port forwarding (`--no-port-forwarding`).
+
+Paths: direct; nat (a NATed peer dials the public peer, learns the others from its peer list and reaches
+them through their NAT mappings, since both sides send). No relay: vpncloud never forwards between peers."""
+
+from __future__ import annotations
+
+import secrets
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Crate
+
+VERSION = "2.3.0"
+PORT = 3210
+
+
+class VpnCloud(VpnDriver):
+    name = "vpncloud"
+    summary = f"VpnCloud {VERSION} full mesh (peer exchange, UDP {PORT}), tun, password-derived keys"
+    binaries = ("vpncloud",)
+    installs = (Crate("vpncloud", VERSION, ("vpncloud",)),)
+    default_mtu = 1400  # vpncloud's default for tun devices (1500 - its 100 bytes of headroom)
+    paths = frozenset({"direct", "nat"})
+    paths_why = {"relay": "vpncloud has no relay: peers never forward traffic for each other"}
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.settings = {"mode": "full mesh via peer exchange", "port": PORT, "mtu": self.mtu,
+                         "crypto": "password-derived Ed25519 identity; AES-256-GCM or ChaCha20-Poly1305 (negotiated)",
+                         "port_forwarding": False}  # fmt: skip
+
+    @classmethod
+    def version(cls) -> str:
+        return cls._first_line([cls.bin("vpncloud"), "--version"], "vpncloud").split()[-1].lstrip("v")
+
+    def configure(self) -> None:
+        password = secrets.token_urlsafe(24)
+        for h in self.spec.hosts:
+            h.write_file(self.host_dir(h) / "vpncloud.yaml", f'crypto:\n  password: "{password}"\n', 0o600)
+
+    def start(self, host: Host) -> None:
+        d = self.host_dir(host)
+        ifname = self.ifname(host)
+        peers = [p for p in self.spec.hosts if p is not host and not p.behind_nat]
+        argv = [self.bin("vpncloud"), "--config", str(d / "vpncloud.yaml"), "-t", "tun", "-d", ifname,
+                "-l", str(PORT), "--claim", f"{self.tunnel_ip(host)}/32", "--no-auto-claim",
+                "--no-port-forwarding", "--log-file", str(d / "vpncloud.log")]  # fmt: skip
+        for p in peers:
+            argv += ["-c", f"{p.public_ip}:{PORT}"]
+        proc = host.spawn(argv, label="vpncloud", log_path=d / "daemon.log")
+        self.procs[host.name].append(proc)
+        self.wait_for(
+            "vpncloud tun device", lambda: not proc.alive() or self.link_exists(host, ifname), timeout=10
+        )
+        if not proc.alive():
+            raise RuntimeError(f"vpncloud exited: {proc.log_tail()}")
+        host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/{self.tunnel_prefixlen}", "dev", ifname])
+        host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
+
+    def after_stop(self, host: Host) -> None:
+        ifname = self.ifname(host)
+        if self.link_exists(host, ifname):
+            host.run(["ip", "link", "del", ifname], check=False)
