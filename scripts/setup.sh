@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   iproute2 iputils-ping fping iperf3 nftables iptables ethtool procps kmod openssl
   wireguard-tools wireguard-go nebula tinc openvpn
+  fastd n2n yggdrasil protobuf-compiler libprotobuf-dev  # VPN drivers from Debian (issue 4; yggdrasil is the fallback build)
   openssh-server openssh-client
   nginx curl rist-tools  # workloads: http_download/http_api/many_clients (nginx, curl), streaming (RIST)
   chromium
@@ -38,6 +39,13 @@ HEY_VERSION=v0.1.5
 if ! command -v hey >/dev/null && command -v go >/dev/null; then
   echo "setup: go install github.com/rakyll/hey@${HEY_VERSION}" >&2
   GOBIN=/usr/local/bin go install "github.com/rakyll/hey@${HEY_VERSION}"
+fi
+
+# VPNs built from the Go module proxy and crates.io at pinned versions, into the install cache
+# (/var/cache/tunnelbench/<name>-<version>, TUNNELBENCH_CACHE overrides): cached builds are skipped, so
+# only a fresh machine pays for them (about 25 min on 2 cores, see the README). SKIP_VPN_BUILDS=1 skips.
+if [ -z "${SKIP_VPN_BUILDS:-}" ]; then
+  .venv/bin/tunnelbench install all || echo "setup: some VPN installs failed (see tunnelbench install output)" >&2
 fi
 
 # The native impairment engine (Rust), used where the kernel has no netem.

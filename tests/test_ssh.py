@@ -101,7 +101,8 @@ class SshFixture:
     known_hosts: Path
     targets: list[Target] = field(default_factory=list)
 
-    def inventory(self, path: Path, *, check_host_keys: bool = True, key: Path | None = None) -> Path:
+    def inventory(self, path: Path, *, check_host_keys: bool = True, key: Path | None = None,
+                  impair: str | None = None, bin_dir: str | None = None) -> Path:  # fmt: skip
         peers = "".join(
             f"        {t.name}:\n          ansible_host: {t.ip}\n" for t in self.targets if t.name != "wan"
         )
@@ -111,6 +112,8 @@ class SshFixture:
             f"    ansible_ssh_private_key_file: {key or self.key}\n"
             f"    tunnelbench_known_hosts: {self.known_hosts}\n"
             + ("" if check_host_keys else "    ansible_host_key_checking: false\n")
+            + (f"    tunnelbench_impair: {impair}\n" if impair else "")
+            + (f"    tunnelbench_bin_dir: {bin_dir}\n" if bin_dir else "")
             + "  children:\n    peers:\n      hosts:\n"
             + peers
             + f"    routers:\n      hosts:\n        wan:\n          ansible_host: {router.ip}\n"
@@ -119,7 +122,7 @@ class SshFixture:
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "TUNNELBENCH_REGISTRY": str(self.dir / "registry"), "PYTHONPATH": str(ROOT / "src"),
-                "SSH_AUTH_SOCK": ""}  # fmt: skip
+                "SSH_AUTH_SOCK": "", "COLUMNS": "250"}  # fmt: skip
 
     def tb_argv(self, *args: str) -> list[str]:
         return ["ip", "netns", "exec", self.ctl_netns, sys.executable, "-m", "tunnelbench.cli", *args]
@@ -431,3 +434,122 @@ def _wait_for_ok_case(results: Path, n_ok: int, timeout: float = 180) -> Path:
                     return db.parent
         time.sleep(0.2)
     raise AssertionError(f"no {n_ok} finished cases after {timeout} s")
+
+
+IMPAIR_SCENARIO = """
+name = "ssh-impair"
+vpns = ["internal"]
+profiles = ["baseline", "d5"]
+[run]
+repetitions = 1
+[lab]
+hosts = 2
+[impair]
+calibration_probes = 1000
+[impair.profiles.d5]
+delay_ms = 5
+[[workloads]]
+name = "tcp"
+duration_s = 1
+omit_s = 0
+[[workloads]]
+name = "ping"
+count = 20
+interval_s = 0.02
+"""
+
+
+def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None) -> Path:
+    scen = tmp_path / "s.toml"
+    scen.write_text(IMPAIR_SCENARIO)
+    inv = fx.inventory(tmp_path / "inv.yaml", impair=impair)
+    results = tmp_path / "results"
+    r = fx.tb("run", str(scen), "--inventory", str(inv), "--results", str(results), "--no-html")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (run_dir,) = results.iterdir()
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    cases = db.execute('SELECT profile, workload, status, error FROM "case"').fetchall()
+    assert len(cases) == 4 and all(c[2] == "ok" for c in cases), cases
+    rtt = dict(db.execute('SELECT c.profile, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+                          "WHERE m.name = 'rtt_p50_ms'").fetchall())  # fmt: skip
+    # 5 ms each way: the median RTT rises by about 10 ms (the native engine adds some 0.1 ms of its own)
+    assert 9.0 < rtt["d5"] - rtt["baseline"] < 12.5, rtt
+    env = dict(db.execute("SELECT key, value FROM environment").fetchall())
+    cal = json.loads(env["calibration.d5"])
+    assert cal["backend"] in ("netem", "native", "netem-egress") and cal["ok"], cal
+    by_q = {c["quantity"]: c for c in cal["checks"]}
+    assert abs(by_q["one-way delay mean"]["measured"] - 5.0) < 0.5, by_q
+    assert abs(by_q["ping RTT median"]["measured"] - json.loads(env["calibration.base"])["rtt_ms"] - 10) < 1
+    db.close()
+    tag = run_dir.name.split("-")[-1]
+    for t in fx.targets:  # nothing of the impairment left: engine, iptables chain, qdiscs, probe files
+        assert _target_state(fx, t, tag) == {"links": "", "files": "", "nft": "", "procs": ""}, t.name
+        assert tag not in fx.in_target(t, "iptables-save -t mangle 2>/dev/null").stdout
+        assert " 7462: root" not in fx.in_target(t, "tc qdisc show").stdout
+    return run_dir
+
+
+def test_impairment_on_router_host_with_calibration(ssh_env: SshFixture, tmp_path):
+    """tunnelbench_impair: router (the default with a router host): netem on the router's interfaces
+    toward each peer where its kernel has netem, else the native engine copied to the router host."""
+    run_dir = _run_impaired(ssh_env, tmp_path, "router")
+    env = dict(sqlite3.connect(run_dir / "results.sqlite").execute("SELECT key, value FROM environment"))
+    assert "router host wan" in env["impair.placement"]
+    if env["impair.backend"] == "native":  # the engine ran from the router's remote workdir
+        assert "/var/tmp/tunnelbench/" in env["impair.engine"] and "impaird 0." in env["impair.engine"]
+    journal = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "process" and e["host"] == "router" and e["argv"][0].endswith("impaird")
+               for e in journal) or env["impair.backend"] == "netem"  # fmt: skip
+
+
+def test_impairment_on_each_peer_egress(ssh_env: SshFixture, tmp_path):
+    """tunnelbench_impair: egress: netem on each peer's own underlay interface (seed 003's placement)."""
+    t = next(t for t in ssh_env.targets if t.name == "h1")
+    probe = ssh_env.in_target(
+        t,
+        "ip link add tbnq0 type veth peer name tbnq1 && tc qdisc add dev tbnq0 root netem delay 1ms; "
+        "r=$?; ip link del tbnq0 2>/dev/null; exit $r",
+    )
+    if probe.returncode != 0:
+        pytest.skip("this kernel has no netem (sch_netem): the egress placement cannot be exercised here; "
+                    "on targets without netem use tunnelbench_impair: router with the native engine")  # fmt: skip
+    run_dir = _run_impaired(ssh_env, tmp_path, "egress")
+    env = dict(sqlite3.connect(run_dir / "results.sqlite").execute("SELECT key, value FROM environment"))
+    assert env["impair.backend"] == "netem-egress"
+
+
+def test_install_inventory_copies_cached_builds_and_doctor_sees_them(ssh_env: SshFixture, tmp_path):
+    """boringtun (a crates.io build in the local cache, not on PATH) is copied to each peer's bin dir (here
+    in the targets' private /var/tmp); its Debian part and the lab tools are already installed (the targets
+    share this machine's /usr, so nothing is apt-installed here)."""
+    from tunnelbench.lab.ssh_install import ROUTER_APT, TOOLS_APT
+    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.vpns.install import Apt, _dpkg_version
+
+    cls = DRIVERS["boringtun"]
+    crate = next(s for s in cls.installs if not isinstance(s, Apt))
+    if not crate.cached() or shutil.which("boringtun-cli"):
+        pytest.skip(
+            "boringtun-cli must be in the local cache (tunnelbench install boringtun) and not on PATH"
+        )
+    debs = [p for s in (*cls.installs, TOOLS_APT, ROUTER_APT) if isinstance(s, Apt) for p in s.packages]
+    if not all(_dpkg_version(p) for p in debs):
+        pytest.skip("the Debian packages must already be installed here (the test must not apt-install)")
+    bin_dir = "/var/tmp/tbbin"
+    inv = ssh_env.inventory(tmp_path / "inv.yaml", bin_dir=bin_dir)
+    try:
+        r = ssh_env.tb("doctor", "--inventory", str(inv), timeout=200)
+        assert "missing boringtun-cli" in r.stdout, r.stdout
+        r = ssh_env.tb("install", "--inventory", str(inv), "boringtun", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.count("copied") == 2 and "present" in r.stdout, r.stdout  # h1, h2; not the router
+        for t in ssh_env.targets:
+            got = ssh_env.in_target(t, f"{bin_dir}/boringtun-cli --version").stdout
+            assert ("boringtun" in got) == (t.name != "wan"), (t.name, got)
+        r = ssh_env.tb("install", "--inventory", str(inv), "boringtun", timeout=300)
+        assert r.returncode == 0 and "copied" not in r.stdout, r.stdout  # a second install finds them
+        r = ssh_env.tb("doctor", "--inventory", str(inv), timeout=200)
+        assert "missing boringtun-cli" not in r.stdout.split("wan (root@")[0], r.stdout
+    finally:
+        for t in ssh_env.targets:
+            ssh_env.in_target(t, f"rm -rf {bin_dir}")

@@ -68,8 +68,17 @@ def declared(name: str, m: dict) -> None:
 
 
 def no_nginx_left(mesh) -> None:
+    """nginx (master and workers) is gone from every host's namespace after the case."""
+    from pathlib import Path
+
     for h in mesh.hosts:
-        assert "nginx" not in h.run(["ps", "-e", "-o", "comm="]).stdout.split() or not h.pids()
+        comms = []
+        for pid in h.pids():
+            try:
+                comms.append(Path(f"/proc/{pid}/comm").read_text().strip())
+            except OSError:
+                continue
+        assert "nginx" not in comms, f"nginx left on {h.name}"
 
 
 def test_multihost_tx_rx_bidir(mesh4):
@@ -83,7 +92,10 @@ def test_multihost_tx_rx_bidir(mesh4):
         total = 0.0
         for d in dirs:
             streams = [m[f"{d}_goodput_mbps@{p}"] for p in peers]
-            assert all(s > 1 for s in streams)
+            assert all(s > 0 for s in streams), (
+                streams
+            )  # every peer got data (fairness is measured, not required)
+            assert sum(streams) > 10
             assert m[f"{d}_aggregate_goodput_mbps"] == pytest.approx(sum(streams))
             total += sum(streams)
         assert m["aggregate_goodput_mbps"] == pytest.approx(total)
@@ -154,6 +166,8 @@ def test_overhead(mesh):
     else:
         assert 1.03 < r < 1.5  # a VPN puts more bytes on the underlay than the payload it carries
         assert 0.9 < m["underlay_packets_per_tunnel_packet"] < 1.5
+        assert 1.02 < m["underlay_bytes_per_tunnel_byte"] < 1.2  # WireGuard: +32 B + outer UDP/IP per packet
+        assert m["underlay_bytes_per_payload_byte"] >= m["underlay_bytes_per_tunnel_byte"] * 0.99
     # 64-byte datagram + UDP/IP/Ethernet headers (106 B) on the baseline; a VPN adds its own on top
     assert m["small_underlay_bytes_per_packet"] == pytest.approx(106, abs=2) or mesh.vpn != "internal"
     if mesh.vpn != "internal":
@@ -184,6 +198,7 @@ def test_many_clients_star(vpn, lab_factory):
         )
         assert m["response_p99_ms"] < 1000
         assert m["schedule_lag_p99_ms"] < 250
+        assert 0 < m["generator_cpu_pct"] < 2 * 100  # two workers, each at most one core
         with pytest.raises(Exception, match="needs 9 client hosts"):
             run(mesh, "many_clients", clients=9, duration_s=1)
         no_nginx_left(mesh)
@@ -242,3 +257,59 @@ def test_resilience_restart_one_and_all(mesh):
         else:  # the tunnel went away: replies stopped for at least the restart itself
             assert m[f"outage_{tag}_s"] >= m[f"reconnect_{tag}_s"] * 0.9
     assert mesh.pairs_down() == []
+
+
+def test_resilience_failover_to_relay(tmp_path):
+    """n2n on a relay-path lab: UDP between the peers blocked mid-probe, traffic must cross the supernode."""
+    from conftest import lab_missing
+
+    from tunnelbench.lab.journal import Journal
+    from tunnelbench.lab.netns import NetnsLab
+    from tunnelbench.lab.tags import new_run_id, new_tag
+
+    if lab_missing():
+        pytest.skip(lab_missing())
+    cls = DRIVERS.get("n2n")
+    if cls is None or not cls.availability().ok or "relay" not in cls.paths:
+        pytest.skip("no VPN with a relay path is available here (n2n)")
+    tag = new_tag()
+    run_dir = tmp_path / new_run_id(tag)
+    journal = Journal(run_dir, run_dir.name)
+    lab = NetnsLab(tag, 3, run_dir, journal, path="relay")
+    try:
+        lab.build()
+        lab.wait_links()
+        driver = cls(MeshSpec(hosts=list(lab.hosts), tag=tag, workdir=run_dir, path="relay", relay=lab.relay))
+        driver.configure()
+        mesh = Mesh(driver)
+        mesh.start()
+        try:
+            mesh.wait_ready(60)
+            wl = WORKLOADS["resilience"](WORKLOADS["resilience"].Params(events=["failover"], watch_s=8,
+                                                                         direct_settle_s=3, timeout_s=30))  # fmt: skip
+            adir = run_dir / "cases" / "failover"
+            adir.mkdir(parents=True)
+            ctx = CaseContext(mesh, lab.hosts[0], lab.hosts[1], adir, time.monotonic() + 180, {"lab": lab})
+            out = wl.run(ctx)
+            m = {s.name: s.value for s in out.samples}
+            print("failover metrics", m)
+            assert 0 < m["failover_s"] < 8 + 1  # the longest reply gap after the block, within the window
+            assert 0 < m["failback_s"] < 8 + 1
+            assert m["relay_bytes_during_block"] > 0  # the probe crossed the relay host while blocked
+            assert lab.udp_blocked() >= 0  # the block is back as the relay path asks (its table exists)
+        finally:
+            mesh.stop()
+    finally:
+        lab.destroy()
+        journal.end()
+
+
+def test_batched_lab_build(lab_factory):
+    """Labs above BATCH_ABOVE hosts are built with `ip -batch`: same addressing, every host reachable."""
+    from tunnelbench.lab.netns import BATCH_ABOVE
+
+    lab = lab_factory(BATCH_ABOVE + 4)
+    last = lab.hosts[-1]
+    assert last.run(["ip", "-4", "-o", "addr", "show", "eth0"]).stdout.split()[3] == f"{last.underlay_ip}/24"
+    assert "default via" in last.run(["ip", "route"]).stdout
+    assert last.run(["ping", "-c1", "-W1", lab.hosts[0].underlay_ip], check=False).returncode == 0

@@ -340,12 +340,18 @@ def clean(force: bool, inventory: Path | None = None, insecure: bool = False) ->
 @main.command()
 @click.argument("vpns", nargs=-1)
 @click.option("--force", is_flag=True, help="rebuild even if the cache has this version")
-def install(vpns: tuple[str, ...], force: bool) -> None:
+@click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="install on every host of this inventory over SSH (apt there, or copies of the local cache)")  # fmt: skip
+@click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
+def install(
+    vpns: tuple[str, ...], force: bool, inventory: Path | None = None, insecure: bool = False
+) -> None:
     """Install the pinned binaries of VPNs (default: all) from Debian, the Go proxy or crates.io.
 
     Registry builds go to a cache keyed by name and version ($TUNNELBENCH_CACHE, default
-    /var/cache/tunnelbench): a second install, or CI with the cache restored, does not rebuild."""
-    _need_root()
+    /var/cache/tunnelbench): a second install, or CI with the cache restored, does not rebuild.
+    With --inventory: on each host, Debian packages with apt-get, registry builds copied from the local
+    cache when the architecture matches (install them here first), plus the lab's tools."""
     from tunnelbench.vpns import DRIVERS
     from tunnelbench.vpns.impossible import IMPOSSIBLE
     from tunnelbench.vpns.install import cache_root, install_source
@@ -355,6 +361,9 @@ def install(vpns: tuple[str, ...], force: bool) -> None:
     for n in bad:
         why = IMPOSSIBLE[n].reason if n in IMPOSSIBLE else f"unknown VPN; known: {', '.join(DRIVERS)}"
         err.print(f"[red]{n}: {why}[/]")
+    if inventory is not None:
+        sys.exit(_install_inventory(inventory, insecure, [n for n in names if n not in bad]) or bool(bad))
+    _need_root()
     logdir = cache_root() / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     t = Table(title="tunnelbench install", title_justify="left")
@@ -379,6 +388,25 @@ def install(vpns: tuple[str, ...], force: bool) -> None:
             t.add_row(n, r.source, f"[{colour}]{r.status}[/]", f"{r.seconds:.0f}", detail)
     console.print(t)
     sys.exit(1 if failed else 0)
+
+
+def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
+    from tunnelbench.lab.ssh_install import install_inventory
+
+    inv = _load_inventory(path, insecure)
+    err.print(f"installing {', '.join(names) or 'the lab tools'} on {', '.join(inv.order)} ...")
+    t = Table(title=f"tunnelbench install --inventory {path}", title_justify="left")
+    for c in ("host", "for", "source", "status", "seconds", "where / why"):
+        t.add_column(c)
+    failed = False
+    colour = {"present": "green", "installed": "green", "copied": "green", "failed": "red"}
+    for r in install_inventory(inv, names):
+        failed |= r.status == "failed"
+        t.add_row(
+            r.host, r.what, r.source, f"[{colour[r.status]}]{r.status}[/]", f"{r.seconds:.0f}", r.detail
+        )
+    console.print(t)
+    return 1 if failed else 0
 
 
 @main.command("list")

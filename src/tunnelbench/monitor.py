@@ -2,7 +2,8 @@
 
 CPU is reported as % of one core (100 = one core busy), summed over a host's daemon processes; RSS as the
 peak of the sampled resident set (MiB). Machine-wide CPU is sampled too: a busy machine means the tools or
-the emulator, not the VPN, may be the bottleneck."""
+the emulator, not the VPN, may be the bottleneck. On SSH hosts (`machines`) it is each target's /proc/stat,
+not the controller's: machine_cpu_pct is then the busiest target's mean, with one series per target."""
 
 from __future__ import annotations
 
@@ -40,6 +41,26 @@ class Monitor:
     _sys: list[float] = field(default_factory=list)
     _t0: float = 0.0
     _tracks: list[_Track] = field(default_factory=list)
+    machines: list | None = None  # remote Hosts whose machine-wide CPU is sampled instead of this machine's
+    _mcpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    _mlast: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def _machine_sample(self, rel: float) -> None:
+        """Busy share of all CPUs on each remote machine since the last sample (from /proc/stat)."""
+        for h in self.machines or []:
+            try:
+                f = h.run(["head", "-n1", "/proc/stat"], check=False, timeout=10).stdout.split()
+                vals = [int(x) for x in f[1:]]
+            except Exception:  # a lost sample is not a failed case
+                continue
+            if len(vals) < 5:
+                continue
+            idle, total = vals[3] + vals[4], sum(vals[:8])
+            last = self._mlast.get(h.name)
+            self._mlast[h.name] = (idle, total)
+            if last is not None and total > last[1]:
+                busy = 100.0 * (1 - (idle - last[0]) / (total - last[1]))
+                self._mcpu.setdefault(h.name, []).append((rel, busy))
 
     def __enter__(self) -> Monitor:
         self._t0 = time.monotonic()
@@ -52,6 +73,7 @@ class Monitor:
                 except psutil.Error:
                     continue
         psutil.cpu_percent(None)  # prime the machine-wide counter
+        self._machine_sample(0.0)
         self._thread = threading.Thread(target=self._loop, name="monitor", daemon=True)
         self._thread.start()
         return self
@@ -77,7 +99,10 @@ class Monitor:
             self._cpu.setdefault(h, []).append((rel, v))
         for h, v in rss.items():
             self._rss.setdefault(h, []).append((rel, v))
-        self._sys.append(psutil.cpu_percent(None))
+        if self.machines:
+            self._machine_sample(rel)
+        else:
+            self._sys.append(psutil.cpu_percent(None))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -108,3 +133,8 @@ class Monitor:
                 out.add("daemon_rss_mb", max(v for _, v in pts), "MiB", host)
         if self._sys:
             out.add("machine_cpu_pct", sum(self._sys) / len(self._sys), "%")
+        if self._mcpu:
+            means = {h: sum(v for _, v in pts) / len(pts) for h, pts in self._mcpu.items() if pts}
+            out.add("machine_cpu_pct", max(means.values()), "%")
+            for h, pts in self._mcpu.items():
+                out.series.append(Series("machine_cpu_pct", "%", pts, h))

@@ -187,15 +187,16 @@ class Runner:
         profiles = [self.sc.profile(n) for n in self.sc.profiles]
         if all(p.is_baseline for p in profiles):
             return
-        if self.sc.lab.backend == "ssh":  # hook for issue 3: SshLab.impairment_plan() says where netem goes
-            raise RuntimeError(
-                f"impairment profiles on SSH hosts are not implemented yet: {self.lab.impairment_plan()}"
-            )  # type: ignore[attr-defined]
         t0 = time.monotonic()
-        self.backend = make_backend(
-            self.sc.impair.backend, self.lab.router, self.lab.hosts, self.run_dir / "impair"
-        )
+        if self.sc.lab.backend == "ssh":  # the inventory's placement: router host or each peer's egress
+            self.backend = self.lab.impair_backend(self.sc.impair.backend)  # type: ignore[attr-defined]
+        else:
+            self.backend = make_backend(
+                self.sc.impair.backend, self.lab.router, self.lab.hosts, self.run_dir / "impair"
+            )
         env: dict[str, object] = {"impair.backend": self.backend.name}
+        if hasattr(self.lab, "impairment_plan"):
+            env["impair.placement"] = self.lab.impairment_plan()
         if isinstance(self.backend, NativeBackend):
             env["impair.engine"] = f"{self.backend.binary} {self.backend.version()}"
         self.store.set_env(self.run_id, env)
@@ -365,6 +366,8 @@ class Runner:
                 mon = Monitor(
                     mesh.daemons(), self.sc.run.monitor_interval_s, health, lambda _: abort_running()
                 )
+                if client.remote:  # SSH: the targets' machine CPU, not the controller's
+                    mon.machines = [h for h in self._lab_hosts() if h.remote]
                 try:
                     with mon:
                         out: Outcome = wl.run(ctx)
@@ -398,6 +401,10 @@ class Runner:
                     + "[/]"
                 )
                 self._heal(mesh)
+
+    def _lab_hosts(self) -> list:
+        assert self.lab is not None
+        return list(self.lab.all_hosts()) if hasattr(self.lab, "all_hosts") else list(self.lab.hosts)
 
     def _check_path(self) -> None:
         """Fail the case if the impairment engine is down (fail closed) or stalled."""

@@ -58,7 +58,9 @@ class LabCfg(Strict):
         description="underlay path: direct; relay = UDP between peers blocked so traffic must cross the relay "
         "host; nat = every peer but the relay host behind its own masquerading NAT",
     )
-    relay: str | None = Field(None, description="relay / rendezvous host for path relay|nat (default: the last host)")
+    relay: str | None = Field(
+        None, description="relay / rendezvous host for path relay|nat (default: the last host)"
+    )
 
     @model_validator(mode="after")
     def _placement(self) -> LabCfg:

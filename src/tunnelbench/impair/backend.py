@@ -2,14 +2,21 @@
 (native/impaird over iptables NFQUEUE) where it does not. Rate limits are always kernel TBF.
 
 Both impair a packet once per direction on the router's forwarding path. The native engine fails closed:
-packets are queued without --queue-bypass, so if the daemon dies, traffic stops and the case fails."""
+packets are queued without --queue-bypass, so if the daemon dies, traffic stops and the case fails.
+
+Everything goes through the Host API (run, spawn, write_file, read_file), so the router may be an SSH host
+(`router.remote`). On a remote router the interfaces are real NICs that carry other traffic (the SSH
+control connection among it): qdiscs then match only peer-to-peer packets (a tagged prio root with u32
+filters, see `FilteredTc`), iptables rules match peer addresses only, and everything created is journaled
+on the host so `clean --inventory` can undo it. `EgressNetemBackend` is the other real-host placement:
+netem on each peer's own egress, impairing what it sends to the other peers (as seed 003 did)."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
-import subprocess
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -21,6 +28,8 @@ from tunnelbench.lab.host import CommandError, Host, Process
 QUEUE_NUM = 0
 CHAIN = "TB_IMPAIR"
 ENGINE_PPS_CEILING = 300_000  # measured ceiling of the engine (bench-engine), sizes the kernel queue bound
+TC_HANDLE = "7462"  # "tb": the prio root tunnelbench puts on a real host's interface (FilteredTc)
+PRIOMAP = "1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1"  # the default map: unmatched traffic never reaches band 4
 
 
 class ImpairError(RuntimeError):
@@ -39,18 +48,76 @@ def impaird_binary() -> Path | None:
     return Path(found) if found else None
 
 
+class FilteredTc:
+    """Qdiscs on a real host's interface that touch only the peers' packets: a prio root (handle 7462:)
+    whose 4th band gets the leaf (netem or tbf) and only the packets the u32 filters select. Everything
+    else keeps the default bands. Journaled per interface; `clear` removes only our root."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.entries: dict[str, dict] = {}
+        self.active: set[str] = set()  # devices set up since the last clear (several peers may share one)
+
+    def apply(self, dev: str, matches: list[tuple[str | None, str]], leaf: list[str]) -> None:
+        """matches: (src or None, dst) IPv4 addresses; leaf: e.g. ["netem", "delay", "5ms"]."""
+        h = self.host
+        if dev in self.active:  # the same profile's leaf is already there: only steer more packets into it
+            self._filters(dev, matches)
+            return
+        if dev not in self.entries and h.journal is not None:
+            self.entries[dev] = h.journal.add({"kind": "qdisc", "dev": dev, "handle": f"{TC_HANDLE}:"})
+        r = h.run(["tc", "qdisc", "replace", "dev", dev, "root", "handle", f"{TC_HANDLE}:", "prio",
+                   "bands", "4", "priomap", *PRIOMAP.split()], check=False)  # fmt: skip
+        if r.returncode != 0:
+            raise ImpairError(f"{h.name}: cannot put a prio qdisc on {dev} (kernel module sch_prio?): "
+                              f"{r.stderr.strip()}")  # fmt: skip
+        self.active.add(dev)
+        h.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{TC_HANDLE}:4", *leaf])
+        self._filters(dev, matches)
+
+    def _filters(self, dev: str, matches: list[tuple[str | None, str]]) -> None:
+        h = self.host
+        for src, dst in matches:
+            m = ["match", "ip", "dst", f"{dst}/32"] + (["match", "ip", "src", f"{src}/32"] if src else [])
+            h.run(["tc", "filter", "add", "dev", dev, "parent", f"{TC_HANDLE}:", "protocol", "ip", "prio", "1",
+                   "u32", *m, "flowid", f"{TC_HANDLE}:4"])  # fmt: skip
+
+    def clear(self) -> None:
+        self.active.clear()
+        for dev, entry in list(self.entries.items()):
+            clear_filtered_root(self.host, dev)
+            if self.host.journal is not None:
+                self.host.journal.release(entry)
+            del self.entries[dev]
+
+
+def clear_filtered_root(host: Host, dev: str) -> bool:
+    """Delete the root qdisc of `dev` only if it is ours (handle 7462:); True if one was removed."""
+    shown = host.run(["tc", "qdisc", "show", "dev", dev, "root"], check=False).stdout
+    if f" {TC_HANDLE}: root" not in shown:
+        return False
+    return host.run(["tc", "qdisc", "del", "dev", dev, "root"], check=False).returncode == 0
+
+
 class Backend(ABC):
     name: str
 
-    def __init__(self, router: Host, hosts: list[Host], workdir: Path):
+    def __init__(self, router: Host, hosts: list[Host], workdir: Path, ifnames: dict[str, str] | None = None):
         self.router = router
         self.hosts = hosts
         self.workdir = workdir
         self.profile: Profile | None = None
+        self.ifnames = ifnames or {}  # remote router: its interface toward each peer (`ip route get`)
+        self.remote = router.remote
+        self.tc = FilteredTc(router)
 
     def ifname(self, host: Host) -> str:
-        """The router's interface toward `host` (named after the host by the lab)."""
-        return host.name
+        """The router's interface toward `host` (named after the host by the namespace lab)."""
+        return self.ifnames.get(host.name, host.name)
+
+    def toward(self, h: Host) -> list[tuple[str | None, str]]:
+        """Remote router: (src, dst) of the peer packets forwarded toward `h`."""
+        return [(o.underlay_ip, h.underlay_ip) for o in self.hosts if o is not h]
 
     def scope(self, profile: Profile) -> list[Host]:
         names = set(profile.hosts) or {h.name for h in self.hosts}
@@ -80,11 +147,15 @@ class Backend(ABC):
             return
         if profile.pairs:
             raise ImpairError(f"profile {profile.name!r}: rate_mbit with pairs is not supported; use hosts")
-        rate_bps = profile.rate_mbit * 1e6
-        # queue: the bandwidth-delay product of the profile's RTT plus 20 ms, so TCP can fill the pipe
-        rtt_s = 2 * (profile.delay_ms + profile.jitter_ms) / 1000 + 0.02
-        limit = max(64_000, int(rate_bps / 8 * rtt_s))
-        burst = max(32_000, int(rate_bps / 8 / 250))
+        tbf = tbf_args(profile)
+        burst, limit = tbf[4], tbf[6]
+        if self.remote:
+            if profile.hosts:
+                raise ImpairError(f"profile {profile.name!r}: a host-scoped rate limit (uplink shaping) is not "
+                                  "supported on SSH hosts yet; use all hosts")  # fmt: skip
+            for h in self.scope(profile):
+                self.tc.apply(self.ifname(h), self.toward(h), tbf)
+            return
         for h in self.scope(profile):
             self.router.run(["tc", "qdisc", "replace", "dev", self.ifname(h), "root", "tbf", "rate",
                              f"{profile.rate_mbit}mbit", "burst", str(burst), "limit", str(limit)])  # fmt: skip
@@ -101,6 +172,9 @@ class Backend(ABC):
                                  f"{profile.rate_mbit}mbit", "burst", str(burst), "limit", str(limit)])  # fmt: skip
 
     def _clear_tc(self) -> None:
+        if self.remote:
+            self.tc.clear()
+            return
         for h in self.hosts:
             self.router.run(["tc", "qdisc", "del", "dev", self.ifname(h), "root"], check=False)
             self.router.run(["tc", "qdisc", "del", "dev", self.ifname(h), "ingress"], check=False)
@@ -123,12 +197,75 @@ class NetemBackend(Backend):
                 )
             args = netem_args(profile)
             for h in self.scope(profile):
-                self.router.run(["tc", "qdisc", "replace", "dev", self.ifname(h), "root", "netem", *args])
+                if self.remote:
+                    self.tc.apply(self.ifname(h), self.toward(h), ["netem", *args])
+                else:
+                    self.router.run(["tc", "qdisc", "replace", "dev", self.ifname(h), "root", "netem", *args])
         else:
             self._apply_rate(profile)
 
     def clear(self) -> None:
         self._clear_tc()
+        self.profile = None
+
+
+def tbf_args(p: Profile) -> list[str]:
+    rate_bps = p.rate_mbit * 1e6
+    # queue: the bandwidth-delay product of the profile's RTT plus 20 ms, so TCP can fill the pipe
+    rtt_s = 2 * (p.delay_ms + p.jitter_ms) / 1000 + 0.02
+    limit = max(64_000, int(rate_bps / 8 * rtt_s))
+    burst = max(32_000, int(rate_bps / 8 / 250))
+    return ["tbf", "rate", f"{p.rate_mbit}mbit", "burst", str(burst), "limit", str(limit)]
+
+
+class EgressNetemBackend(Backend):
+    """netem on each peer's own egress interface (its underlay_if): every host impairs what it sends to
+    the other peers, so a packet is impaired once per direction, as on the router. Needs netem on every
+    peer; the u32 filters keep all other traffic (the SSH control connection) unimpaired."""
+
+    name = "netem-egress"
+
+    def __init__(self, hosts: list[Host], workdir: Path):
+        super().__init__(hosts[0], hosts, workdir)
+        self.remote = True
+        self.tcs = {h.name: FilteredTc(h) for h in hosts}
+
+    def _targets(self, p: Profile, src: Host) -> list[Host]:
+        """Peers whose packets from `src` are impaired: the router semantics (toward hosts in scope, and
+        from them when the profile names hosts), or the named pairs."""
+        if p.pairs:
+            names = {h.name for h in self.hosts}
+            for a, b in p.pairs:
+                if a not in names or b not in names:
+                    raise ImpairError(f"profile {p.name!r}: pair ({a}, {b}) names an unknown host")
+            return [
+                d
+                for d in self.hosts
+                if d is not src and any({a, b} == {src.name, d.name} for a, b in p.pairs)
+            ]
+        scope = {h.name for h in self.scope(p)}
+        return [
+            d for d in self.hosts if d is not src and (d.name in scope or (p.hosts and src.name in scope))
+        ]
+
+    def apply(self, profile: Profile, force_engine: bool = False) -> None:
+        self.clear()
+        self.profile = profile
+        if profile.hosts and profile.rate_mbit and not profile.needs_engine:
+            raise ImpairError(
+                f"profile {profile.name!r}: a host-scoped rate limit is not supported on egress"
+            )
+        leaf = ["netem", *netem_args(profile)] if profile.needs_engine else tbf_args(profile)
+        if not profile.needs_engine and not profile.rate_mbit:
+            return
+        for h in self.hosts:
+            dsts = self._targets(profile, h)
+            if dsts:
+                self.tcs[h.name].apply(h.underlay_if, [(None, d.underlay_ip) for d in dsts], leaf)
+
+    def clear(self) -> None:
+        for tc in self.tcs.values():
+            tc.clear()
         self.profile = None
 
 
@@ -204,34 +341,41 @@ def engine_rule(name: str, src: str, dst: str, p: Profile) -> dict:
 class NativeBackend(Backend):
     name = "native"
 
-    def __init__(self, router: Host, hosts: list[Host], workdir: Path, binary: Path):
-        super().__init__(router, hosts, workdir)
-        self.binary = binary
+    def __init__(self, router: Host, hosts: list[Host], workdir: Path, binary: Path,
+                 ifnames: dict[str, str] | None = None, chain: str = CHAIN):  # fmt: skip
+        super().__init__(router, hosts, workdir, ifnames)
+        self.binary = binary  # a path on the router (copied there for a remote router)
+        self.chain = chain
         self.proc: Process | None = None
         self.forced = False
         self.seed: int | None = None  # fixed for reproducible tests; random per apply otherwise
         self.stats_path = workdir / "impaird-stats.json"
+        self._chain_entry: dict | None = None
 
     def version(self) -> str:
-        return subprocess.run([str(self.binary), "--version"], capture_output=True, text=True).stdout.strip()
+        return self.router.run([str(self.binary), "--version"], check=False).stdout.strip()
+
+    def _net(self, h: Host) -> str:
+        return f"{h.underlay_ip}/32" if self.remote else str(host_subnet(self._idx[h.name]))
 
     def rules(self, p: Profile) -> list[dict]:
         by_name = {h.name: h for h in self.hosts}
-        idx = {h.name: i for i, h in enumerate(self.hosts, start=1)}
+        self._idx = {h.name: i for i, h in enumerate(self.hosts, start=1)}
+        everyone = "0.0.0.0/0" if self.remote else str(LAB_PREFIX)  # remote: only peer pairs are queued
         if p.pairs:
             rules = []
             for a, b in p.pairs:
                 if a not in by_name or b not in by_name:
                     raise ImpairError(f"profile {p.name!r}: pair ({a}, {b}) names an unknown host")
-                sa, sb = str(host_subnet(idx[a])), str(host_subnet(idx[b]))
+                sa, sb = self._net(by_name[a]), self._net(by_name[b])
                 rules += [engine_rule(f"{a}->{b}", sa, sb, p), engine_rule(f"{b}->{a}", sb, sa, p)]
             return rules
         rules = []
         for h in self.scope(p):
-            sub = str(host_subnet(idx[h.name]))
-            rules.append(engine_rule(f"to-{h.name}", str(LAB_PREFIX), sub, p))
+            sub = self._net(h)
+            rules.append(engine_rule(f"to-{h.name}", everyone, sub, p))
             if p.hosts:  # a restricted scope impairs the host's uplink too
-                rules.append(engine_rule(f"from-{h.name}", sub, str(LAB_PREFIX), p))
+                rules.append(engine_rule(f"from-{h.name}", sub, everyone, p))
         return rules
 
     def apply(self, profile: Profile, force_engine: bool = False) -> None:
@@ -254,32 +398,40 @@ class NativeBackend(Backend):
             "rules": self.rules(profile),
         }
         cfg_path = self.workdir / "impaird.json"
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        cfg_path.write_text(json.dumps(cfg, indent=1))
-        chk = subprocess.run(
-            [str(self.binary), "--check-config", str(cfg_path)], capture_output=True, text=True
-        )
+        r = self.router
+        r.write_file(cfg_path, json.dumps(cfg, indent=1))
+        chk = r.run([str(self.binary), "--check-config", str(cfg_path)], check=False)
         if chk.returncode != 0:
             raise ImpairError(f"impaird rejected the config for {profile.name!r}: {chk.stdout}{chk.stderr}")
-        self.stats_path.unlink(missing_ok=True)
-        self.proc = self.router.spawn([str(self.binary), "--config", str(cfg_path)], label="impaird",
-                                      log_path=self.workdir / "impaird.log")  # fmt: skip
-        deadline = time.monotonic() + 5
-        while not self.stats_path.exists():
+        r.remove(self.stats_path)
+        self.proc = r.spawn([str(self.binary), "--config", str(cfg_path)], label="impaird",
+                            log_path=self.workdir / "impaird.log")  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not r.exists(self.stats_path):
             if not self.proc.alive() or time.monotonic() > deadline:
                 raise ImpairError(f"impaird did not start: {self.proc.log_tail(800)}")
             time.sleep(0.02)
         # queue only lab-to-lab forwarded traffic; no --queue-bypass: if the engine dies, packets drop
-        self.router.run(["iptables", "-t", "mangle", "-N", CHAIN])
-        self.router.run(["iptables", "-t", "mangle", "-A", CHAIN, "-s", str(LAB_PREFIX), "-d", str(LAB_PREFIX),
-                         "-j", "NFQUEUE", "--queue-num", str(QUEUE_NUM)])  # fmt: skip
-        self.router.run(["iptables", "-t", "mangle", "-A", "FORWARD", "-j", CHAIN])
+        if r.journal is not None and self.remote:
+            self._chain_entry = r.journal.add({"kind": "iptables_chain", "table": "mangle", "chain": self.chain,
+                                               "from": "FORWARD"})  # fmt: skip
+        r.run(["iptables", "-t", "mangle", "-N", self.chain])
+        if self.remote:  # real networks: peer-to-peer packets only (never the control connection)
+            for a in self.hosts:
+                for b in self.hosts:
+                    if a is not b:
+                        r.run(["iptables", "-t", "mangle", "-A", self.chain, "-s", f"{a.underlay_ip}/32",
+                               "-d", f"{b.underlay_ip}/32", "-j", "NFQUEUE", "--queue-num", str(QUEUE_NUM)])  # fmt: skip
+        else:
+            r.run(["iptables", "-t", "mangle", "-A", self.chain, "-s", str(LAB_PREFIX), "-d", str(LAB_PREFIX),
+                   "-j", "NFQUEUE", "--queue-num", str(QUEUE_NUM)])  # fmt: skip
+        r.run(["iptables", "-t", "mangle", "-A", "FORWARD", "-j", self.chain])
 
     def clear(self) -> None:
-        r = self.router.run(["iptables", "-t", "mangle", "-D", "FORWARD", "-j", CHAIN], check=False)
-        if r.returncode == 0:
-            self.router.run(["iptables", "-t", "mangle", "-F", CHAIN], check=False)
-            self.router.run(["iptables", "-t", "mangle", "-X", CHAIN], check=False)
+        remove_iptables_chain(self.router, "mangle", self.chain, "FORWARD")
+        if self._chain_entry is not None and self.router.journal is not None:
+            self.router.journal.release(self._chain_entry)
+            self._chain_entry = None
         if self.proc is not None:
             self.proc.stop(grace=2)
             self.proc = None
@@ -289,9 +441,25 @@ class NativeBackend(Backend):
 
     def stats(self) -> dict:
         try:
-            return json.loads(self.stats_path.read_text())
-        except (OSError, json.JSONDecodeError):
+            return json.loads(self.router.read_file(self.stats_path))
+        except (OSError, CommandError, json.JSONDecodeError):
             return {}
+
+    def _stats_age(self) -> float | None:
+        if not self.remote:
+            try:
+                return time.time() - self.stats_path.stat().st_mtime
+            except OSError:
+                return None
+        q = str(self.stats_path).replace("'", "")
+        r = self.router.run(
+            ["sh", "-c", f"m=$(stat -c %Y '{q}') && echo $(( $(date +%s) - m ))"], check=False
+        )
+        try:
+            # whole seconds: an age of 2 may be up to 3 s; allow it
+            return max(0.0, float(r.stdout.strip()) - 1.0)
+        except ValueError:
+            return None
 
     def health(self) -> str | None:
         if self.profile is None or not (self.profile.needs_engine or self.forced):
@@ -299,36 +467,72 @@ class NativeBackend(Backend):
         if self.proc is None or not self.proc.alive():
             tail = self.proc.log_tail(400) if self.proc else ""
             return f"the impairment engine (impaird) is not running: traffic is blocked (fail closed). {tail}"
-        try:
-            age = time.time() - self.stats_path.stat().st_mtime
-        except OSError:
+        age = self._stats_age()
+        if age is None:
             return "impaird wrote no stats file"
         if age > 2.0:
             return f"impaird stats are {age:.1f} s old: the engine is stalled"
         return None
 
 
-def netem_available(router: Host) -> bool:
-    """Probe netem for real on a dummy interface in the router namespace."""
-    try:
-        router.run(["ip", "link", "add", "tbprobe0", "type", "dummy"])
-    except CommandError:
+def remove_iptables_chain(host: Host, table: str, chain: str, parent: str) -> bool:
+    """Unhook, flush and delete an iptables chain we made; True if it existed."""
+    r = host.run(["iptables", "-t", table, "-D", parent, "-j", chain], check=False)
+    if r.returncode == 0:
+        host.run(["iptables", "-t", table, "-F", chain], check=False)
+        host.run(["iptables", "-t", table, "-X", chain], check=False)
+    return r.returncode == 0
+
+
+def netem_available(router: Host, probe_if: str = "tbprobe0") -> bool:
+    """Probe netem for real on a throwaway interface on the router (dummy, or a veth pair where the kernel
+    has no dummy driver). On an SSH host pass a tagged probe_if so `clean` would find a leftover."""
+    made = False
+    for kind in (["dummy"], ["veth", "peer", "name", probe_if + "p"]):
+        if router.run(["ip", "link", "add", probe_if, "type", *kind], check=False).returncode == 0:
+            made = True
+            break
+    if not made:
         return False
     try:
-        r = router.run(
-            ["tc", "qdisc", "add", "dev", "tbprobe0", "root", "netem", "delay", "1ms"], check=False
-        )
+        r = router.run(["tc", "qdisc", "add", "dev", probe_if, "root", "netem", "delay", "1ms"], check=False)
         return r.returncode == 0
     finally:
-        router.run(["ip", "link", "del", "tbprobe0"], check=False)
+        router.run(["ip", "link", "del", probe_if], check=False)
 
 
-def make_backend(choice: str, router: Host, hosts: list[Host], workdir: Path) -> Backend:
-    """choice: auto | netem | native. auto = netem where the kernel has it (the field's standard)."""
-    if choice in ("auto", "netem") and netem_available(router):
-        return NetemBackend(router, hosts, workdir)
+def remote_impaird(router: Host) -> Path:
+    """The native engine on an SSH router: the local build copied to its workdir when the architectures
+    match, else an impaird on its PATH."""
+    local = impaird_binary()
+    arch = router.run(["uname", "-m"]).stdout.strip()
+    if local is not None and local.exists() and arch == platform.machine():
+        dest = router.workdir / "impair" / "impaird"
+        router.write_file(dest, local.read_bytes(), 0o755)
+        return dest
+    found = router.run(["sh", "-c", "command -v impaird"], check=False).stdout.strip()
+    if found:
+        return Path(found)
+    raise ImpairError(
+        f"{router.name} has no netem and no impaird: the local build "
+        + (f"is for {platform.machine()}, the host is {arch}" if local else "does not exist")
+        + "; build native/impaird for it (cargo build --release --target ...) and put impaird on its PATH"
+    )
+
+
+def make_backend(choice: str, router: Host, hosts: list[Host], workdir: Path,
+                 ifnames: dict[str, str] | None = None, tag: str = "") -> Backend:  # fmt: skip
+    """choice: auto | netem | native. auto = netem where the kernel has it (the field's standard).
+    A remote (SSH) router: ifnames are its interfaces toward each peer, tag names what it creates there."""
+    probe_if = f"{tag}nprobe" if router.remote else "tbprobe0"
+    if choice in ("auto", "netem") and netem_available(router, probe_if):
+        return NetemBackend(router, hosts, workdir, ifnames)
     if choice == "netem":
-        raise ImpairError("impair.backend = 'netem' but this kernel has no netem (see `tunnelbench doctor`)")
+        raise ImpairError(f"impair.backend = 'netem' but {router.name}'s kernel has no netem "
+                          "(see `tunnelbench doctor`)")  # fmt: skip
+    if router.remote:
+        chain = f"{CHAIN}_{tag}" if tag else CHAIN
+        return NativeBackend(router, hosts, workdir, remote_impaird(router), ifnames, chain)
     binary = impaird_binary()
     if binary is None or not binary.exists():
         raise ImpairError("no netem in this kernel and the native engine is not built: run "

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tunnelbench.impair import probe as probe_mod
 from tunnelbench.impair.backend import Backend
 from tunnelbench.impair.profiles import Profile
 from tunnelbench.lab.host import Host
@@ -113,17 +114,35 @@ def analyse(records: list[tuple[int, int, int]], sent: int) -> ProbeResult:
     return ProbeResult(sent, len(seen), delays, bursts, reordered, dups)
 
 
+def probe_argv(host: Host) -> list[str]:
+    """How to run the probe on `host`: this interpreter locally; on an SSH host the single-file probe
+    (stdlib only) is copied to its workdir once and run with python3, since tunnelbench is not installed
+    there. Over SSH the two clocks are different machines': the base measurement's one-way delay then
+    carries their offset, and calibration compares delays relative to it."""
+    if not host.remote:
+        return [sys.executable, "-m", "tunnelbench.impair.probe"]
+    path = host.workdir / "impair" / "tbprobe.py"
+    if host.__dict__.get("_tb_probe") != path:
+        if host.run(["sh", "-c", "command -v python3"], check=False).returncode != 0:
+            raise RuntimeError(
+                f"{host.name}: calibration needs python3 on the host (apt-get install python3)"
+            )
+        host.write_file(path, Path(probe_mod.__file__).read_bytes(), 0o755)
+        host.__dict__["_tb_probe"] = path
+    return ["python3", str(path)]
+
+
 def run_probe(
     src: Host, dst: Host, workdir: Path, count: int, interval_us: int, max_delay_s: float
 ) -> ProbeResult:
     stamp = time.monotonic_ns()
-    out = workdir / f"probe-{src.name}-{dst.name}-{stamp}.txt"
-    py = sys.executable
+    dwork = dst.workdir / "impair" if dst.remote else workdir  # the receiver's files live on its host
+    out = dwork / f"probe-{src.name}-{dst.name}-{stamp}.txt"
     idle = 2.0 + 2 * max_delay_s
     total = count * interval_us / 1e6 + max_delay_s + idle + 5
-    recv = dst.spawn([py, "-m", "tunnelbench.impair.probe", "recv", "--bind", dst.underlay_ip, "--port",
+    recv = dst.spawn([*probe_argv(dst), "recv", "--bind", dst.underlay_ip, "--port",
                       str(PROBE_PORT), "--out", str(out), "--idle-s", f"{idle:g}", "--total-s", f"{total:g}"],
-                     label="probe-recv", log_path=workdir / f"probe-recv-{stamp}.log")  # fmt: skip
+                     label="probe-recv", log_path=dwork / f"probe-recv-{stamp}.log")  # fmt: skip
     try:
         deadline = time.monotonic() + 10
         while "ready" not in (recv.log_tail(200) or ""):
@@ -131,16 +150,21 @@ def run_probe(
                 raise RuntimeError(f"probe receiver did not start: {recv.log_tail(400)}")
             time.sleep(0.02)
         # the sender stamps, then sends: real-time priority keeps other load from sneaking in between
-        rt = ["chrt", "-f", "40"] if shutil.which("chrt") else []
-        src.run([*rt, py, "-m", "tunnelbench.impair.probe", "send", "--to", dst.underlay_ip, "--port", str(PROBE_PORT),
+        if src.remote:
+            has_chrt = src.run(["sh", "-c", "command -v chrt"], check=False).returncode == 0
+        else:
+            has_chrt = shutil.which("chrt") is not None
+        rt = ["chrt", "-f", "40"] if has_chrt else []
+        src.run([*rt, *probe_argv(src), "send", "--to", dst.underlay_ip, "--port", str(PROBE_PORT),
                  "--count", str(count), "--interval-us", str(interval_us)], timeout=total + 10)  # fmt: skip
-        if recv.wait(total + 10) is None:
+        # a remote process has no exit status here (wait returns None): check it ended instead
+        if recv.wait(total + 10) is None and recv.alive():
             raise RuntimeError("probe receiver did not finish")
     finally:
         recv.stop(grace=1)
     records = []
     socket_drops = 0
-    for line in out.read_text().splitlines():
+    for line in dst.read_file(out).decode().splitlines():
         if line.startswith("# socket_drops"):
             socket_drops = int(line.split()[-1])
             continue

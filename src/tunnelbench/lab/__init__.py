@@ -42,7 +42,9 @@ def make_lab(cfg: LabCfg, tag: str, run_dir: Path, journal: Journal) -> Lab:
             raise ValueError("lab.backend 'ssh' needs lab.inventory (or --inventory FILE)")
         inv = load_inventory(cfg.inventory)
         if cfg.path != "direct":
-            raise ValueError(f"lab.path {cfg.path!r} needs the namespace lab (the SSH lab has no path policies yet)")
+            raise ValueError(
+                f"lab.path {cfg.path!r} needs the namespace lab (the SSH lab has no path policies yet)"
+            )
         if cfg.insecure_no_host_key_check:
             inv.insecure()
         return SshLab(inv, cfg.hosts, tag, run_dir, journal)

@@ -19,7 +19,8 @@ Variables follow Ansible's precedence (host > child group > parent group > all).
   tunnelbench_known_hosts (known_hosts file; default ~/.ssh/known_hosts),
   tunnelbench_underlay_ip (address VPN peers use to reach this host; default ansible_host),
   tunnelbench_workdir_root (default /var/tmp/tunnelbench), tunnelbench_connect_timeout_s (default 10),
-  tunnelbench_impair (where impairment goes: "router" or "egress"; hook for issue 3).
+  tunnelbench_impair (where impairment goes: "router" or "egress"),
+  tunnelbench_bin_dir (where `install --inventory` copies binaries, first on PATH; default /usr/local/bin).
 Peers are named h1..hN for the scenario: inventory names already of that form keep their number, any
 other names are numbered in file order."""
 

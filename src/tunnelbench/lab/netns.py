@@ -190,7 +190,23 @@ class NetnsLab:
         nat.run(["ip", "addr", "add", f"{host_ip(i)}/24", "dev", "wan"])
         nat.run(["ip", "link", "set", "wan", "up"])
         nat.run(["ip", "route", "add", "default", "via", router_ip(i)])
-        sh(["ip", "link", "add", "eth0", "netns", h.netns, "type", "veth", "peer", "name", "lan", "netns", nat.netns])
+        sh(
+            [
+                "ip",
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                h.netns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "lan",
+                "netns",
+                nat.netns,
+            ]
+        )
         nat.run(["ip", "addr", "add", f"172.16.{i}.1/24", "dev", "lan"])
         nat.run(["ip", "link", "set", "lan", "up"])
         h.run(["ip", "addr", "add", f"{h.underlay_ip}/24", "dev", "eth0"])
@@ -246,8 +262,12 @@ table inet {self.path_table} {{
             if h is relay:
                 continue
             lines.append(f"  counter from_{h.name} {{ }}\n  counter to_{h.name} {{ }}")
-        inp = "\n".join(f"    ip saddr {h.public_ip} counter name from_{h.name}" for h in self.hosts if h is not relay)
-        out = "\n".join(f"    ip daddr {h.public_ip} counter name to_{h.name}" for h in self.hosts if h is not relay)
+        inp = "\n".join(
+            f"    ip saddr {h.public_ip} counter name from_{h.name}" for h in self.hosts if h is not relay
+        )
+        out = "\n".join(
+            f"    ip daddr {h.public_ip} counter name to_{h.name}" for h in self.hosts if h is not relay
+        )
         rules = (f"table inet {self.tag}relay {{\n" + "\n".join(lines)
                  + f"\n  chain input {{\n    type filter hook input priority -300; policy accept;\n{inp}\n  }}"
                  + f"\n  chain output {{\n    type filter hook output priority -300; policy accept;\n{out}\n  }}\n}}\n")  # fmt: skip

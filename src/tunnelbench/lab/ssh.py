@@ -19,6 +19,7 @@ leaves them to `clean`, never to chance."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -40,6 +41,7 @@ from tunnelbench.lab.journal import Journal, read_open_entries
 from tunnelbench.lab.tags import TAG_PREFIX
 
 REMOTE_TOOLS = ("ip", "ping", "fping", "iperf3", "ss", "sysctl")
+DEFAULT_BIN_DIR = "/usr/local/bin"
 _STAT_FIELDS = "cut -d' ' -f1,12,13,20,22"  # after "pid (comm) ": state utime stime starttime rss
 
 
@@ -94,9 +96,45 @@ class _RemoteRun:
         self.host = host
         self.pid: int | None = None
         self.proc: Any = None
+        self.killed = False
 
     def kill(self) -> None:
+        self.killed = True
         _Loop.get().submit(self.host._akill(self))
+
+
+# -- the persistent command channel ----------------------------------------------------------------------
+# Opening an SSH session per command costs a round trip or two plus sshd's session setup (0.2-0.5 s on a
+# busy machine). Instead each host keeps a few long-lived POSIX sh "command servers" (one SSH session
+# each, nothing installed): the controller sends one line per command, `C <base64 script> [<base64
+# stdin>]`; the server runs it in the background with output to temp files, reports `P <pid>` (so a
+# timeout can kill it), waits, then `R <rc> <stdout bytes> <stderr bytes>` followed by both outputs.
+# One command at a time per server; a pool gives concurrency (the monitor thread polls while a workload
+# runs). Large stdin (> _CHAN_MAX_INPUT) and a host without base64/mktemp use one session per command.
+_CHAN_SERVER = r"""
+d=$(mktemp -d "${TMPDIR:-/tmp}/tbch.XXXXXX") || exit 1
+trap 'rm -rf "$d"' EXIT
+trap 'exit 1' HUP TERM PIPE
+echo TBCH-READY
+while IFS= read -r line; do
+  set -- $line
+  printf %s "$2" | base64 -d >"$d/s" || { echo "E bad-script"; continue; }
+  if [ -n "$3" ]; then printf %s "$3" | base64 -d >"$d/i"; else : >"$d/i"; fi
+  sh "$d/s" <"$d/i" >"$d/o" 2>"$d/e" &
+  p=$!
+  echo "P $p"
+  wait $p
+  echo "R $? $(wc -c <"$d/o") $(wc -c <"$d/e")"
+  cat "$d/o" "$d/e"
+done
+"""
+_CHAN_MAX = 6  # command servers per host
+_CHAN_MAX_INPUT = 48 * 1024  # stdin up to this goes through the channel (sh `read` is bytewise)
+
+
+class _Chan:
+    def __init__(self, proc: Any):
+        self.proc = proc
 
 
 # -- remote process statistics for the monitor --------------------------------------------------------
@@ -244,6 +282,11 @@ class SshHost(Host):
         self._starts: dict[int, int | None] = {}
         self._sysconf: dict[str, int] | None = None
         self._nlog = 0
+        self._idle: list[_Chan] = []  # command servers (only touched on the event loop thread)
+        self._nchan = 0
+        self.use_channel = True  # False: one SSH session per command (the fallback, and for comparison)
+        # where `install --inventory` copies binaries; first on PATH for every command tunnelbench runs there
+        self.bin_dir = str(inv.vars.get("tunnelbench_bin_dir") or DEFAULT_BIN_DIR)
 
     # -- connection ------------------------------------------------------------------------------------
     def _connect_kwargs(self) -> dict[str, Any]:
@@ -299,6 +342,12 @@ class SshHost(Host):
 
     def close(self) -> None:
         async def _close():
+            idle, self._idle = self._idle, []
+            for ch in idle:  # end the command servers first: they remove their temp folders
+                with contextlib.suppress(Exception):
+                    ch.proc.stdin.write_eof()
+                    await asyncio.wait_for(ch.proc.wait(check=False), 2)
+            self._nchan = 0
             if self._conn is not None:
                 self._conn.close()
                 with contextlib.suppress(Exception):
@@ -309,6 +358,9 @@ class SshHost(Host):
             _Loop.get().call(_close(), 5)
 
     # -- commands --------------------------------------------------------------------------------------
+    def _path(self) -> str:
+        return f'PATH={_q(self.bin_dir)}:"$PATH"; export PATH; '
+
     def argv(self, argv: Sequence[str]) -> list[str]:
         raise NotImplementedError(
             f"{self.name} is an SSH host: run commands with host.run(), there is no local argv for it"
@@ -329,6 +381,80 @@ class SshHost(Host):
         out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
         done = await proc.wait(check=False)
         return done.returncode, out, err
+
+    async def _achan(self) -> _Chan | None:
+        """An idle command server, a new one, or None (pool full or the host cannot run one)."""
+        if self._idle:
+            return self._idle.pop()
+        if self._nchan >= _CHAN_MAX or not self.use_channel:
+            return None
+        self._nchan += 1
+        proc = None
+        try:
+            conn = await self._aconn()
+            proc = await conn.create_process(
+                "sh -c " + shlex.quote(self._path() + _CHAN_SERVER), encoding=None
+            )
+            line = await asyncio.wait_for(proc.stdout.readline(), 20)
+            if line.strip() != b"TBCH-READY":
+                raise SshError(f"command server did not start: {line!r}")
+            return _Chan(proc)
+        except SshError:
+            raise
+        except Exception:
+            self._nchan -= 1
+            if proc is not None:
+                proc.close()
+            self.use_channel = False  # e.g. no mktemp/base64 there: one session per command
+            return None
+
+    def _drop_chan(self, ch: _Chan) -> None:
+        self._nchan -= 1
+        with contextlib.suppress(Exception):
+            ch.proc.close()
+
+    async def _arun_chan(self, script: str, data: bytes | None, handle: _RemoteRun):
+        """Run through a command server; None if there is none to use (the caller opens a session)."""
+        ch = await self._achan()
+        if ch is None:
+            return None
+        handle.proc = ch.proc
+        try:
+            line = b"C " + base64.b64encode(script.encode())
+            if data:
+                line += b" " + base64.b64encode(data)
+            ch.proc.stdin.write(line + b"\n")
+            hdr = await ch.proc.stdout.readline()
+            if not hdr.startswith(b"P "):
+                self._drop_chan(ch)
+                if not hdr:  # the server is gone before it started the command: use a session
+                    return None
+                raise SshError(f"{self.name}: command server: {hdr!r}")
+            handle.pid = int(hdr.split()[1])
+            hdr = await ch.proc.stdout.readline()
+            f = hdr.split()
+            if len(f) != 4 or f[0] != b"R":
+                self._drop_chan(ch)
+                return None, b"", f"{self.name}: command channel closed mid-command".encode()
+            try:
+                out = await ch.proc.stdout.readexactly(int(f[2]))
+                err = await ch.proc.stdout.readexactly(int(f[3]))
+            except asyncio.IncompleteReadError:
+                self._drop_chan(ch)
+                return None, b"", f"{self.name}: command channel closed mid-output".encode()
+        except BaseException:  # cancelled (timeout, abort) or broken: never reuse a server mid-command
+            self._drop_chan(ch)
+            raise
+        self._idle.append(ch)
+        return (None if handle.killed else int(f[1])), out, err
+
+    async def _arun_any(self, inner: str, data: bytes | None, handle: _RemoteRun):
+        if data is None or len(data) <= _CHAN_MAX_INPUT:
+            got = await self._arun_chan("exec " + inner, data, handle)
+            if got is not None:
+                return got
+        cmd = f"sh -c {shlex.quote(self._path() + 'echo TBPID $$ >&2; exec ' + inner)}"
+        return await self._arun(cmd, data, handle)
 
     async def _akill(self, handle: _RemoteRun) -> None:
         with contextlib.suppress(Exception):
@@ -352,13 +478,12 @@ class SshHost(Host):
         """Run a command on the host; the PID is reported first on stderr so a timeout can kill it there."""
         t0 = time.monotonic()
         inner = shlex.join(_wrap(argv, env))
-        cmd = f"sh -c {shlex.quote('echo TBPID $$ >&2; exec ' + inner)}"
         data = input.encode() if isinstance(input, str) else input
         handle = _RemoteRun(self)
         loop = _Loop.get()
         with _hostmod._RUNNING_LOCK:
             _hostmod._RUNNING.add(handle)  # type: ignore[arg-type]
-        fut = asyncio.run_coroutine_threadsafe(self._arun(cmd, data, handle), loop.loop)
+        fut = asyncio.run_coroutine_threadsafe(self._arun_any(inner, data, handle), loop.loop)
         try:
             rc, out, err = fut.result(timeout)
         except FutureTimeout:
@@ -433,7 +558,7 @@ class SshHost(Host):
         # the PID and its start time (kept across exec) in one line: one round trip per spawn
         inner = f'echo $$ $(sed "s/.*) //" /proc/$$/stat | cut -d" " -f20); exec "$@" >>{log} 2>&1 </dev/null'
         mk = f"mkdir -p {_q(remote_log.parent)} && " if remote_log else ""
-        cmd = f"{mk}cd / && exec setsid sh -c {shlex.quote(inner)} tb {shlex.join(_wrap(argv, env))}"
+        cmd = f"{self._path()}{mk}cd / && exec setsid sh -c {shlex.quote(inner)} tb {shlex.join(_wrap(argv, env))}"
         pid, start = _Loop.get().call(self._aspawn(cmd), 40)
         self._starts[pid] = start
         entry = self.journal.process(pid, list(argv), self.name, start) if self.journal else None
@@ -635,15 +760,60 @@ class SshLab:
                 return int(item["counter"]["packets"])
         return -1
 
+    def impair_placement(self) -> str:
+        """inventory var tunnelbench_impair: "router" (the router host's interfaces toward each peer) or
+        "egress" (netem on each peer's underlay interface, as seed 003 did); default: router if any."""
+        where = {str(h.inv.vars.get("tunnelbench_impair")) for h in self.all_hosts()
+                 if h.inv.vars.get("tunnelbench_impair") is not None}  # fmt: skip
+        if len(where) > 1:
+            raise ValueError(f"inventory {self.inventory.path}: tunnelbench_impair is set to {sorted(where)}; "
+                             "use one placement for the whole inventory")  # fmt: skip
+        mode = where.pop() if where else ("router" if self.router else "egress")
+        if mode not in ("router", "egress"):
+            raise ValueError(f"inventory {self.inventory.path}: tunnelbench_impair must be router or egress, "
+                             f"not {mode!r}")  # fmt: skip
+        if mode == "router" and self.router is None:
+            raise ValueError(f"inventory {self.inventory.path}: tunnelbench_impair: router needs a host in "
+                             "the routers group")  # fmt: skip
+        return mode
+
     def impairment_plan(self) -> str:
-        """Where impairment would go on these hosts (hook for issue 3: netem backends on real hosts).
-        inventory var tunnelbench_impair: "router" (netem on the router host's interfaces toward each peer)
-        or "egress" (netem on each peer's underlay interface, as seed 003 did); default: router if any."""
-        where = {h.inv.vars.get("tunnelbench_impair") for h in self.all_hosts()} - {None}
-        mode = where.pop() if len(where) == 1 else ("router" if self.router else "egress")
-        if mode == "router" and self.router is not None:
-            return f"netem on router host {self.router.inv.name} toward each peer"
+        if self.impair_placement() == "router" and self.router is not None:
+            return f"router host {self.router.inv.name} toward each peer"
         return "netem on each peer's egress: " + ", ".join(f"{h.name}:{h.underlay_if}" for h in self.hosts)
+
+    def router_ifnames(self) -> dict[str, str]:
+        """The router host's interface toward each peer, from its routing table."""
+        assert self.router is not None
+        out: dict[str, str] = {}
+        for h in self.hosts:
+            r = self.router.run(["ip", "-j", "route", "get", h.underlay_ip], check=False)
+            try:
+                out[h.name] = json.loads(r.stdout)[0]["dev"]
+            except (json.JSONDecodeError, IndexError, KeyError):
+                raise RuntimeError(f"router {self.router.inv.name} has no route to {h.name} ({h.underlay_ip}): "
+                                   f"{r.stderr.strip()}") from None  # fmt: skip
+            if out[h.name] == "lo":
+                raise RuntimeError(f"router {self.router.inv.name}: {h.underlay_ip} is its own address; "
+                                   "the router must be a separate box on the peers' path")  # fmt: skip
+        return out
+
+    def impair_backend(self, choice: str):
+        """The impairment backend for this inventory's placement (see impair_placement)."""
+        from tunnelbench.impair.backend import EgressNetemBackend, ImpairError, make_backend, netem_available
+
+        if self.impair_placement() == "router":
+            assert self.router is not None
+            return make_backend(choice, self.router, list(self.hosts), self.router.workdir / "impair",
+                                self.router_ifnames(), self.tag)  # fmt: skip
+        if choice == "native":
+            raise ImpairError("tunnelbench_impair: egress uses netem on each peer; the native engine runs on a "
+                              "router host (tunnelbench_impair: router)")  # fmt: skip
+        missing = [h.name for h in self.hosts if not netem_available(h, f"{self.tag}nprobe")]
+        if missing:
+            raise ImpairError(f"tunnelbench_impair: egress needs netem on every peer; no netem on "
+                              f"{', '.join(missing)} (see `tunnelbench doctor --inventory`)")  # fmt: skip
+        return EgressNetemBackend(list(self.hosts), self.run_dir / "impair")
 
     # -- teardown --------------------------------------------------------------------------------------
     def collect_logs(self) -> None:
@@ -743,6 +913,15 @@ def undo_entries(h: SshHost, entries: list[dict], journal: Journal | None = None
         elif kind == "nft_table":
             r = h.run(["nft", "delete", "table", e.get("family", "inet"), e["name"]], check=False)
             done(e, f"nft table {e['name']}" if r.returncode == 0 else None)
+        elif kind == "qdisc":
+            from tunnelbench.impair.backend import clear_filtered_root
+
+            done(e, f"qdisc on {e['dev']}" if clear_filtered_root(h, e["dev"]) else None)
+        elif kind == "iptables_chain":
+            from tunnelbench.impair.backend import remove_iptables_chain
+
+            gone = remove_iptables_chain(h, e.get("table", "mangle"), e["chain"], e.get("from", "FORWARD"))
+            done(e, f"iptables chain {e['chain']}" if gone else None)
         elif kind == "path":
             if h.exists(Path(e["path"])):
                 h.remove(Path(e["path"]))
@@ -858,7 +1037,7 @@ def doctor_host(inv: InvHost) -> list:
         for name, cls in DRIVERS.items():
             missing = [b for b in cls.binaries if where.get(b) is None]
             checks.append(Check("vpns", name, not missing, "binaries present" if not missing else
-                                f"missing {', '.join(missing)} (`tunnelbench install --inventory` is issue 4)", cls.summary))  # fmt: skip
+                                f"missing {', '.join(missing)} (`tunnelbench install --inventory F {name}`)", cls.summary))  # fmt: skip
         for name, wl in WORKLOADS.items():
             missing = [t for t in wl.tools if where.get(t) is None]
             checks.append(Check("workloads", name, not missing, "ready" if not missing else f"missing {', '.join(missing)}", wl.summary))  # fmt: skip

@@ -6,10 +6,13 @@ from tunnelbench.vpns.base import Availability, Mesh, MeshSpec, VpnDriver
 from tunnelbench.vpns.boringtun import Boringtun
 from tunnelbench.vpns.easytier import EasyTier
 from tunnelbench.vpns.fastd import Fastd
+from tunnelbench.vpns.innernet import Innernet
 from tunnelbench.vpns.internal import Internal
 from tunnelbench.vpns.n2n import N2n
 from tunnelbench.vpns.nebula import Nebula
 from tunnelbench.vpns.openvpn import OpenVpn
+from tunnelbench.vpns.softether import SoftEther
+from tunnelbench.vpns.strongswan import StrongSwan
 from tunnelbench.vpns.tailscale import Tailscale
 from tunnelbench.vpns.tinc import Tinc
 from tunnelbench.vpns.vpncloud import VpnCloud
@@ -35,6 +38,9 @@ DRIVERS: dict[str, type[VpnDriver]] = {
         Tailscale,
         VpnCloud,
         EasyTier,
+        StrongSwan,
+        SoftEther,
+        Innernet,
     )
 }
 

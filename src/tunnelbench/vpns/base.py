@@ -5,6 +5,7 @@ hands the mesh (hosts + tunnel addresses) to workloads."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import time
@@ -76,6 +77,9 @@ class VpnDriver(ABC):
 
     def __init__(self, spec: MeshSpec):
         self.spec = spec
+        remote = next((h for h in spec.hosts if h.remote), None)
+        if remote is not None:  # SSH hosts: self.bin(...) names binaries as the hosts resolve them
+            self.bin = functools.partial(self._remote_bin, remote)  # type: ignore[method-assign]
         if spec.topology not in self.topologies:
             raise ValueError(f"{self.name} does not support topology {spec.topology!r} "
                              f"(supported: {', '.join(sorted(self.topologies))})")  # fmt: skip
@@ -125,12 +129,33 @@ class VpnDriver(ABC):
         return None
 
     @classmethod
+    def cached_version(cls, name: str) -> str | None:
+        """The pinned version of the install-cache build that `name` resolves to, else None (builds made with
+        `go install` often print "unknown" or a dev version: the cache key is the version that was built)."""
+        path = cls.bin(name)
+        for s in cls.installs:
+            d = s.bin_dir()
+            if d is not None and path == str(d / name):
+                return s.version.removeprefix("v")
+        return None
+
+    @classmethod
     def bin(cls, name: str) -> str:
         """The binary to run: the install cache first (vpns/install.py), then PATH; the bare name if neither
         (an SSH host resolves it on its own PATH)."""
         if _VERSION_HOST.get() is not None:
             return name
         return binary(name, cls.installs) or name
+
+    @classmethod
+    def _remote_bin(cls, host: Host, name: str) -> str:
+        """cls.bin as seen from a remote host: the bare name (its own PATH), never a local cache path;
+        driver overrides (e.g. strongSwan's charon in /usr/lib/ipsec) still apply."""
+        token = _VERSION_HOST.set(host)
+        try:
+            return cls.bin(name)
+        finally:
+            _VERSION_HOST.reset(token)
 
     @staticmethod
     def _first_line(argv: list[str], contains: str = "") -> str:

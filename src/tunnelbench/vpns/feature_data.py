@@ -199,3 +199,93 @@ DOCUMENTED: dict[str, dict] = {
         "license": fact("GPL-2.0 (Linux)", "https://docs.kernel.org/networking/vxlan.html"),
     },
 }
+
+
+def _rec(src: str, **facts: str | tuple[str, str]) -> dict:
+    """A record whose facts all come from one page unless a (value, source) pair is given."""
+    return {k: fact(*v) if isinstance(v, tuple) else fact(v, src) for k, v in facts.items()}
+
+
+SS = "https://docs.strongswan.org/docs/5.9/plugins/kernel-libipsec.html"
+SE = "https://www.softether.org/1-features"
+IN = "https://github.com/tonarino/innernet"
+TINC = "https://www.tinc-vpn.org/documentation-1.0/"
+OVPN = "https://openvpn.net/community-resources/reference-manual-for-openvpn-2-6/"
+
+DOCUMENTED.update(
+    {
+        "strongswan": _rec(
+            "https://docs.strongswan.org/docs/5.9/swanctl/swanctlConf.html",
+            protocol="IKEv2 + ESP (IPsec)",
+            ciphers="negotiated IKE/ESP proposals (here AES-256-GCM, X25519)",
+            data_plane=("kernel XFRM, or userspace ESP-in-UDP with kernel-libipsec (used here)", SS),
+            topology="site-to-site SAs; full mesh as configured by the driver",
+            nat_traversal=(
+                "NAT-T (ESP in UDP 4500) to a reachable responder",
+                "https://docs.strongswan.org/docs/5.9/features/natTraversal.html",
+            ),
+            relay="none",
+            acl="traffic selectors per CHILD_SA",
+            unattended_join="static configs, PSK or certificates",
+            self_hosted_control="no control plane",
+            platforms="Linux, BSD, macOS, Android, Windows (client)",
+            license=("GPL-2.0", "https://github.com/strongswan/strongswan"),
+        ),
+        "softether": _rec(
+            SE,
+            protocol="SSL-VPN (SoftEther protocol, L2 over TLS/TCP) plus L2TP/IPsec, OpenVPN, SSTP servers",
+            ciphers="TLS cipher suites (here ECDHE-RSA-AES256-GCM-SHA384)",
+            data_plane="userspace (C), TAP",
+            topology="star around a virtual hub",
+            nat_traversal="clients dial out over TCP 443; NAT-T and VPN Azure",
+            relay="the hub carries all traffic (TCP)",
+            acl="per-user/group access lists on the virtual hub",
+            unattended_join="accounts via vpncmd",
+            self_hosted_control="yes (the server is the hub)",
+            platforms="Windows, Linux, macOS, FreeBSD, Solaris",
+            license=("Apache-2.0", "https://github.com/SoftEtherVPN/SoftEtherVPN"),
+        ),
+        "innernet": _rec(
+            IN,
+            protocol="WireGuard, coordination server API over the tunnel",
+            ciphers="WireGuard (ChaCha20-Poly1305, Curve25519)",
+            data_plane="kernel WireGuard or userspace (wireguard-go, used here)",
+            topology="full mesh, peers grouped in CIDRs",
+            nat_traversal="endpoint discovery and NAT traversal via the server (since 1.5)",
+            relay="none",
+            acl="CIDR associations between groups",
+            unattended_join="one-time invitation files",
+            self_hosted_control="yes (innernet-server)",
+            platforms="Linux, macOS",
+            license="MIT",
+        ),
+        "tinc": _rec(
+            TINC,
+            protocol="tinc 1.0 meta protocol (TCP) + UDP data",
+            ciphers="OpenSSL EVP (default Blowfish-CBC + HMAC-SHA1)",
+            data_plane="userspace (C), TUN/TAP",
+            topology="full mesh data, meta connections as configured",
+            nat_traversal="relays via meta connections when UDP fails",
+            relay="forwarding through other nodes (TCP/UDP)",
+            acl="host files per node",
+            unattended_join="exchange of host files",
+            self_hosted_control="no control plane",
+            platforms="Linux, BSD, macOS, Windows",
+            license="GPL-2.0+",
+        ),
+        "openvpn": _rec(
+            OVPN,
+            protocol="OpenVPN (TLS control channel, custom data channel) over UDP/TCP",
+            ciphers="negotiated data ciphers (here AES-256-GCM)",
+            data_plane="userspace (or kernel with ovpn-dco; off here)",
+            topology="client-server or point-to-point; full mesh of p2p tunnels by the driver",
+            nat_traversal="client behind NAT to a reachable server",
+            relay="server-side client-to-client forwarding",
+            acl="per-client config (CCD), packet filter plugins",
+            unattended_join="certificates",
+            self_hosted_control="yes (the server)",
+            platforms="Linux, BSD, macOS, Windows, Android, iOS",
+            license="GPL-2.0",
+        ),
+    }
+)

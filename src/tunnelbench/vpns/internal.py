@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import _VERSION_HOST, VpnDriver
 
 
 class Internal(VpnDriver):
@@ -15,6 +15,9 @@ class Internal(VpnDriver):
 
     @classmethod
     def version(cls) -> str:
+        """The kernel the traffic crosses: the target's own on an SSH lab (uname -r there)."""
+        if _VERSION_HOST.get() is not None:
+            return f"linux {cls._first_line(['uname', '-r'])}"
         return f"linux {platform.release()}"
 
     def tunnel_ip(self, host: Host) -> str:

@@ -29,6 +29,9 @@ class Nebula(VpnDriver):
     binaries = ("nebula", "nebula-cert")
     installs = (Apt(("nebula",)),)
     default_mtu = 1300  # nebula's own default tun.mtu
+    # relay / nat paths: the relay host is lighthouse and relay (am_relay); the others use it as their
+    # relay when no direct tunnel can be made (UDP blocked, or NATs that do not punch)
+    paths = frozenset({"direct", "relay", "nat"})
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -86,15 +89,16 @@ class Nebula(VpnDriver):
 
     def _config(self, host: Host) -> dict:
         d = self.host_dir(host)
-        lighthouse = self.spec.hosts[0]
+        relayed = self.spec.path != "direct" and self.spec.relay is not None
+        lighthouse = self.spec.relay if relayed else self.spec.hosts[0]
         am_lighthouse = host is lighthouse
         anyrule = [{"port": "any", "proto": "any", "host": "any"}]
         return {
             "pki": {"ca": str(d / "ca.crt"), "cert": str(d / "host.crt"), "key": str(d / "host.key")},
             "static_host_map": {
-                self.tunnel_ip(p): [f"{p.underlay_ip}:{LISTEN_PORT}"]
+                self.tunnel_ip(p): [f"{p.public_ip}:{LISTEN_PORT}"]
                 for p in self.spec.hosts
-                if p is not host
+                if p is not host and not p.behind_nat
             },
             "lighthouse": {
                 "am_lighthouse": am_lighthouse,
@@ -104,7 +108,11 @@ class Nebula(VpnDriver):
             "listen": {"host": "0.0.0.0", "port": LISTEN_PORT},
             "punchy": {"punch": True, "respond": True},
             "cipher": self.settings["nebula_cipher"],
-            "relay": {"am_relay": False, "use_relays": False},
+            "relay": {
+                "am_relay": relayed and am_lighthouse,
+                "use_relays": relayed,
+                "relays": [self.tunnel_ip(lighthouse)] if relayed and not am_lighthouse else [],
+            },
             "tun": {
                 "disabled": False,
                 "dev": self.ifname(host),

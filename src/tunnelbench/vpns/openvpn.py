@@ -40,6 +40,8 @@ class OpenVpn(VpnDriver):
     )
     binaries = ("openvpn", "openssl")
     installs = (Apt(("openvpn", "openssl")),)
+    paths_why = {"relay": "the driver builds direct p2p tunnels (a client-to-client server would be a hub, not modelled)",
+                 "nat": "p2p tunnels need each peer's address: not modelled behind NAT"}  # fmt: skip
     default_mtu = 1500  # openvpn's default --tun-mtu
 
     def __init__(self, spec):

@@ -38,6 +38,7 @@ HS = GoModule("headscale", "github.com/juanfont/headscale", "v0.29.3", ("github.
               ("headscale",), download_first=True)  # fmt: skip
 HS_PORT, DERP_PORT, STUN_PORT, TS_PORT = 8080, 8443, 3478, 41641
 REGION = 900
+SOCK_DIR = Path("/run/tbsock")
 
 
 class Tailscale(VpnDriver):
@@ -71,6 +72,7 @@ class Tailscale(VpnDriver):
     def version(cls) -> str:
         # `tailscaled --version` prints "1.102.5\n  tailscale commit: ..."; the control server's version too
         ts = cls._first_line([cls.bin("tailscaled"), "--version"]).split()[0]
+        ts = ts.split("-ERR-")[0]  # `go install` builds lack the build info: "1.102.5-ERR-BuildInfo"
         hs = cls._first_line([cls.bin("headscale"), "version"]).split()[-1]
         return f"{ts} (headscale {hs})"
 
@@ -82,12 +84,17 @@ class Tailscale(VpnDriver):
         return self.host_dir(self.infra) / "infra"
 
     def _sock(self, host: Host) -> Path:
-        return self.host_dir(host) / "ts.sock"
+        # unix socket paths are limited to 108 bytes: not in the (deep) run folder; journaled for `clean`
+        return SOCK_DIR / f"{self.spec.tag}-{host.name}-tailscaled.sock"
+
+    def _hs_sock(self) -> Path:
+        return SOCK_DIR / f"{self.spec.tag}-headscale.sock"
 
     # -- configure ---------------------------------------------------------------------------------
     def configure(self) -> None:
         d = self._infra_dir()
         self.infra.mkdir(d)
+        self.infra.mkdir(SOCK_DIR)
         self.infra.mkdir(d / "certs")
         ip = self.infra.public_ip
         hs = {
@@ -96,7 +103,7 @@ class Tailscale(VpnDriver):
             "metrics_listen_addr": "127.0.0.1:9090",
             "grpc_listen_addr": "127.0.0.1:50443",
             "grpc_allow_insecure": False,
-            "unix_socket": str(d / "headscale.sock"),
+            "unix_socket": str(self._hs_sock()),
             "unix_socket_permission": "0770",
             "noise": {"private_key_path": str(d / "noise_private.key")},
             "prefixes": {"v4": "100.64.0.0/10", "allocation": "sequential"},
@@ -108,11 +115,11 @@ class Tailscale(VpnDriver):
                 "update_frequency": "24h",
             },
             "disable_check_updates": True,
-            "ephemeral_node_inactivity_timeout": "30m",
+            "node": {"expiry": 0, "ephemeral": {"inactivity_timeout": "30m"}},
             "database": {"type": "sqlite", "sqlite": {"path": str(d / "db.sqlite"), "write_ahead_log": True}},
             "log": {"level": "warn", "format": "text"},
             "logtail": {"enabled": False},
-            "randomize_client_port": False,
+            "auto_update": {"enabled": False},
             "dns": {
                 "magic_dns": False,
                 "base_domain": "tailnet.lab",
@@ -124,11 +131,14 @@ class Tailscale(VpnDriver):
         self.infra.write_file(d / "headscale.yaml", json.dumps(hs, indent=2) + "\n", 0o600)
 
     def _derp_map(self) -> str:
+        """YAML (region ids must be integer keys, which JSON cannot express)."""
         ip = self.infra.public_ip
-        return json.dumps({"regions": {str(REGION): {
-            "regionid": REGION, "regioncode": "lab", "regionname": "tunnelbench lab DERP",
-            "nodes": [{"name": f"{REGION}a", "regionid": REGION, "hostname": ip, "ipv4": ip,
-                       "stunport": STUN_PORT, "derpport": DERP_PORT, "certname": self.certname}]}}}, indent=2)  # fmt: skip
+        return (
+            f"regions:\n  {REGION}:\n    regionid: {REGION}\n    regioncode: lab\n    regionname: tunnelbench lab DERP\n"
+            f'    nodes:\n      - name: {REGION}a\n        regionid: {REGION}\n        hostname: "{ip}"\n'
+            f'        ipv4: "{ip}"\n        stunport: {STUN_PORT}\n        stunonly: false\n'
+            f'        derpport: {DERP_PORT}\n        certname: "{self.certname}"\n'
+        )
 
     # -- infrastructure ----------------------------------------------------------------------------
     def _infra_running(self) -> bool:
@@ -138,7 +148,7 @@ class Tailscale(VpnDriver):
         h, d = self.infra, self._infra_dir()
         ip = h.underlay_ip
         derper = h.spawn([self.bin("derper"), "-a", f"{ip}:{DERP_PORT}", "--http-port=-1", f"--stun-port={STUN_PORT}",
-                          "--certmode=manual", f"--certdir={d / 'certs'}", f"--hostname={h.public_ip}"],
+                          "--certmode=manual", f"--certdir={d / 'certs'}", f"-c={d / 'derper.key'}", f"--hostname={h.public_ip}"],
                          label="derper", log_path=d / "derper.log")  # fmt: skip
         self.procs[h.name].insert(0, derper)
         found: list[str] = []
@@ -157,6 +167,8 @@ class Tailscale(VpnDriver):
             if f.suffix == ".key":
                 h.run(["chmod", "600", str(f)])
         h.write_file(d / "derp.yaml", self._derp_map() + "\n", 0o644)
+        if h.journal:
+            h.journal.path_entry(str(self._hs_sock()))
         hs = h.spawn([self.bin("headscale"), "serve", "-c", str(d / "headscale.yaml")], label="headscale",
                      log_path=d / "headscale.log")  # fmt: skip
         self.procs[h.name].insert(1, hs)
@@ -165,8 +177,11 @@ class Tailscale(VpnDriver):
         if not hs.alive():
             raise RuntimeError(f"headscale exited: {hs.log_tail()}")
         hsctl = [self.bin("headscale"), "-c", str(d / "headscale.yaml"), "--force"]
-        h.run([*hsctl, "users", "create", "tunnelbench"])
-        users = json.loads(h.run([*hsctl, "users", "list", "-o", "json"]).stdout)
+        # a restart (the connect workload restarts the mesh) finds the user already in Headscale's database
+        users = json.loads(h.run([*hsctl, "users", "list", "-o", "json"]).stdout or "null") or []
+        if not any(u["name"] == "tunnelbench" for u in users):
+            h.run([*hsctl, "users", "create", "tunnelbench"])
+            users = json.loads(h.run([*hsctl, "users", "list", "-o", "json"]).stdout)
         uid = next(str(u["id"]) for u in users if u["name"] == "tunnelbench")
         out = h.run(
             [*hsctl, "preauthkeys", "create", "-u", uid, "--reusable", "-e", "2h", "-o", "json"]
@@ -181,6 +196,9 @@ class Tailscale(VpnDriver):
             self._start_infra()
         d = self.host_dir(host)
         sock = self._sock(host)
+        host.mkdir(SOCK_DIR)
+        if host.journal:
+            host.journal.path_entry(str(sock))
         env = {"TS_NO_LOGS_NO_SUPPORT": "true", "TS_DEBUG_MTU": str(self.mtu)}
         proc = host.spawn([self.bin("tailscaled"), f"--tun={self.ifname(host)}", f"--statedir={d / 'state'}",
                            f"--socket={sock}", f"--port={TS_PORT}", "--no-logs-no-support"],
@@ -202,7 +220,10 @@ class Tailscale(VpnDriver):
         ifname = self.ifname(host)
         if self.link_exists(host, ifname):
             host.run(["ip", "link", "del", ifname], check=False)
-        host.remove(self._sock(host))
+        for sock in (self._sock(host), *([self._hs_sock()] if host is self.infra else [])):
+            host.remove(sock)
+            if host.journal:
+                host.journal.release({"kind": "path", "path": str(sock)})
 
     def leftovers(self, host: Host) -> list[str]:
         found = super().leftovers(host)

@@ -54,6 +54,8 @@ class Tinc(VpnDriver):
     summary = "tinc 1.0 full mesh (direct UDP 655, meta star via h1), router mode, blowfish-CBC + HMAC-SHA1 (default)"
     binaries = ("tincd",)
     installs = (Apt(("tinc",)),)
+    paths_why = {"relay": "not modelled yet: tinc would fall back to its TCP meta connections (not a relay host)",
+                 "nat": "not modelled yet: the driver gives every node every other node's address"}  # fmt: skip
     # tinc does not set an MTU: the tun device keeps the kernel's 1500 and tinc relies on its PMTU
     # discovery (ICMP frag-needed to the sender, TCP fallback for oversize packets)
     default_mtu = 1500

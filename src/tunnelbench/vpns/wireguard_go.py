@@ -5,6 +5,7 @@ interface names must be unique on the machine (the base class puts the run tag i
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tunnelbench.lab.host import Host
@@ -33,6 +34,10 @@ class WireguardGo(VpnDriver):
     binaries = ("wireguard-go", "wg")
     topologies = frozenset({"mesh", "star"})
     installs = (Apt(("wireguard-go", "wireguard-tools")),)
+    paths_why = {
+        "relay": "WireGuard has no relay: every pair needs direct UDP",
+        "nat": "WireGuard has no NAT traversal: peers behind different NATs cannot reach each other",
+    }
     default_mtu = 1420
 
     @classmethod
@@ -66,7 +71,11 @@ class WireguardGo(VpnDriver):
         for peer in self.peers(host):  # every other host in a mesh; the hub only (or all, on it) in a star
             cmd += ["peer", self.keys[peer.name][1], "endpoint", f"{peer.underlay_ip}:{LISTEN_PORT}",
                     "allowed-ips", f"{self.tunnel_ip(peer)}/32"]  # fmt: skip
-        host.run(cmd)
+        for attempt in range(5):  # the UAPI socket file can appear a moment before the daemon accepts on it
+            res = host.run(cmd, check=attempt == 4)
+            if res.returncode == 0:
+                break
+            time.sleep(0.2)
         host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/{self.tunnel_prefixlen}", "dev", ifname])
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
 

@@ -57,7 +57,10 @@ class Yggdrasil(VpnDriver):
     @classmethod
     def version(cls) -> str:
         # 0.5: "Build version: 0.5.6"; 0.4 (Debian): "Build version: 0.4.7"
-        return cls._first_line([cls.bin("yggdrasil"), "-version"], "version").split()[-1]
+        v = cls._first_line([cls.bin("yggdrasil"), "-version"], "version").split()[-1]
+        if v == "unknown":  # `go install` builds carry no version stamp: the cache key is the pinned tag
+            v = cls.cached_version("yggdrasil") or v
+        return v
 
     def tunnel_ip(self, host: Host) -> str:
         return self.addrs[host.name]
@@ -111,7 +114,7 @@ class Yggdrasil(VpnDriver):
                 host.run(["ss", "-Hltn", f"sport = :{PORT}"], check=False).stdout.strip()
             )
 
-        self.wait_for("yggdrasil tun address and listener", ready, timeout=15)
+        self.wait_for("yggdrasil tun address and listener", ready, timeout=30)
         if not proc.alive():
             raise RuntimeError(f"yggdrasil exited: {proc.log_tail()}")
 

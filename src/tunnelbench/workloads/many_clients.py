@@ -62,6 +62,7 @@ class ManyClients(Workload):
         MetricSpec("calls_per_s", "1/s", "none", "calls completed per second (N / interval if all keep up)"),
         MetricSpec("clients_calling", "count", "none", "clients with at least one successful call"),
         MetricSpec("schedule_lag_p99_ms", "ms", "lower", "call start behind schedule (generator saturation)"),
+        MetricSpec("generator_cpu_pct", "%", "none", "load generator CPU, % of one core summed over workers"),
     )
 
     def label(self) -> str:
@@ -126,6 +127,11 @@ class ManyClients(Workload):
         out.add("calls_per_s", len(ok) / p.duration_s, "1/s")
         out.add("clients_calling", len(np.unique(ok[:, 0])) if len(ok) else 0, "count")
         add_percentiles(out, "schedule_lag", rows[:, 2], "ms", (99,))
+        cpu = [json.loads(f.read_text()) for f in ctx.artifact_dir.glob("calls-*.cpu.json")]
+        if cpu:  # the load generator's own CPU (% of one core, summed over workers): is the tool the limit?
+            out.add(
+                "generator_cpu_pct", sum(100 * c["cpu_s"] / c["wall_s"] for c in cpu if c["wall_s"] > 0), "%"
+            )
         if len(ok):
             add_percentiles(out, "response", ok[:, 3], "ms", (50, 90, 99))
             out.add("response_max_ms", float(ok[:, 3].max()), "ms")
@@ -224,8 +230,11 @@ def _generator(spec: dict) -> None:
         await asyncio.sleep(max(0.0, t0 - time.time()))
         await asyncio.gather(*(client(idx, t0) for idx in ns_fds))
 
+    cpu0, wall0 = time.process_time(), time.monotonic()
     asyncio.run(main())
     np.save(spec["out"], np.array(records, dtype=float).reshape(-1, 5))
+    usage = {"cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - wall0}
+    Path(spec["out"]).with_suffix(".cpu.json").write_text(json.dumps(usage))
 
 
 if __name__ == "__main__":

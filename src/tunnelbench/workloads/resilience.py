@@ -91,6 +91,9 @@ class Resilience(Workload):
         MetricSpec("failover_s", "s", "lower", "longest reply gap after UDP between peers is blocked"),
         MetricSpec("failback_s", "s", "lower", "longest reply gap after UDP is allowed again"),
         MetricSpec("relay_bytes_during_block", "B", "none", "bytes the relay host carried while blocked"),
+        MetricSpec(
+            "relay_bytes_before_block", "B", "none", "bytes the relay host carried before (0 = direct)"
+        ),
     )
 
     def label(self) -> str:
@@ -156,12 +159,16 @@ class Resilience(Workload):
         lab.unblock()
         try:
             time.sleep(p.direct_settle_s)
+            watch = hasattr(lab, "watch_relay") and hasattr(lab, "relay_bytes")
             probe = Probe(ctx, "probe-failover", p.probe_interval_s)
             try:
                 if probe.wait_reply_after(0, 10) is None:
                     raise WorkloadError("failover: no echo reply on the direct path")
+                if watch:  # was the VPN direct before the block? (near 0 = yes, else it was relaying anyway)
+                    lab.watch_relay()
                 time.sleep(p.before_s)
-                if hasattr(lab, "watch_relay"):
+                if watch:
+                    out.add("relay_bytes_before_block", sum(lab.relay_bytes().values()), "B")
                     lab.watch_relay()
                 t_block = time.time()
                 lab.block_udp_between_peers()
@@ -174,7 +181,7 @@ class Resilience(Workload):
                 out.add(
                     "failover_s", longest_gap(probe.replies(), t_block - p.before_s / 2, time.time()), "s"
                 )
-                if hasattr(lab, "relay_bytes"):
+                if watch:
                     out.add("relay_bytes_during_block", sum(lab.relay_bytes().values()), "B")
                 t_unblock = time.time()
                 lab.unblock()

@@ -1,0 +1,168 @@
+"""SoftEther VPN 5.01 (Debian softether-vpnserver / -vpnclient / -vpncmd): a layer-2 virtual hub reached
+over SSL-VPN (TLS over TCP 443), with SoftEther's UDP acceleration when UDP to the server works.
+
+Topology: a star. The hub host (the lab's relay host when it has one, else the last host) runs
+vpnserver with its DEFAULT virtual hub and a local bridge to a tap device (tap_<ifname>), which carries
+the hub host's own tunnel address; every other host runs vpnclient with one virtual NIC (vpn_<ifname>)
+and one account that logs in to the hub as a per-host user with a random password. Frames between two
+clients always cross the hub: SoftEther has no client-to-client path. So `relay` and `nat` change
+nothing for it (clients dial out over TCP), and the relay-path test shows every byte crossing the hub.
+
+Each daemon runs in the foreground (`execsvc`) in its own mount namespace (lab/mountns.py) with
+per-host directories over /var/lib/softether, /var/log/softether and /run/softether, where Debian's
+build keeps its configuration, logs and sockets (shared by all namespaces otherwise). vpncmd commands
+are read from 0600 files (/IN:), so no password is ever on a command line. The server's phone-home
+features are switched off (VPN Azure, keep-alive to keepalive.softether.org); the lab router drops and
+counts whatever it still tries (DDNS)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import signal
+import time
+
+from tunnelbench.lab.host import Host, Process
+from tunnelbench.lab.mountns import in_mounts_of, private_mounts
+from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Apt, debian_version
+
+PORT = 443
+CIPHER = "ECDHE-RSA-AES256-GCM-SHA384"
+DIRS = ("/var/lib/softether", "/var/log/softether", "/run/softether")
+
+
+class SoftEther(VpnDriver):
+    name = "softether"
+    summary = (
+        "SoftEther VPN 5.01 (Debian): star around a virtual hub, L2 over TLS/TCP 443 (+UDP acceleration)"
+    )
+    binaries = ("vpnserver", "vpnclient", "vpncmd")
+    installs = (Apt(("softether-vpnserver", "softether-vpnclient", "softether-vpncmd")),)
+    default_mtu = 1500  # the tap devices' default; SoftEther fragments inside its TLS stream
+    settle_s = 2.0
+    paths = frozenset({"direct", "relay", "nat"})
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.hub = spec.relay or spec.hosts[-1]
+        self.settings = {"mode": f"star: virtual hub on {self.hub.name}, clients over TLS/TCP {PORT}",
+                         "hub_host": self.hub.name, "cipher": CIPHER, "layer": 2, "mtu": self.mtu,
+                         "udp_acceleration": "SoftEther default (on)"}  # fmt: skip
+
+    @classmethod
+    def version(cls) -> str:
+        return f"debian {debian_version('softether-vpnserver')}"
+
+    def _mounts(self, host: Host) -> dict:
+        d = self.host_dir(host)
+        return {t: d / t.strip("/").replace("/", "_") for t in DIRS}
+
+    def _iface(self, host: Host) -> str:
+        return ("tap_" if host is self.hub else "vpn_") + self.ifname(host)
+
+    def configure(self) -> None:
+        self.passwords = {h.name: secrets.token_urlsafe(18) for h in self.spec.hosts if h is not self.hub}
+        for h in self.spec.hosts:
+            for src in self._mounts(h).values():
+                h.mkdir(src)
+        hub_cmds = ["VpnAzureSetEnable no", "KeepDisable", f"ServerCipherSet {CIPHER}",
+                    f"BridgeCreate DEFAULT /DEVICE:{self.ifname(self.hub)} /TAP:yes", "Hub DEFAULT"]  # fmt: skip
+        for name, pw in self.passwords.items():
+            hub_cmds += [
+                f"UserCreate {name} /GROUP:none /REALNAME:none /NOTE:none",
+                f"UserPasswordSet {name} /PASSWORD:{pw}",
+            ]
+        self.hub.write_file(self.host_dir(self.hub) / "server.cmds", "\n".join(hub_cmds) + "\n", 0o600)
+        for h in self.spec.hosts:
+            if h is self.hub:
+                continue
+            cmds = [f"NicCreate {self.ifname(h)}",
+                    f"AccountCreate tb /SERVER:{self.hub.public_ip}:{PORT} /HUB:DEFAULT /USERNAME:{h.name} /NICNAME:{self.ifname(h)}",
+                    f"AccountPasswordSet tb /PASSWORD:{self.passwords[h.name]} /TYPE:standard",
+                    "AccountConnect tb"]  # fmt: skip
+            h.write_file(self.host_dir(h) / "client.cmds", "\n".join(cmds) + "\n", 0o600)
+
+    def _vpncmd(self, host: Host, proc, target: list[str], cmds) -> None:
+        """vpncmd exits 0 whatever happens: its output says whether every command worked."""
+        for _ in range(20):
+            out = host.run(in_mounts_of(proc.pid, ["vpncmd", *target, f"/IN:{cmds}"]), timeout=60).stdout
+            if "Connection to the server failed" not in out:  # the daemon listens before it serves
+                break
+            time.sleep(0.5)
+        if "Error occurred" in out:  # vpncmd echoes its commands: never let a password reach a log
+            out = re.sub(r"/PASSWORD:\S+", "/PASSWORD:***", out)
+            raise RuntimeError(f"softether: vpncmd {' '.join(target)} failed: {out[-800:]}")
+
+    def _wait_port(self, host: Host, proc, port: int, what: str) -> None:
+        self.wait_for(what, lambda: not proc.alive() or bool(host.run(["ss", "-Hltn", f"sport = :{port}"],
+                                                                       check=False).stdout.strip()), timeout=30)  # fmt: skip
+        if not proc.alive():
+            raise RuntimeError(f"{what}: daemon exited: {proc.log_tail()}")
+        # the forked worker does the work: journal it and hand it to the monitor (CPU/RSS) as well
+        for pid in host.run(["pgrep", "-P", str(proc.pid)], check=False).stdout.split():
+            entry = host.journal.process(int(pid), proc.argv, host.name) if host.journal else None
+            self.procs[host.name].append(
+                Process(host, f"{proc.label}-worker", proc.argv, int(pid), proc.log_path, None, entry)
+            )
+
+    def start(self, host: Host) -> None:
+        if any(p.alive() for p in self.procs[host.name]):
+            return
+        if host is not self.hub:
+            self.start(self.hub)  # clients need the hub
+        d = self.host_dir(host)
+        iface = self._iface(host)
+        for src in self._mounts(
+            host
+        ).values():  # a restart starts from a clean configuration (vpncmd re-adds it)
+            host.run(["rm", "-rf", str(src)])
+            host.mkdir(src)
+        if host is self.hub:
+            proc = host.spawn(private_mounts(self._mounts(host), ["vpnserver", "execsvc"]), label="vpnserver",
+                              log_path=d / "daemon.log")  # fmt: skip
+            self.procs[host.name].append(proc)
+            self._wait_port(host, proc, 5555, "vpnserver admin port")
+            self._vpncmd(host, proc, ["127.0.0.1:5555", "/SERVER"], d / "server.cmds")
+        else:
+            proc = host.spawn(private_mounts(self._mounts(host), ["vpnclient", "execsvc"]), label="vpnclient",
+                              log_path=d / "daemon.log")  # fmt: skip
+            self.procs[host.name].append(proc)
+            self._wait_port(host, proc, 9931, "vpnclient admin port")
+            self._vpncmd(host, proc, ["127.0.0.1:9931", "/CLIENT"], d / "client.cmds")
+        self.wait_for(f"softether device {iface}", lambda: self.link_exists(host, iface), timeout=30)
+        host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/{self.tunnel_prefixlen}", "dev", iface])
+        host.run(["ip", "link", "set", iface, "mtu", str(self.mtu), "up"])
+
+    def stop(self, host: Host) -> None:
+        # vpnserver/vpnclient `execsvc` fork a worker that holds the sockets and the tap device, and the
+        # worker ignores SIGTERM for a while: signal the whole process group (spawn makes each daemon a
+        # session leader), then let Process.stop escalate to SIGKILL
+        for p in self.procs[host.name]:
+            if p.alive():
+                host.signal(-p.pid, signal.SIGTERM)
+        end = time.monotonic() + 3
+        while time.monotonic() < end and self._group_alive(host):
+            time.sleep(0.05)
+        for p in self.procs[host.name]:
+            host.signal(-p.pid, signal.SIGKILL)
+        super().stop(host)
+
+    def _group_alive(self, host: Host) -> bool:
+        return any(
+            host.run(["pgrep", "-g", str(p.pid)], check=False).stdout.strip() for p in self.procs[host.name]
+        )
+
+    def leftovers(self, host: Host) -> list[str]:
+        found = super().leftovers(host)
+        found += [
+            f"process group {p.pid} still has members"
+            for p in self.procs[host.name]
+            if self._group_alive(host)
+        ]
+        return found
+
+    def after_stop(self, host: Host) -> None:
+        iface = self._iface(host)
+        if self.link_exists(host, iface):
+            host.run(["ip", "link", "del", iface], check=False)

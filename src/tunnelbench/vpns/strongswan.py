@@ -1,0 +1,196 @@
+"""strongSwan 5.9 (Debian charon + swanctl) IKEv2/IPsec, full mesh of tunnel-mode CHILD_SAs, with ESP in
+userspace (the kernel-libipsec plugin) because this kernel has XFRM but no ESP; where the kernel has
+ESP, `vpn_options.strongswan.esp = "kernel"` leaves kernel-libipsec out and the kernel does ESP.
+
+Addressing: each host puts its tunnel address 10.77.0.i/32 on lo (no dummy interfaces in this kernel); for every other host j
+there is one IKE_SA + CHILD_SA with local_ts 10.77.0.i/32, remote_ts 10.77.0.j/32 (tunnel mode), so
+packets between tunnel addresses are ESP between the two underlay addresses (direct, full mesh). The
+higher-numbered host initiates (hosts start in order, so the responder is already up). Authentication:
+one random 256-bit PSK per pair (swanctl.conf 0600). Proposals: IKE aes256gcm16-prfsha256-x25519,
+ESP aes256gcm16 (AES-256-GCM), fixed so the recorded cipher is what ran.
+
+charon is configured only through a per-host strongswan.conf (STRONGSWAN_CONF): explicit plugin list,
+vici socket in its private /run (swanctl enters charon's mount namespace to reach it), log to a file. charon still writes its
+pid file to /run (compiled in), which every namespace shares, so each charon runs in a private mount
+namespace with a per-host directory over /run (lab/mountns.py). kernel-libipsec only does UDP-encapsulated ESP (it makes charon
+believe there is a NAT, so ESP goes in UDP 4500) and makes a tun device (ipsec0) and routes through it (routing table 220), both removed when charon exits."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+
+from tunnelbench.lab.host import Host
+from tunnelbench.lab.mountns import in_mounts_of, private_mounts
+from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.install import Apt, debian_version
+
+CHARON = "/usr/lib/ipsec/charon"
+IKE_PROPOSAL = "aes256gcm16-prfsha256-x25519"
+ESP_PROPOSAL = "aes256gcm16"
+PLUGINS_USERSPACE = "kernel-libipsec"
+PLUGINS = ("random nonce openssl aes sha1 sha2 hmac kdf gcm pem pkcs1 pubkey x509 kernel-netlink socket-default "
+           "vici updown")  # fmt: skip
+
+
+class StrongSwan(VpnDriver):
+    name = "strongswan"
+    summary = "strongSwan IKEv2/IPsec full mesh (tunnel mode per pair, PSK), AES-256-GCM, ESP in userspace (kernel-libipsec)"
+    binaries = ("swanctl", "charon")
+    installs = (
+        Apt(
+            (
+                "strongswan-swanctl",
+                "strongswan-charon",
+                "libcharon-extra-plugins",
+                "libstrongswan-standard-plugins",
+            )
+        ),
+    )
+    default_mtu = 1400  # kernel-libipsec's tun device MTU (charon.plugins.kernel-libipsec.mtu default)
+    paths = frozenset({"direct"})
+    paths_why = {
+        "relay": "IPsec has no relay: every pair needs direct UDP 500/4500",
+        "nat": "NAT-T works only with a reachable responder; peers behind different NATs cannot set up SAs",
+    }
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.esp = spec.options.get("esp", "userspace")
+        if self.esp not in ("userspace", "kernel"):
+            raise ValueError(f"strongswan: esp must be 'userspace' or 'kernel', not {self.esp!r}")
+        self.settings = {"mode": "full mesh of IKEv2 tunnel-mode SAs (one per pair)", "ike": IKE_PROPOSAL,
+                         "cipher": "AES-256-GCM (ESP aes256gcm16)", "esp": self.esp, "auth": "PSK per pair",
+                         "encapsulation": "ESP in UDP 4500 (kernel-libipsec always encapsulates)" if self.esp == "userspace" else "ESP",
+                         "mtu": self.mtu}  # fmt: skip
+
+    @classmethod
+    def bin(cls, name: str) -> str:
+        if name == "charon":  # not on PATH: Debian keeps it in /usr/lib/ipsec
+            return CHARON if os.path.exists(CHARON) else name
+        return super().bin(name)
+
+    @classmethod
+    def version(cls) -> str:
+        v = cls._first_line(["swanctl", "--version"], "strongSwan ").split()[1]  # "strongSwan 5.9.8 swanctl"
+        return f"{v} (debian {debian_version('strongswan-charon')})"
+
+    # inside charon's private /run; swanctl enters that mount namespace (a socket path in the run folder
+    # can exceed the 108-byte limit of unix socket paths)
+    VICI = "unix:///run/charon.vici"
+
+    def swanctl(self, host: Host, *args: str):
+        charon = next(p for p in self.procs[host.name] if p.label == "charon")
+        env = {"STRONGSWAN_CONF": str(self.host_dir(host) / "strongswan.conf")}
+        return host.run(in_mounts_of(charon.pid, ["swanctl", *args, "--uri", self.VICI]), env=env)
+
+    def configure(self) -> None:
+        psk = {
+            frozenset((a.name, b.name)): secrets.token_hex(32)
+            for a, b in itertools.combinations(self.spec.hosts, 2)
+        }
+        for h in self.spec.hosts:
+            d = self.host_dir(h)
+            h.mkdir(d / "run")
+            plugins = f"{PLUGINS_USERSPACE} {PLUGINS}" if self.esp == "userspace" else PLUGINS
+            conf = f"""charon {{
+  load = {plugins}
+  install_virtual_ip = no
+  retransmit_timeout = 1.0
+  retransmit_base = 1.4
+  filelog {{
+    log {{
+      path = {d / "charon.log"}
+      default = 1
+      ike = 1
+      time_format = %b %e %T
+      flush_line = yes
+    }}
+  }}
+  plugins {{
+    vici {{
+      socket = {self.VICI}
+    }}
+    kernel-libipsec {{
+      mtu = {self.mtu}
+    }}
+  }}
+}}
+"""
+            h.write_file(d / "strongswan.conf", conf, 0o644)
+            conns, secs = [], []
+            for p in self.spec.hosts:
+                if p is h:
+                    continue
+                start = "start" if self.index(h) > self.index(p) else "none"
+                conns.append(f"""  {p.name} {{
+    version = 2
+    local_addrs = {h.underlay_ip}
+    remote_addrs = {p.public_ip}
+    proposals = {IKE_PROPOSAL}
+    local {{
+      auth = psk
+      id = {h.name}
+    }}
+    remote {{
+      auth = psk
+      id = {p.name}
+    }}
+    children {{
+      {p.name} {{
+        local_ts = {self.tunnel_ip(h)}/32
+        remote_ts = {self.tunnel_ip(p)}/32
+        esp_proposals = {ESP_PROPOSAL}
+        mode = tunnel
+        start_action = {start}
+      }}
+    }}
+  }}""")
+                secs.append(f"""  ike-{p.name} {{
+    id-1 = {h.name}
+    id-2 = {p.name}
+    secret = 0x{psk[frozenset((h.name, p.name))]}
+  }}""")
+            text = "connections {\n" + "\n".join(conns) + "\n}\nsecrets {\n" + "\n".join(secs) + "\n}\n"
+            h.write_file(d / "swanctl.conf", text, 0o600)
+
+    def start(self, host: Host) -> None:
+        d = self.host_dir(host)
+        # the tunnel address lives on lo (this kernel has no dummy interfaces); removed in after_stop
+        host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/32", "dev", "lo"])
+        argv = private_mounts({"/run": d / "run"}, [CHARON])
+        proc = host.spawn(
+            argv,
+            label="charon",
+            log_path=d / "daemon.log",
+            env={"STRONGSWAN_CONF": str(d / "strongswan.conf")},
+        )
+        self.procs[host.name].append(proc)
+        sock = d / "run" / "charon.vici"
+        self.wait_for("charon vici socket", lambda: host.exists(sock) or not proc.alive(), timeout=15)
+        if not proc.alive():
+            raise RuntimeError(f"charon exited: {proc.log_tail()}")
+        # kernel-libipsec's tun device: its mtu option is not honoured by 5.9, so set it here
+        if self.esp == "userspace":
+            self.wait_for("kernel-libipsec ipsec0", lambda: self.link_exists(host, "ipsec0"), timeout=10)
+            host.run(["ip", "link", "set", "ipsec0", "mtu", str(self.mtu)])
+        self.swanctl(host, "--load-all", "--noprompt", "--file", str(d / "swanctl.conf"))
+
+    def after_stop(self, host: Host) -> None:
+        host.run(["ip", "addr", "del", f"{self.tunnel_ip(host)}/32", "dev", "lo"], check=False)
+        if self.link_exists(host, "ipsec0"):
+            host.run(["ip", "link", "del", "ipsec0"], check=False)
+        host.remove(self.host_dir(host) / "run" / "charon.vici")
+
+    def leftovers(self, host: Host) -> list[str]:
+        found = super().leftovers(host)
+        if (
+            f" {self.tunnel_ip(host)}/"
+            in host.run(["ip", "-o", "addr", "show", "dev", "lo"], check=False).stdout
+        ):
+            found.append(f"address {self.tunnel_ip(host)} on lo")
+        t220 = host.run(["ip", "route", "show", "table", "220"], check=False).stdout.strip()
+        if t220:
+            found.append(f"routes in table 220: {t220[:200]}")
+        return found

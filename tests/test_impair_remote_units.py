@@ -1,0 +1,114 @@
+"""Impairment on real (SSH) hosts without a lab: the commands the backends send through the Host API.
+
+The kernel here has no netem or prio qdisc, so the egress placement and netem on a router host are checked
+by the commands they issue (the SSH lab test exercises the native engine on a router host for real)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunnelbench.impair.backend import EgressNetemBackend, NativeBackend, NetemBackend
+from tunnelbench.impair.profiles import Profile
+from tunnelbench.lab.host import Result
+
+
+class FakeJournal:
+    def __init__(self):
+        self.open: list[dict] = []
+
+    def add(self, e: dict) -> dict:
+        self.open.append(e)
+        return e
+
+    def release(self, e: dict) -> None:
+        self.open.remove(e)
+
+
+class FakeHost:
+    remote = True
+
+    def __init__(self, name: str, ip: str, dev: str = "eth0"):
+        self.name, self.underlay_ip, self.underlay_if = name, ip, dev
+        self.workdir = Path(f"/var/tmp/tunnelbench/r/{name}")
+        self.journal = FakeJournal()
+        self.cmds: list[list[str]] = []
+        self.root = "qdisc mq 0: root"
+
+    def run(self, argv, **kw) -> Result:
+        argv = list(argv)
+        self.cmds.append(argv)
+        out = ""
+        if argv[:3] == ["tc", "qdisc", "replace"] and "prio" in argv:
+            self.root = "qdisc prio 7462: root refcnt 2 bands 4"
+        elif argv[:3] == ["tc", "qdisc", "show"]:
+            out = self.root
+        elif argv[:3] == ["tc", "qdisc", "del"]:
+            self.root = "qdisc mq 0: root"
+        return Result(argv, 0, out, "", 0.0)
+
+
+def test_egress_netem_impairs_only_what_each_peer_sends_to_the_others():
+    hosts = [FakeHost("h1", "192.0.2.1"), FakeHost("h2", "192.0.2.2", "enp1s0"), FakeHost("h3", "192.0.2.3")]
+    be = EgressNetemBackend(hosts, Path("/tmp/x"))  # type: ignore[arg-type]
+    be.apply(Profile(name="d5", delay_ms=5))
+    h1 = hosts[0].cmds
+    assert h1[0][:9] == ["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "7462:", "prio"]
+    assert h1[1] == ["tc", "qdisc", "add", "dev", "eth0", "parent", "7462:4", "netem", "delay", "5.0ms"]
+    dsts = [c[c.index("dst") + 1] for c in h1 if c[:3] == ["tc", "filter", "add"]]
+    assert dsts == ["192.0.2.2/32", "192.0.2.3/32"]  # never its own address, never all traffic
+    assert hosts[1].cmds[0][4] == "enp1s0"
+    assert all(len(h.journal.open) == 1 and h.journal.open[0]["kind"] == "qdisc" for h in hosts)
+    be.clear()
+    assert all(
+        h.journal.open == [] and ["tc", "qdisc", "del", "dev", h.underlay_if, "root"] in h.cmds for h in hosts
+    )
+    # a pair profile impairs only that pair, both ways
+    for h in hosts:
+        h.cmds.clear()
+    be.apply(Profile(name="p", delay_ms=5, pairs=[("h1", "h3")]))
+    assert not any(c[:3] == ["tc", "filter", "add"] for c in hosts[1].cmds)
+    assert [c[c.index("dst") + 1] for c in hosts[2].cmds if c[:3] == ["tc", "filter", "add"]] == [
+        "192.0.2.1/32"
+    ]
+    be.clear()
+
+
+def test_router_netem_on_a_remote_router_steers_peer_packets_only_and_shares_an_interface():
+    router = FakeHost("router", "192.0.2.254")
+    peers = [FakeHost("h1", "192.0.2.1"), FakeHost("h2", "192.0.2.2")]
+    be = NetemBackend(router, peers, Path("/tmp/x"), {"h1": "eth1", "h2": "eth1"})  # type: ignore[arg-type]
+    be.apply(Profile(name="d5", delay_ms=5, loss_pct=1))
+    roots = [c for c in router.cmds if c[:3] == ["tc", "qdisc", "replace"]]
+    assert len(roots) == 1  # one prio root on the shared interface, both peers' filters under it
+    filters = [c for c in router.cmds if c[:3] == ["tc", "filter", "add"]]
+    assert [(c[c.index("src") + 1], c[c.index("dst") + 1]) for c in filters] == [
+        ("192.0.2.2/32", "192.0.2.1/32"),
+        ("192.0.2.1/32", "192.0.2.2/32"),
+    ]
+    be.clear()
+    assert router.journal.open == []
+    # someone else's root qdisc is never deleted
+    router.root = "qdisc fq_codel 8001: root"
+    router.cmds.clear()
+    from tunnelbench.impair.backend import clear_filtered_root
+
+    assert not clear_filtered_root(router, "eth1")  # type: ignore[arg-type]
+    assert not any(c[:3] == ["tc", "qdisc", "del"] for c in router.cmds)
+
+
+def test_native_engine_rules_on_a_remote_router_use_peer_addresses():
+    router = FakeHost("router", "192.0.2.254")
+    peers = [FakeHost("h1", "192.0.2.1"), FakeHost("h2", "192.0.2.2")]
+    be = NativeBackend(
+        router, peers, Path("/var/tmp/x"), Path("/var/tmp/x/impaird"), chain="TB_IMPAIR_tb1234"
+    )  # type: ignore[arg-type]
+    rules = be.rules(Profile(name="d5", delay_ms=5))
+    assert [(r["src"], r["dst"]) for r in rules] == [
+        ("0.0.0.0/0", "192.0.2.1/32"),
+        ("0.0.0.0/0", "192.0.2.2/32"),
+    ]
+    rules = be.rules(Profile(name="p", delay_ms=5, pairs=[("h1", "h2")]))
+    assert [(r["src"], r["dst"]) for r in rules] == [
+        ("192.0.2.1/32", "192.0.2.2/32"),
+        ("192.0.2.2/32", "192.0.2.1/32"),
+    ]
