@@ -53,7 +53,8 @@ def make_run(root: Path, run_id: str, goodput: dict[str, tuple[float, float]], n
                 rtts = base + rng.exponential(0.05, 50)
                 out = Outcome(samples=[Sample("rtt_p50_ms", float(np.median(rtts)), "ms"),
                                        Sample("rtt_p99_ms", float(np.percentile(rtts, 99)), "ms"),
-                                       Sample("ping_loss_pct", 0.0, "%")],
+                                       Sample("ping_loss_pct", 0.0, "%"),
+                                       Sample("added_latency_p50_ms", float(rng.normal(2.0, 0.1)), "ms")],
                               series=[Series("rtt_ms", "ms", [(0.01 * i, float(r)) for i, r in enumerate(rtts)])])  # fmt: skip
                 st.finish_case(cid, "ok", out)
         if vpn == fail:

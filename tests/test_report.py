@@ -17,8 +17,10 @@ import pytest
 from synthetic_runs import make_run
 
 from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.analysis.summary import summarize
 from tunnelbench.report.export import COLUMNS, metric_rows, to_csv, to_json
 from tunnelbench.report.full import render_markdown, render_report
+from tunnelbench.store import DB_NAME, Store
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -47,6 +49,12 @@ def test_analysis_and_report_of_a_synthetic_run(tmp_path):
     assert f.tiering.groups() == [["internal"], ["fastvpn"], ["slowvpn"]]  # 8 vs 8, clearly apart
     g = a.groups[("fastvpn", "baseline", "tcp", "goodput_mbps")]
     assert g.ratio is not None and g.ratio[1] < 0.45 < g.ratio[2] and g.desc.n == 8
+    # a difference to another reading (loaded minus idle) gets no "x times the baseline"; the RTT does
+    assert a.groups[("fastvpn", "baseline", "ping", "added_latency_p50_ms")].ratio is None
+    assert a.groups[("fastvpn", "baseline", "ping", "rtt_p50_ms")].ratio is not None
+    rows = {(r.vpn, r.label, r.metric): r for r in summarize(Store(d / DB_NAME), d.name).rows}
+    assert rows[("fastvpn", "ping", "added_latency_p50_ms")].ratio is None
+    assert rows[("fastvpn", "ping", "rtt_p50_ms")].ratio is not None
     # parallel scaling: tcp-p4 was made 1.6x tcp; efficiency = goodput per daemon CPU-core
     sc = {(s.variant, s.label): s for s in a.scaling}
     assert sc[("fastvpn", "tcp-p4")].value == pytest.approx(1.6, rel=0.1)

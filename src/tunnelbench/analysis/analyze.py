@@ -30,6 +30,15 @@ from tunnelbench.workloads import WORKLOADS
 BASELINE = "internal"
 # ratios to the baseline are shown where they read as "x times slower/faster", not for near-zero rates
 RATIO_UNITS = ("Mbit/s", "ms", "s")
+# differences to another reading (latency under load minus idle) are already relative: no ratio of them
+NO_RATIO_PREFIXES = ("added_",)
+
+
+def has_ratio(metric: str, unit: str) -> bool:
+    """Whether "x times the baseline" reads sensibly for this metric."""
+    return unit in RATIO_UNITS and not metric.startswith(NO_RATIO_PREFIXES)
+
+
 FAILED = ("failed", "interrupted", "error")
 # metrics that the monitor adds to every case (per host); they are analysed separately as CPU and memory
 DAEMON_METRICS = ("daemon_cpu_pct", "daemon_cpu_peak_pct", "daemon_rss_mb")
@@ -279,7 +288,7 @@ def analyze(runs: list[RunData]) -> Analysis:
     for g in groups.values():
         g.desc = describe(g.values)
         bv = base_variant.get(g.run_id)
-        if bv and bv != g.variant and g.unit in RATIO_UNITS:
+        if bv and bv != g.variant and has_ratio(g.metric, g.unit):
             base = groups.get((bv, g.profile, g.label, g.metric))
             if base and base.values:
                 g.ratio = ratio_ci(g.values, base.values)

@@ -8,12 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tunnelbench.analysis.analyze import has_ratio
 from tunnelbench.store import Store
 from tunnelbench.workloads import WORKLOADS
 
 BASELINE = "internal"
-# ratios to the baseline are shown where they read as "x times slower/faster", not for near-zero rates
-RATIO_UNITS = ("Mbit/s", "ms", "s")
 
 
 @dataclass
@@ -90,7 +89,7 @@ def summarize(store: Store, run_id: str) -> Summary:
         st = Stat.of(vals)
         row = Row(vpn, profile, label, workload_of[label], metric, units[metric], st)
         base = values.get((BASELINE, profile, label, metric))
-        if base and vpn != BASELINE and units[metric] in RATIO_UNITS:
+        if base and vpn != BASELINE and has_ratio(metric, units[metric]):
             bm = float(np.median(base))
             row.ratio = st.median / bm if bm else None
         if cpu[key]["client"]:

@@ -110,21 +110,30 @@ class _RemoteRun:
 # stdin>]`; the server runs it in the background with output to temp files, reports `P <pid>` (so a
 # timeout can kill it), waits, then `R <rc> <stdout bytes> <stderr bytes>` followed by both outputs.
 # One command at a time per server; a pool gives concurrency (the monitor thread polls while a workload
-# runs). Large stdin (> _CHAN_MAX_INPUT) and a host without base64/mktemp use one session per command.
+# runs). While a command runs nothing is sent, so a watcher reads the channel: EOF there means the
+# controller died (SIGKILL, lost link) and the command is killed rather than left running for ever
+# (an iperf3 client whose tunnel vanished blocks for minutes). The watcher gets SIGKILL: a SIGTERM sent
+# before the forked sh has reset the server's TERM trap is lost, and a live watcher eats the next
+# command. Large stdin (> _CHAN_MAX_INPUT) and a host without base64/mktemp use one session per command.
 _CHAN_SERVER = r"""
 d=$(mktemp -d "${TMPDIR:-/tmp}/tbch.XXXXXX") || exit 1
 trap 'rm -rf "$d"' EXIT
 trap 'exit 1' HUP TERM PIPE
+exec 3<&0
 echo TBCH-READY
 while IFS= read -r line; do
   set -- $line
   printf %s "$2" | base64 -d >"$d/s" || { echo "E bad-script"; continue; }
   if [ -n "$3" ]; then printf %s "$3" | base64 -d >"$d/i"; else : >"$d/i"; fi
-  sh "$d/s" <"$d/i" >"$d/o" 2>"$d/e" &
+  sh "$d/s" <"$d/i" >"$d/o" 2>"$d/e" 3<&- &
   p=$!
   echo "P $p"
+  { IFS= read -r _ <&3; kill -KILL $p 2>/dev/null; } &
+  w=$!
   wait $p
-  echo "R $? $(wc -c <"$d/o") $(wc -c <"$d/e")"
+  rc=$?
+  kill -KILL $w 2>/dev/null; wait $w 2>/dev/null
+  echo "R $rc $(wc -c <"$d/o") $(wc -c <"$d/e")"
   cat "$d/o" "$d/e"
 done
 """
