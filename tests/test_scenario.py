@@ -70,3 +70,16 @@ def test_bad_toml_file(tmp_path):
         load_scenario(p)
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path / "missing.toml")
+
+
+def test_builtin_scenarios_load_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file of that name here: the name is a built-in
+    sc, _ = load_scenario("seeds")
+    assert sc.name == "seeds" and sc.lab.hosts == 5
+    sc, _ = load_scenario("many-clients")
+    assert sc.lab.topology == "star"
+    with pytest.raises(ScenarioError) as e:
+        load_scenario("seedz")
+    assert "seeds" in str(e.value) and "many-clients" in str(e.value)  # the error lists the built-ins
+    (tmp_path / "seeds").write_text('name = "mine"\n[[workloads]]\nname = "ping"\n')
+    assert load_scenario("seeds")[0].name == "mine"  # a file of that name wins

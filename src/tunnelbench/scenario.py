@@ -257,11 +257,18 @@ def load_scenario(path: Path | None = None) -> tuple[Scenario, str]:
     if path is None:
         text = resources.files("tunnelbench").joinpath("scenarios/default.toml").read_text()
         source = "built-in default scenario"
+    elif not Path(path).exists() and str(path) in builtin_scenarios():
+        # a bare built-in name (`tunnelbench run seeds`), as `tunnelbench list` prints them
+        text = resources.files("tunnelbench").joinpath(f"scenarios/{path}.toml").read_text()
+        source = f"built-in scenario {path}"
     else:
         try:
             text = Path(path).read_text()
         except OSError as e:
-            raise ScenarioError(f"cannot read scenario {path}: {e.strerror}") from None
+            hint = (
+                f" (built-in scenarios: {', '.join(builtin_scenarios())})" if not Path(path).exists() else ""
+            )
+            raise ScenarioError(f"cannot read scenario {path}: {e.strerror}{hint}") from None
         source = str(path)
     try:
         data = tomllib.loads(text)
