@@ -490,7 +490,7 @@ def report(run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: P
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True)  # fmt: skip
 @click.option("--threshold", type=float, default=10.0, show_default=True,
-              help="flag regressions whose whole 95%% CI is beyond this many percent")  # fmt: skip
+              help="flag regressions whose whole 95% CI is beyond this many percent")  # fmt: skip
 @click.option("--metric", "metrics", multiple=True,
               help="compare and gate only these metrics (repeat); default: headline throughput/latency/time")  # fmt: skip
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
