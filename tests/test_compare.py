@@ -63,7 +63,7 @@ def test_compare_says_when_it_cannot_detect_anything(tmp_path):
 # The injected regression is a rate limit: run A's path is limited to 100 Mbit/s, run B's to 80 Mbit/s.
 # The "same configuration" pair is two runs at 100 Mbit/s. Both are rate-limited on purpose: the lab machine
 # is shared (2 cores), and unlimited namespace-to-namespace TCP measures how busy the neighbours are; we saw
-# its median drift by 40% between back-to-back runs of the same configuration (two default runs of 2026-11-22 differed by 12% on internal tcp-p4).
+# its median drift by 12-40% between back-to-back runs of the same configuration.
 EDGE = """
 name = "edge-{rate}"
 vpns = ["internal"]
