@@ -59,6 +59,25 @@ def test_compare_says_when_it_cannot_detect_anything(tmp_path):
     assert res.returncode == 0 and "too few repetitions" in res.stdout
 
 
+def test_compare_fails_the_gate_when_b_broke_a_case_group(tmp_path):
+    """A release whose VPN no longer completes a case must not pass as "no regression"."""
+    from tunnelbench.store import DB_NAME, Store
+
+    a = make_run(tmp_path, "20260101-000000-tbaaaa", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=6)
+    b = make_run(tmp_path, "20260101-000001-tbbbbb", {"internal": (1000, 30)}, n=6, seed=2)
+    st = Store(b / DB_NAME)
+    for attempt in (0, 1):  # fastvpn ran in B, both attempts of its tcp case failed
+        cid = st.start_case(b.name, "fastvpn", "baseline", "tcp", "tcp", {}, 1, attempt, "h1", "h2", b)
+        st.finish_case(cid, "failed", error="MeshNotReady: pairs not answering")
+    st.close()
+    cmp = compare_runs(load_run(a), load_run(b))
+    assert cmp.regressions == [] and cmp.gate_failed
+    assert cmp.failed_b == [("fastvpn", "baseline", "tcp")]
+    assert ("fastvpn", "baseline", "tcp-p4") in cmp.only_a  # never run in B: reported, not a failure
+    res = tb("compare", str(a), str(b))
+    assert res.returncode == 1 and "FAILED in B" in res.stdout, res.stdout + res.stderr
+
+
 # -- real runs ---------------------------------------------------------------------------------------------
 # The injected regression is a rate limit: run A's path is limited to 100 Mbit/s, run B's to 80 Mbit/s.
 # The "same configuration" pair is two runs at 100 Mbit/s. Both are rate-limited on purpose: the lab machine

@@ -52,6 +52,16 @@ def test_placement_must_name_existing_distinct_hosts():
     assert "different hosts" in err_of({**MIN, "lab": {"client": "h2", "server": "h2"}})
 
 
+def test_profile_scoped_to_a_host_the_lab_does_not_have():
+    edge = {"delay_ms": 10, "hosts": ["h4"]}
+    msg = err_of({**MIN, "profiles": ["edge"], "lab": {"hosts": 3}, "impair": {"profiles": {"edge": edge}}})
+    assert "impair.profiles.edge" in msg and "'h4'" in msg and "h1, h2, h3" in msg
+    ok = parse_scenario(
+        {**MIN, "profiles": ["edge"], "lab": {"hosts": 4}, "impair": {"profiles": {"edge": edge}}}
+    )
+    assert ok.profile("edge").hosts == ["h4"]
+
+
 def test_bad_udp_bitrate_and_zero_repetitions():
     assert "workloads[0].bitrate" in err_of({"workloads": [{"name": "udp", "bitrate": "fast"}]})
     assert "run.repetitions" in err_of({**MIN, "run": {"repetitions": 0}})

@@ -295,8 +295,9 @@ def test_resilience_failover_to_relay(tmp_path):
             print("failover metrics", m)
             assert 0 < m["failover_s"] < 8 + 1  # the longest reply gap after the block, within the window
             assert 0 < m["failback_s"] < 8 + 1
-            assert m["relay_bytes_during_block"] > 0  # the probe crossed the relay host while blocked
-            assert lab.udp_blocked() >= 0  # the block is back as the relay path asks (its table exists)
+            # the probe (100 echoes/s, each way) crossed the relay host while blocked: far more than the
+            # supernode's registration keepalives (~100 B every 20 s) could account for
+            assert m["relay_bytes_during_block"] > 20_000, m
         finally:
             mesh.stop()
     finally:

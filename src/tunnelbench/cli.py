@@ -499,7 +499,8 @@ def report(run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: P
 def compare(run_a: str, run_b: str, results: Path, threshold: float, metrics: tuple[str, ...],
             json_out: Path | None, show_all: bool) -> None:  # fmt: skip
     """Compare run B against run A (matched by VPN, profile, workload, metric); exit 1 on a significant
-    regression beyond --threshold in a gated metric, 0 otherwise (2 when nothing matches)."""
+    regression beyond --threshold in a gated metric or when B ran a case of A's that never succeeded,
+    0 otherwise (2 when nothing matches)."""
     import json
 
     from tunnelbench.analysis.analyze import load_run
@@ -511,11 +512,11 @@ def compare(run_a: str, run_b: str, results: Path, threshold: float, metrics: tu
     cmp = compare_runs(a, b, threshold, list(metrics) or None)
     if json_out:
         json_out.write_text(json.dumps(cmp.to_json(), indent=1) + "\n")
-    if not cmp.changes:
+    if not cmp.changes and not cmp.failed_b:
         err.print(f"[red]no matching (VPN, profile, workload, metric) between {a.run_id} and {b.run_id}[/]")
         sys.exit(2)
     print_comparison(cmp, console, show_all)
-    sys.exit(1 if cmp.regressions else 0)
+    sys.exit(1 if cmp.gate_failed else 0)
 
 
 @main.command()

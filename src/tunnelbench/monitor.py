@@ -28,7 +28,9 @@ class _Track:
 
 @dataclass
 class Monitor:
-    daemons: dict[str, list[Process]]  # host name -> processes
+    # host name -> processes; a callable is asked again at every sample, so daemons that a workload
+    # restarts (connect, resilience) are followed to their new PIDs
+    daemons: dict[str, list[Process]] | Callable[[], dict[str, list[Process]]]
     interval_s: float = 0.5
     # watchdog: called every sample; a non-None answer is passed to on_unhealthy once (to abort the case)
     health: Callable[[], str | None] | None = None
@@ -41,6 +43,7 @@ class Monitor:
     _sys: list[float] = field(default_factory=list)
     _t0: float = 0.0
     _tracks: list[_Track] = field(default_factory=list)
+    _cpu_s: dict[str, float] = field(default_factory=dict)  # host -> daemon CPU seconds over the case
     machines: list | None = None  # remote Hosts whose machine-wide CPU is sampled instead of this machine's
     _mcpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     _mlast: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -62,16 +65,28 @@ class Monitor:
                 busy = 100.0 * (1 - (idle - last[0]) / (total - last[1]))
                 self._mcpu.setdefault(h.name, []).append((rel, busy))
 
-    def __enter__(self) -> Monitor:
-        self._t0 = time.monotonic()
-        for host, procs in self.daemons.items():
+    def _track_new(self) -> None:
+        daemons = self.daemons() if callable(self.daemons) else self.daemons
+        known = {(t.host, t.proc.pid) for t in self._tracks}
+        for host, procs in daemons.items():
             for p in procs:
+                if (host, p.pid) in known:
+                    continue
                 try:
                     ps = p.host.ps_process(p.pid)  # psutil locally, /proc over SSH remotely
                     ct = ps.cpu_times()
-                    self._tracks.append(_Track(host, ps, ct.user + ct.system, time.monotonic()))
+                    # a daemon born during the case is counted from its start, not from now
+                    base = 0.0 if self._tracks_started else ct.user + ct.system
+                    self._tracks.append(_Track(host, ps, base, time.monotonic()))
                 except psutil.Error:
                     continue
+
+    _tracks_started: bool = False
+
+    def __enter__(self) -> Monitor:
+        self._t0 = time.monotonic()
+        self._track_new()
+        self._tracks_started = True
         psutil.cpu_percent(None)  # prime the machine-wide counter
         self._machine_sample(0.0)
         self._thread = threading.Thread(target=self._loop, name="monitor", daemon=True)
@@ -79,6 +94,8 @@ class Monitor:
         return self
 
     def _sample(self) -> None:
+        if callable(self.daemons):
+            self._track_new()
         now = time.monotonic()
         cpu: dict[str, float] = {}
         rss: dict[str, float] = {}
@@ -90,7 +107,10 @@ class Monitor:
                 continue
             total = ct.user + ct.system
             dt = now - t.last_t
-            if dt > 0:
+            self._cpu_s[t.host] = self._cpu_s.get(t.host, 0.0) + (total - t.last_cpu)
+            if (
+                dt >= self.interval_s / 4
+            ):  # a few-ms tail reads 0 or 100% at the kernel's tick: no series point
                 cpu[t.host] = cpu.get(t.host, 0.0) + 100.0 * (total - t.last_cpu) / dt
             rss[t.host] = rss.get(t.host, 0.0) + mem / 2**20
             t.last_cpu, t.last_t = total, now
@@ -119,13 +139,17 @@ class Monitor:
         if self._thread:
             self._thread.join()
         self._sample()  # closing sample covers the tail of the case
+        self._elapsed = time.monotonic() - self._t0
+
+    _elapsed: float = 0.0
 
     def add_to(self, out: Outcome) -> None:
         for host, pts in self._cpu.items():
             vals = [v for _, v in pts]
             if vals:
-                # the mean over equal-length intervals is the case's average daemon CPU
-                out.add("daemon_cpu_pct", sum(vals) / len(vals), "%", host)
+                # CPU seconds over wall seconds: the closing sample's short interval carries its own weight
+                mean = 100.0 * self._cpu_s.get(host, 0.0) / self._elapsed if self._elapsed > 0 else 0.0
+                out.add("daemon_cpu_pct", mean, "%", host)
                 out.add("daemon_cpu_peak_pct", max(vals), "%", host)
                 out.series.append(Series("daemon_cpu_pct", "%", pts, host))
         for host, pts in self._rss.items():

@@ -20,30 +20,23 @@ from tunnelbench import __version__, environment
 from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend, make_backend
 from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.lab import Lab, make_lab
-from tunnelbench.lab.host import CommandError, abort_running
+from tunnelbench.lab.host import abort_running
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.monitor import Monitor
 from tunnelbench.scenario import Scenario
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
-from tunnelbench.vpns.base import MeshNotReady, VpnDriver
+from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
 
 LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3", "ss", "sysctl")
-CASE_ERRORS = (
-    WorkloadError,
-    CommandError,
-    MeshNotReady,
-    TimeoutError,
-    OSError,
-    RuntimeError,
-    ValueError,
-    KeyError,
-)
+# A case fails on any error (a parser bug in one workload must not end the run); Interrupted and
+# KeyboardInterrupt are not Exceptions of this kind and always end it.
+CASE_ERRORS = (Exception,)
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):  # not an Exception: no case handler may swallow it
     """SIGTERM/SIGINT/SIGHUP: stop measuring, tear down, keep what is stored."""
 
 
@@ -363,9 +356,7 @@ class Runner:
             try:
                 self._check_path()
                 health = self.backend.health if self.backend is not None else None
-                mon = Monitor(
-                    mesh.daemons(), self.sc.run.monitor_interval_s, health, lambda _: abort_running()
-                )
+                mon = Monitor(mesh.daemons, self.sc.run.monitor_interval_s, health, lambda _: abort_running())
                 if client.remote:  # SSH: the targets' machine CPU, not the controller's
                     mon.machines = [h for h in self._lab_hosts() if h.remote]
                 try:

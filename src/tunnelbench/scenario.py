@@ -158,6 +158,18 @@ class Scenario(Strict):
                 )
         if len(set(self.profiles)) != len(self.profiles):
             raise ValueError("profiles: a profile is listed twice")
+        if self.lab.backend == "netns":  # an inventory maps names at run time; the namespace lab is h1..hN
+            lab_hosts = [f"h{i}" for i in range(1, self.lab.hosts + 1)]
+            for name in self.profiles:
+                p = known[name]
+                named = [*p.hosts, *(h for pair in p.pairs for h in pair)]
+                bad = [h for h in named if h not in lab_hosts]
+                if bad:
+                    raise ValueError(
+                        f"impair.profiles.{name}: unknown host {bad[0]!r} in "
+                        f"{'hosts' if bad[0] in p.hosts else 'pairs'}; this lab's hosts: "
+                        f"{', '.join(lab_hosts[:8])}{' ...' if len(lab_hosts) > 8 else ''} (lab.hosts = {self.lab.hosts})"
+                    )
         return self
 
     def profile(self, name: str) -> Profile:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -64,6 +64,12 @@ class Comparison:
     only_a: list[tuple[str, str, str]]  # (vpn, profile, label) measured only in A
     only_b: list[tuple[str, str, str]]
     underpowered: list[str]  # metrics whose family cannot reach significance with these sample sizes
+    # groups measured in A that B ran but never completed (every attempt failed): the release broke them
+    failed_b: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def gate_failed(self) -> bool:
+        return bool(self.regressions or self.failed_b)
 
     @property
     def regressions(self) -> list[Change]:
@@ -74,7 +80,8 @@ class Comparison:
                 "alpha": ALPHA, "regressions": len(self.regressions),
                 "changes": [c.to_json() for c in self.changes],
                 "only_a": [list(k) for k in self.only_a], "only_b": [list(k) for k in self.only_b],
-                "underpowered": self.underpowered}  # fmt: skip
+                "underpowered": self.underpowered,
+                "failed_b": [list(k) for k in self.failed_b]}  # fmt: skip
 
 
 def _samples(run: RunData) -> tuple[dict[tuple[str, str, str, str], list[float]], dict[str, tuple[str, str]]]:
@@ -134,8 +141,10 @@ def compare_runs(a: RunData, b: RunData, threshold_pct: float = DEFAULT_THRESHOL
     changes.sort(key=lambda c: (not c.gated, c.verdict != "REGRESSION", c.vpn, c.profile, c.label, c.metric))
     ga = {k[:3] for k in sa}
     gb = {k[:3] for k in sb}
-    return Comparison(a.run_id, b.run_id, threshold_pct, changes, sorted(ga - gb), sorted(gb - ga),
-                      underpowered)  # fmt: skip
+    ran_b = {(c.vpn, c.profile, c.label) for c in b.cases if c.status in ("ok", "failed")}
+    failed_b = sorted(k for k in ga - gb if k in ran_b)
+    return Comparison(a.run_id, b.run_id, threshold_pct, changes, sorted(ga - gb - set(failed_b)),
+                      sorted(gb - ga), underpowered, failed_b)  # fmt: skip
 
 
 def _verdict(c: Change, thr: float) -> str:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 from rich.console import Console
 from rich.table import Table
 
 from tunnelbench.analysis.summary import Summary, headline_rows
 from tunnelbench.report.fmt import num, spread
 from tunnelbench.store import Store
+from tunnelbench.vpns import DRIVERS
+from tunnelbench.vpns.impossible import IMPOSSIBLE
 
 
 def vpn_order(store: Store, run_id: str) -> list[str]:
@@ -54,6 +58,9 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
     console.print(summary_table(summary, vpn_order(store, run_id), versions))
     for vpn, why in summary.skipped.items():
         console.print(f"[yellow]{vpn}: {why}[/]")
+    if set(versions) >= set(DRIVERS):  # a `--vpn all` run: name the VPNs that have no driver here, and why
+        for imp in IMPOSSIBLE.values():
+            console.print(f"[yellow]{imp.name}: impossible here: {imp.reason}[/]")
     failed = {k: v for k, v in summary.failures.items() if k[0] not in summary.skipped}
     for (vpn, profile, label), n in failed.items():
         console.print(f"[red]{vpn} {label} ({profile}): {n} failed attempt(s); errors in the report[/]")
@@ -64,6 +71,18 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
         other = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(ph.items()) if k not in ("wall", "measure"))
         console.print(f"wall {wall:.0f} s; measuring {measure:.0f} s ({100 * measure / wall:.0f}%); {other}")
     env = store.env(run_id)
+    for key, raw in sorted(env.items()):
+        if key.startswith("calibration.") and key != "calibration.base":
+            cal = json.loads(raw)
+            status = "[green]within tolerance[/]" if cal.get("ok") else "[bold red]OUT OF TOLERANCE[/]"
+            bad = "; ".join(
+                f"{c['quantity']} measured {num(c['measured'])} vs configured {num(c['configured'])} {c['unit']}"
+                for c in cal.get("checks", [])
+                if c.get("ok") is False
+            )
+            console.print(
+                f"profile {cal.get('profile')} ({cal.get('backend')}): {status}" + (f": {bad}" if bad else "")
+            )
     drops = env.get("router.offlab_drops")
     if drops not in (None, "0"):
         console.print(
@@ -113,8 +132,14 @@ def print_comparison(cmp, console: Console, show_all: bool = False) -> None:
         console.print(f"[yellow]only in A: {' · '.join(k)}[/]")
     for k in cmp.only_b:
         console.print(f"[yellow]only in B: {' · '.join(k)}[/]")
+    for k in cmp.failed_b:
+        console.print(
+            f"[bold red]FAILED in B: {' · '.join(k)} was measured in A; every attempt in B failed[/]"
+        )
     n = len(cmp.regressions)
+    if cmp.failed_b:
+        console.print(f"[bold red]{len(cmp.failed_b)} case group(s) broken in B[/]")
     if n:
         console.print(f"[bold red]{n} significant regression(s) beyond {cmp.threshold_pct:g}%[/]")
-    else:
+    elif not cmp.failed_b:
         console.print(f"[green]no significant regression beyond {cmp.threshold_pct:g}%[/]")

@@ -215,6 +215,8 @@ class VpnDriver(ABC):
     def stop(self, host: Host) -> None:
         for p in reversed(self.procs[host.name]):
             p.stop()
+        # kept so leftovers() can prove they are gone (a daemon that ignores SIGKILL, a reused PID)
+        self.__dict__.setdefault("_stopped", {}).setdefault(host.name, []).extend(self.procs[host.name])
         self.procs[host.name] = []
         self.after_stop(host)
 
@@ -223,7 +225,14 @@ class VpnDriver(ABC):
 
     def leftovers(self, host: Host) -> list[str]:
         """What of this VPN is still on the host after stop: processes, interfaces, routes, files."""
-        found = [f"process {p.label} pid {p.pid}" for p in self.procs[host.name] if p.alive()]
+        stopped = self.__dict__.get("_stopped", {}).get(host.name, [])
+        found = [f"process {p.label} pid {p.pid}" for p in [*self.procs[host.name], *stopped] if p.alive()]
+        # anything else still running in the host's namespace (a child the daemon forked, a helper it
+        # spawned): after stop nothing of the run may live there
+        known = {p.pid for p in [*self.procs[host.name], *stopped]}
+        for pid in getattr(host, "pids", lambda: [])():
+            if pid not in known:
+                found.append(f"process {_comm(pid)} pid {pid} (in the host's namespace)")
         links = host.run(["ip", "-o", "link", "show"]).stdout
         for line in links.splitlines():
             name = line.split(":")[1].strip().split("@")[0]
@@ -253,6 +262,13 @@ class VpnDriver(ABC):
 
     def link_exists(self, host: Host, ifname: str) -> bool:
         return host.run(["ip", "link", "show", ifname], check=False).returncode == 0
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
 
 
 class MeshNotReady(RuntimeError):
