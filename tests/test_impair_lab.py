@@ -180,3 +180,59 @@ def test_killing_the_engine_mid_case_fails_the_case(tmp_path):
     # the engine is restarted for the retry, and later cases measure again
     assert sum(r[2] == "ok" for r in rows) == 3, rows
     assert "impaird" in out or "impairment engine" in out
+
+
+MEDIUM = """
+name = "medium-every-driver"
+vpns = ["internal"]
+[run]
+repetitions = 1
+[lab]
+hosts = 2
+[[workloads]]
+name = "tcp"
+duration_s = 3
+omit_s = 0
+[[workloads]]
+name = "ping"
+count = 50
+interval_s = 0.02
+"""
+
+
+def test_run_profile_medium_with_every_first_issue_driver(tmp_path):
+    """`tunnelbench run --profile medium` with internal and the four first-issue VPNs: the profile is
+    calibrated on the raw path and stored, the backend recorded, and every case of every VPN measures."""
+    from conftest import lab_missing
+
+    from tunnelbench.vpns import DRIVERS
+
+    if lab_missing():
+        pytest.skip(lab_missing())
+    if impaird_binary() is None:
+        pytest.skip("native engine not built")
+    vpns = ["internal", "wireguard-go", "nebula", "tinc", "openvpn"]
+    missing = [v for v in vpns if not DRIVERS[v].availability().ok]
+    assert not missing, f"scripts/setup.sh installs these from Debian: {missing}"
+    scen = tmp_path / "s.toml"
+    scen.write_text(MEDIUM)
+    results = tmp_path / "results"
+    r = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--profile", "medium",
+                        "--vpn", ",".join(vpns), "--results", str(results), "--no-html"],
+                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (run_dir,) = results.iterdir()
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    rows = db.execute('SELECT vpn, label, profile, status FROM "case" WHERE attempt = 0').fetchall()
+    assert sorted(rows) == sorted((v, lbl, "medium", "ok") for v in vpns for lbl in ("tcp", "ping")), rows
+    env = dict(db.execute("SELECT key, value FROM environment").fetchall())
+    assert env["impair.backend"] in ("native", "netem")
+    cal = json.loads(env["calibration.medium"])
+    assert cal["profile"] == "medium" and cal["checks"], cal
+    loss = [c for c in cal["checks"] if "loss" in c["quantity"].lower()]
+    assert loss and loss[0]["configured"] == pytest.approx(1.0), cal
+    # the 4 ms each way is on every tunnel's path: the idle RTT of each VPN is at least 8 ms
+    rtt = db.execute("SELECT c.vpn, m.value FROM metric m JOIN \"case\" c ON c.id = m.case_id "
+                     "WHERE m.name = 'rtt_p50_ms'").fetchall()  # fmt: skip
+    assert len(rtt) == len(vpns) and all(v >= 7.5 for _, v in rtt), rtt
+    assert "profile medium" in r.stdout + r.stderr  # the calibration verdict is in the summary

@@ -359,6 +359,7 @@ class Runner:
                 mon = Monitor(mesh.daemons, self.sc.run.monitor_interval_s, health, lambda _: abort_running())
                 if client.remote:  # SSH: the targets' machine CPU, not the controller's
                     mon.machines = [h for h in self._lab_hosts() if h.remote]
+                eng0 = self._engine_stats()
                 try:
                     with mon:
                         out: Outcome = wl.run(ctx)
@@ -366,6 +367,7 @@ class Runner:
                     if mon.unhealthy:  # the watchdog aborted the case: report why, not the tool's complaint
                         raise ImpairError(mon.unhealthy)
                 mon.add_to(out)
+                self._add_engine_stats(out, eng0, self._engine_stats())
                 self._check_path()
                 dead = [f"{h}/{p.label}" for h, ps in mesh.daemons().items() for p in ps if not p.alive()]
                 if dead:
@@ -392,6 +394,28 @@ class Runner:
                     + "[/]"
                 )
                 self._heal(mesh)
+
+    def _engine_stats(self) -> dict | None:
+        if not isinstance(self.backend, NativeBackend) or self.backend.profile is None:
+            return None
+        try:
+            return self.backend.stats()
+        except Exception:  # a missing stats file is the watchdog's business, not this bookkeeping's
+            return None
+
+    def _add_engine_stats(self, out: Outcome, s0: dict | None, s1: dict | None) -> None:
+        """Drops the engine made that the profile did not ask for (its own queue overflowing, the kernel's
+        NFQUEUE full), as per-case metrics of the router: non-zero means the emulator, not the VPN, lost
+        packets. A restart in between (pid changed) makes the delta meaningless: skipped."""
+        if not s0 or not s1 or s0.get("pid") != s1.get("pid"):
+            return
+        out.add("engine_overflow_drops", s1["dropped_overflow"] - s0["dropped_overflow"], "packets", "router")
+        if s1.get("kernel_queue_dropped") is not None and s0.get("kernel_queue_dropped") is not None:
+            kd = s1["kernel_queue_dropped"] - s0["kernel_queue_dropped"]
+            kd += (s1.get("kernel_user_dropped") or 0) - (s0.get("kernel_user_dropped") or 0)
+            out.add("engine_kernel_drops", kd, "packets", "router")
+        out.add("engine_packets", s1["packets_in"] - s0["packets_in"], "packets", "router")
+        out.add("engine_realtime", 1.0 if s1.get("realtime") else 0.0, "bool", "router")
 
     def _lab_hosts(self) -> list:
         assert self.lab is not None

@@ -283,7 +283,7 @@ class SshHost(Host):
         self.underlay_ip = inv.underlay_ip
         self.underlay_if = "eth0"  # replaced by the real egress interface in SshLab.build
         self.workdir = Path(str(workdir)) if workdir else Path(inv.workdir_root)
-        tags = {"backend": "ssh", "host": name, "address": inv.address}
+        tags = {"backend": "ssh", "host": name, "address": inv.address, "port": inv.port}
         self.journal = HostJournal(journal, tags) if journal is not None else None  # type: ignore[assignment]
         self.preexisting_links: frozenset[str] = frozenset()
         self._conn: Any = None
@@ -959,15 +959,18 @@ def clean_ssh_entries(
 ) -> UndoReport:
     """`clean --inventory`: undo a killed run's SSH entries, host by host (matched by name and address)."""
     rep = UndoReport()
-    by_host: dict[tuple[str, str], list[dict]] = {}
+    by_host: dict[tuple[str, str, int | None], list[dict]] = {}
     for e in entries:
         if e.get("backend") == "ssh":
-            by_host.setdefault((e["host"], e["address"]), []).append(e)
-    for (name, address), ents in by_host.items():
-        inv = _find_inv(inventory, name, address)
-        if inv is None:
-            rep.problems.append(f"{name} ({address}): not in inventory {inventory.path}; cannot clean it")
+            by_host.setdefault((e["host"], e["address"], e.get("port")), []).append(e)
+    for (name, address, port), ents in by_host.items():
+        found = _find_inv(inventory, address, port)
+        if len(found) != 1:
+            why = "not in" if not found else "ambiguous (several hosts share the address) in"
+            rep.problems.append(f"{name} ({address}:{port or '?'}): {why} inventory {inventory.path}; "
+                                "cannot clean it")  # fmt: skip
             continue
+        inv = found[0]
         h = SshHost(name, inv, None, None)
         try:
             h.connect()
@@ -981,11 +984,10 @@ def clean_ssh_entries(
     return rep
 
 
-def _find_inv(inventory: Inventory, name: str, address: str) -> InvHost | None:
-    for inv in inventory.hosts.values():
-        if inv.address == address:
-            return inv
-    return None
+def _find_inv(inventory: Inventory, address: str, port: int | None) -> list[InvHost]:
+    """The inventory hosts a journal entry was made on: same address and SSH port (two hosts behind one
+    NAT address differ by port; journals without a port match by address alone)."""
+    return [i for i in inventory.hosts.values() if i.address == address and port in (None, i.port)]
 
 
 # -- doctor ----------------------------------------------------------------------------------------------

@@ -83,6 +83,20 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
             console.print(
                 f"profile {cal.get('profile')} ({cal.get('backend')}): {status}" + (f": {bad}" if bad else "")
             )
+    eng = dict(
+        store.db.execute(
+            "SELECT m.name, SUM(CASE WHEN m.name = 'engine_realtime' THEN 1 - m.value ELSE m.value END) "
+            'FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.run_id = ? AND m.name IN '
+            "('engine_overflow_drops', 'engine_kernel_drops', 'engine_realtime') GROUP BY m.name",
+            (run_id,),
+        ).fetchall()
+    )
+    if eng.get("engine_overflow_drops") or eng.get("engine_kernel_drops"):
+        console.print(f"[bold red]the impairment engine dropped packets the profiles did not ask for "
+                      f"(its queue {eng.get('engine_overflow_drops', 0):.0f}, the kernel's "
+                      f"{eng.get('engine_kernel_drops', 0):.0f}): the emulator was a bottleneck[/]")  # fmt: skip
+    if eng.get("engine_realtime"):
+        console.print("[yellow]the impairment engine ran without real-time priority in some cases[/]")
     drops = env.get("router.offlab_drops")
     if drops not in (None, "0"):
         console.print(
