@@ -144,3 +144,39 @@ def test_signal_tears_down_and_keeps_finished_cases(tmp_path, sig):
     assert db.execute("SELECT status FROM run").fetchone()[0] == "interrupted"
     assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 5
     assert "goodput_mbps" in out  # the summary of what was measured is still printed
+
+
+ADAPTIVE = """
+name = "adaptive"
+vpns = ["internal"]
+[run]
+repetitions = 2
+max_repetitions = 6
+target_ci_pct = {target}
+[lab]
+hosts = 2
+[[workloads]]
+name = "ping"
+count = 10
+interval_s = 0.01
+"""
+
+
+@pytest.mark.parametrize("target,expected", [(100.0, 2), (1e-6, 6)])
+def test_adaptive_repetitions_stop_at_the_precision_goal_or_the_cap(tmp_path, target, expected):
+    """A loose goal is met by the fixed repetitions; an impossible one runs to max_repetitions."""
+    from conftest import lab_missing
+
+    if lab_missing():
+        pytest.skip(lab_missing())
+    scen = tmp_path / "s.toml"
+    scen.write_text(ADAPTIVE.format(target=target))
+    r = tb("run", str(scen), "--results", str(tmp_path / "results"), "--no-html")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (db,) = (tmp_path / "results").glob("*/results.sqlite")
+    reps = (
+        sqlite3.connect(db)
+        .execute("SELECT repetition FROM \"case\" WHERE status='ok' ORDER BY id")
+        .fetchall()
+    )
+    assert [x for (x,) in reps] == list(range(1, expected + 1))

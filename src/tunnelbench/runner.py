@@ -306,10 +306,43 @@ class Runner:
                         progress.update(task, description=f"{vpn} · {profile} · {wl.label()} · rep {rep}")
                         self._run_case(mesh, wl, profile, rep, client, server)
                         progress.advance(task)
+                self._adaptive_reps(mesh, profile, client, server, progress, task)
         finally:
             if self.backend is not None:
                 self.backend.clear()
         self._stop_and_verify(mesh, vpn)
+
+    def _adaptive_reps(self, mesh: Mesh, profile: str, client, server, progress: Progress, task) -> None:
+        """Adaptive repetitions: repeat each workload whose headline metric is not yet precise enough."""
+        cfg = self.sc.run
+        if not cfg.max_repetitions or cfg.max_repetitions <= cfg.repetitions:
+            return
+        pending = [wl for wl in self.workloads if wl.headline]
+        for rep in range(cfg.repetitions + 1, cfg.max_repetitions + 1):
+            pending = [wl for wl in pending if not self._precise(mesh.vpn, profile, wl)]
+            if not pending:
+                return
+            for wl in pending:
+                progress.update(
+                    task, description=f"{mesh.vpn} · {profile} · {wl.label()} · rep {rep} (adaptive)"
+                )
+                self._run_case(mesh, wl, profile, rep, client, server)
+
+    def _precise(self, vpn: str, profile: str, wl: Workload) -> bool:
+        """Is the 95% bootstrap CI of the mean of the workload's first headline metric within
+        target_ci_pct of the mean (over this run's successful repetitions)?"""
+        from tunnelbench.analysis.stats import describe
+
+        values = [v for (v,) in self.store.db.execute(
+            'SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.run_id = ? AND c.vpn = ? '
+            "AND c.profile = ? AND c.label = ? AND c.status = 'ok' AND m.name = ? AND m.host IS NULL",
+            (self.run_id, vpn, profile, wl.label(), wl.headline[0]))]  # fmt: skip
+        if len(values) < 2:
+            return False
+        d = describe(values)
+        if d.mean == 0:
+            return d.mean_ci_hi == d.mean_ci_lo
+        return 100 * (d.mean_ci_hi - d.mean_ci_lo) / 2 / abs(d.mean) <= self.sc.run.target_ci_pct
 
     def _vpn_settings(self, driver: VpnDriver) -> dict:
         """What ran (driver.settings, with its defaults), the path scenario, and the feature record."""

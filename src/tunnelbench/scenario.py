@@ -35,6 +35,23 @@ class RunCfg(Strict):
     tunnel_timeout_s: float = Field(60.0, gt=0, le=3600, description="limit for a mesh to come up")
     monitor_interval_s: float = Field(0.5, ge=0.05, le=10, description="daemon CPU/RSS sampling period")
     results_dir: str = Field("results", description="where run folders are written")
+    max_repetitions: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="adaptive repetitions: after `repetitions`, repeat a case until the "
+        "95% CI of its headline metric's mean is within target_ci_pct of the mean, or this many repetitions",
+    )
+    target_ci_pct: float = Field(
+        5.0, gt=0, le=100, description="adaptive repetitions: CI half-width goal, % of the mean"
+    )
+
+    @model_validator(mode="after")
+    def _adaptive(self) -> RunCfg:
+        if self.max_repetitions is not None and self.max_repetitions < self.repetitions:
+            raise ValueError(f"max_repetitions ({self.max_repetitions}) must be >= repetitions "
+                             f"({self.repetitions}), or left out for a fixed count")  # fmt: skip
+        return self
 
 
 class LabCfg(Strict):
