@@ -144,13 +144,13 @@ class Monitor:
     _elapsed: float = 0.0
 
     def add_to(self, out: Outcome) -> None:
-        for host, pts in self._cpu.items():
-            vals = [v for _, v in pts]
-            if vals:
-                # CPU seconds over wall seconds: the closing sample's short interval carries its own weight
-                mean = 100.0 * self._cpu_s.get(host, 0.0) / self._elapsed if self._elapsed > 0 else 0.0
-                out.add("daemon_cpu_pct", mean, "%", host)
-                out.add("daemon_cpu_peak_pct", max(vals), "%", host)
+        for host in {**self._cpu_s, **self._cpu}:
+            # CPU seconds over wall seconds (also for a case shorter than one sampling interval)
+            if self._elapsed > 0:
+                out.add("daemon_cpu_pct", 100.0 * self._cpu_s.get(host, 0.0) / self._elapsed, "%", host)
+            pts = self._cpu.get(host, [])
+            if pts:
+                out.add("daemon_cpu_peak_pct", max(v for _, v in pts), "%", host)
                 out.series.append(Series("daemon_cpu_pct", "%", pts, host))
         for host, pts in self._rss.items():
             if pts:
