@@ -210,7 +210,11 @@ def _doctor_inventory(path: Path, insecure: bool) -> int:
 
 @main.command()
 @click.option(
-    "--profile", "-p", "profiles", multiple=True, help="profile(s) to calibrate (default: every built-in)"
+    "--profile",
+    "-p",
+    "profiles",
+    multiple=True,
+    help="profile(s) to calibrate (repeat or comma-separate; default: every built-in)",
 )
 @click.option(
     "--scenario", type=click.Path(dir_okay=False, path_type=Path), help="take user-defined profiles from here"
@@ -235,7 +239,7 @@ def calibrate(
             err.print(f"[red]{e}[/]")
             sys.exit(2)
         known.update(sc.impair.profiles)
-    names = list(profiles) or [n for n in known if n != "baseline"]
+    names = [n for arg in profiles for n in arg.split(",") if n] or [n for n in known if n != "baseline"]
     unknown = [n for n in names if n not in known]
     if unknown:
         err.print(f"[red]--profile: unknown {', '.join(unknown)}; allowed: {', '.join(known)}[/]")
