@@ -180,3 +180,36 @@ def test_adaptive_repetitions_stop_at_the_precision_goal_or_the_cap(tmp_path, ta
         .fetchall()
     )
     assert [x for (x,) in reps] == list(range(1, expected + 1))
+
+
+RELATIVE = """
+name = "relative-results"
+vpns = ["fastd", "strongswan"]
+[run]
+repetitions = 1
+[lab]
+hosts = 2
+[[workloads]]
+name = "ping"
+count = 10
+interval_s = 0.01
+"""
+
+
+def test_relative_results_folder_works_for_daemons_that_resolve_paths_themselves(tmp_path):
+    """`--results results` (the default, relative to the cwd): fastd resolves its includes against its config
+    folder and swanctl runs in its own mount namespace; both failed with a relative run folder."""
+    from conftest import lab_missing
+
+    from tunnelbench.vpns import DRIVERS
+
+    if lab_missing():
+        pytest.skip(lab_missing())
+    missing = [v for v in ("fastd", "strongswan") if not DRIVERS[v].availability().ok]
+    assert not missing, f"scripts/setup.sh installs these: {missing}"
+    (tmp_path / "s.toml").write_text(RELATIVE)
+    r = tb("run", "s.toml", "--results", "results", "--no-html", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (db,) = (tmp_path / "results").glob("*/results.sqlite")
+    rows = sqlite3.connect(db).execute('SELECT vpn, status FROM "case"').fetchall()
+    assert sorted(rows) == [("fastd", "ok"), ("strongswan", "ok")], rows

@@ -392,7 +392,18 @@ def test_sigkill_mid_case_then_clean_inventory_leaves_targets_clean(ssh_env: Ssh
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ssh_env.env())  # fmt: skip
     try:
         run_dir = _wait_for_ok_case(results, 1)
-        time.sleep(1.0)  # inside the next case
+        # inside the next 3 s TCP case: wait for it to be running, then 1 s into it
+        db_path, end = run_dir / "results.sqlite", time.monotonic() + 60
+        while time.monotonic() < end:
+            with contextlib.suppress(sqlite3.Error):
+                c = sqlite3.connect(db_path, timeout=5)
+                q = "SELECT COUNT(*) FROM \"case\" WHERE status='running' AND label='tcp' AND repetition=2"
+                running = c.execute(q).fetchone()[0]
+                c.close()
+                if running:
+                    break
+            time.sleep(0.05)
+        time.sleep(1.0)
         # the controller is the python child of `ip netns exec` (exec'd: same PID)
         p.send_signal(signal.SIGKILL)
         p.wait(10)
@@ -422,6 +433,8 @@ def test_sigkill_mid_case_then_clean_inventory_leaves_targets_clean(ssh_env: Ssh
     assert "nothing to clean" in r.stdout, r.stdout + r.stderr
     db = sqlite3.connect(run_dir / "results.sqlite")
     assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 1
+    # the kill landed inside a case: one was still marked running, and the finished ones were kept
+    assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='running'").fetchone()[0] == 1
 
 
 def _wait_for_ok_case(results: Path, n_ok: int, timeout: float = 180) -> Path:

@@ -60,7 +60,9 @@ class Runner:
         self.console = console or Console(stderr=True)
         self.tag = new_tag()
         self.run_id = new_run_id(self.tag)
-        self.run_dir = (results_root or Path(scenario.run.results_dir)) / self.run_id
+        # absolute: daemons resolve config paths against their own cwd or config dir (fastd includes,
+        # swanctl and SoftEther inside a mount namespace), so a relative --results broke them
+        self.run_dir = (results_root or Path(scenario.run.results_dir)).absolute() / self.run_id
         self.workloads: list[Workload] = scenario.build_workloads()
         self.lab: Lab | None = None
         self.mesh: Mesh | None = None
