@@ -256,7 +256,10 @@ def test_resilience_restart_one_and_all(mesh):
             assert m[f"outage_{tag}_s"] < 0.3
         else:  # the tunnel went away: replies stopped for at least the restart itself
             assert m[f"outage_{tag}_s"] >= m[f"reconnect_{tag}_s"] * 0.9
-    assert mesh.pairs_down() == []
+    # every pair answers again. Pairs the probe did not use may still be re-handshaking, so the mesh gets its
+    # readiness wait rather than one 300 ms fping round (this test failed once in ten local runs with
+    # wireguard-go; the assertion was not captured, the single round is the likeliest cause)
+    mesh.wait_ready(30)
 
 
 def test_resilience_failover_to_relay(tmp_path):

@@ -44,6 +44,8 @@ class Monitor:
     _t0: float = 0.0
     _tracks: list[_Track] = field(default_factory=list)
     _cpu_s: dict[str, float] = field(default_factory=dict)  # host -> daemon CPU seconds over the case
+    _tracks_started: bool = False  # after __enter__, new daemons are counted from their own start
+    _elapsed: float = 0.0  # case wall seconds, set on exit
     machines: list | None = None  # remote Hosts whose machine-wide CPU is sampled instead of this machine's
     _mcpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     _mlast: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -80,8 +82,6 @@ class Monitor:
                     self._tracks.append(_Track(host, ps, base, time.monotonic()))
                 except psutil.Error:
                     continue
-
-    _tracks_started: bool = False
 
     def __enter__(self) -> Monitor:
         self._t0 = time.monotonic()
@@ -140,8 +140,6 @@ class Monitor:
             self._thread.join()
         self._sample()  # closing sample covers the tail of the case
         self._elapsed = time.monotonic() - self._t0
-
-    _elapsed: float = 0.0
 
     def add_to(self, out: Outcome) -> None:
         for host in {**self._cpu_s, **self._cpu}:
