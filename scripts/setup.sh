@@ -4,12 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Lab tools and the VPNs of the default scenario, from Debian (versions are fixed by the release and are
-# recorded with every result by the drivers and `tunnelbench doctor`).
+# Lab tools and the Debian VPNs (versions are fixed by the release and are recorded with every result by
+# the drivers and `tunnelbench doctor`). wireguard-go, nebula and yggdrasil default to newer upstream
+# builds from the Go module proxy (below / scripts/bench); their Debian packages are the NAME@debian builds.
 APT_PACKAGES=(
   iproute2 iputils-ping fping iperf3 nftables iptables ethtool procps kmod openssl
   wireguard-tools wireguard-go nebula tinc openvpn
-  fastd n2n yggdrasil protobuf-compiler libprotobuf-dev  # VPN drivers from Debian (issue 4; yggdrasil is the fallback build)
+  fastd n2n yggdrasil protobuf-compiler libprotobuf-dev  # VPN drivers from Debian (issue 4; yggdrasil@debian)
   openssh-server openssh-client
   nginx curl rist-tools  # workloads: http_download/http_api/many_clients (nginx, curl), streaming (RIST)
   chromium
@@ -43,7 +44,8 @@ fi
 
 # VPNs built from the Go module proxy and crates.io at pinned versions, into the install cache
 # (/var/cache/tunnelbench/<name>-<version>, TUNNELBENCH_CACHE overrides): cached builds are skipped, so
-# only a fresh machine pays for them (about 25 min on 2 cores, see the README). SKIP_VPN_BUILDS=1 skips.
+# only a fresh machine pays for them (about 25 min on 2 cores, see the README). SKIP_VPN_BUILDS=1 skips
+# them all (scripts/bench then builds only the default scenario's: `tunnelbench install --for-scenario default`).
 if [ -z "${SKIP_VPN_BUILDS:-}" ]; then
   .venv/bin/tunnelbench install all || echo "setup: some VPN installs failed (see tunnelbench install output)" >&2
 fi

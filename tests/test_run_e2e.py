@@ -22,6 +22,9 @@ name = "e2e"
 vpns = ["internal", "wireguard-go"]
 [run]
 repetitions = {reps}
+# block order: the kill tests wait for the second VPN's first case, by which time every case of the first
+# VPN must be stored (tests/test_fidelity.py covers the interleaved default)
+order = "block"
 [lab]
 hosts = 2
 [[workloads]]
@@ -121,7 +124,7 @@ def test_sigkill_mid_case_then_clean_leaves_nothing_and_keeps_results(tmp_path):
     assert not list(Path("/var/run/wireguard").glob(f"{run_dir.name.split('-')[-1]}*"))
     db = sqlite3.connect(run_dir / "results.sqlite")
     ok = db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0]
-    assert ok >= 2 * 2 + 1  # all internal cases and at least one wireguard-go case survived
+    assert ok >= 3 * 2 + 1  # all internal cases (3 reps x 2 workloads) and >= 1 wireguard-go case survived
     # the run is unregistered: a second clean has nothing of it left to do
     from tunnelbench.lab.journal import REGISTRY
 
@@ -142,7 +145,7 @@ def test_signal_tears_down_and_keeps_finished_cases(tmp_path, sig):
     assert not [e for e in procs if process_alive(e["pid"], e["start"])]
     db = sqlite3.connect(run_dir / "results.sqlite")
     assert db.execute("SELECT status FROM run").fetchone()[0] == "interrupted"
-    assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 5
+    assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 3 * 2 + 1
     assert "goodput_mbps" in out  # the summary of what was measured is still printed
 
 
@@ -153,12 +156,15 @@ vpns = ["internal"]
 repetitions = 2
 max_repetitions = 6
 target_ci_pct = {target}
+drift_check_s = 0
 [lab]
 hosts = 2
+# TCP goodput, not ping: ping's 3-decimal RTTs can repeat exactly, and two equal values have a zero-width
+# CI, which meets any goal and stopped the "impossible goal" case early
 [[workloads]]
-name = "ping"
-count = 10
-interval_s = 0.01
+name = "tcp"
+duration_s = 1
+omit_s = 0
 """
 
 

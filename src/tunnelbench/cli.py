@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tunnelbench import __version__
 
@@ -90,7 +91,7 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
                     f"# --inventory {inventory}{' --insecure-no-host-key-check' if insecure else ''}\n{text}"
                 )
     except ScenarioError as e:
-        err.print(f"[red]{e}[/]")
+        err.print(Text(f"{e}", style="red"))
         sys.exit(2)
     if sc.lab.backend != "ssh":  # over SSH the hosts need root, not the controller
         _need_root()
@@ -113,7 +114,10 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
 
         (runner.run_dir / "error.txt").write_text(traceback.format_exc())
         err.print(
-            f"[red]run failed: {type(e).__name__}: {e} (traceback in {runner.run_dir / 'error.txt'})[/]"
+            Text(
+                f"run failed: {type(e).__name__}: {e} (traceback in {runner.run_dir / 'error.txt'})",
+                style="red",
+            )
         )
         code = 1
     store = Store(runner.run_dir / DB_NAME)
@@ -163,7 +167,7 @@ def doctor(inventory: Path | None = None, insecure: bool = False) -> None:
     required = {"root", "ip", "nft", "iperf3", "ping", "fping", "ss", "network namespaces", "veth"}
     bad = [c.name for c in checks if not c.ok and c.name in required]
     if bad:
-        err.print(f"[red]cannot run the lab: {', '.join(bad)} missing[/]")
+        err.print(Text(f"cannot run the lab: {', '.join(bad)} missing", style="red"))
         sys.exit(1)
 
 
@@ -173,7 +177,7 @@ def _load_inventory(path: Path, insecure: bool):
     try:
         inv = load_inventory(path)
     except InventoryError as e:
-        err.print(f"[red]{e}[/]")
+        err.print(Text(f"{e}", style="red"))
         sys.exit(2)
     if insecure:
         inv.insecure()
@@ -203,7 +207,7 @@ def _doctor_inventory(path: Path, insecure: bool) -> int:
         console.print(t)
         bad = [c.name for c in checks if not c.ok and c.name in required]
         if bad:
-            err.print(f"[red]{h.name}: cannot run the lab: {', '.join(bad)}[/]")
+            err.print(Text(f"{h.name}: cannot run the lab: {', '.join(bad)}", style="red"))
             code = 1
     return code
 
@@ -236,13 +240,13 @@ def calibrate(
         try:
             sc, _ = load_scenario(scenario)
         except ScenarioError as e:
-            err.print(f"[red]{e}[/]")
+            err.print(Text(f"{e}", style="red"))
             sys.exit(2)
         known.update(sc.impair.profiles)
     names = [n for arg in profiles for n in arg.split(",") if n] or [n for n in known if n != "baseline"]
     unknown = [n for n in names if n not in known]
     if unknown:
-        err.print(f"[red]--profile: unknown {', '.join(unknown)}; allowed: {', '.join(known)}[/]")
+        err.print(Text(f"--profile: unknown {', '.join(unknown)}; allowed: {', '.join(known)}", style="red"))
         sys.exit(2)
     _need_root()
     import tempfile
@@ -282,21 +286,31 @@ def calibrate(
     if json_out:
         json_out.write_text("[" + ",\n".join(c.to_json() for c in results) + "]\n")
     if flagged:
-        err.print(f"[red]{flagged} profile(s) out of tolerance[/]")
+        err.print(Text(f"{flagged} profile(s) out of tolerance", style="red"))
     sys.exit(1 if flagged else 0)
 
 
 @main.command("bench-engine")
 @click.option("--seconds", type=float, default=5.0, show_default=True, help="iperf3 duration per cell")
-def bench_engine(seconds: float) -> None:
-    """The impairment engine's ceiling next to the raw path: Gbit/s, packets/s, CPU per packet."""
+@click.option("--vpn", "vpns", default="", help="also measure these VPNs' engine tax (comma-separated, e.g. "
+              "openvpn,nebula): TCP through the mesh with the engine at zero impairment vs without it")  # fmt: skip
+@click.option("--placement", type=click.Choice(["auto", "off", "engine-apart"]), default="auto", show_default=True,
+              help="CPU placement, as [cpu] placement in a scenario")  # fmt: skip
+@click.option("--rounds", type=int, default=3, show_default=True, help="off/on alternations of the tax check")
+def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None:
+    """The impairment engine's ceiling next to the raw path (Gbit/s, packets/s, CPU per packet), in both engine
+    modes, and with --vpn the engine's tax on chosen VPNs."""
     _need_root()
+    import statistics
     import tempfile
 
     from tunnelbench.impair.enginebench import run_bench
 
+    names = [v.strip() for v in vpns.split(",") if v.strip()]
     with tempfile.TemporaryDirectory(prefix="tunnelbench-bench-") as tmp:
-        version, rows = run_bench(Path(tmp), seconds)
+        version, rows, checks, where = run_bench(Path(tmp), seconds, placement_mode=placement, vpns=names,
+                                                 tax_rounds=rounds)  # fmt: skip
+    console.print(Text(where))
     t = Table(title=f"impairment engine benchmark ({version}), TCP h1 -> h2, {seconds:g} s per cell",
               title_justify="left")  # fmt: skip
     for c in (
@@ -314,6 +328,18 @@ def bench_engine(seconds: float) -> None:
                   "–" if r.engine_cpu_us_per_pkt is None else f"{r.engine_cpu_us_per_pkt:.2f}",
                   "–" if r.engine_cpu_pct is None else f"{r.engine_cpu_pct:.0f}", str(r.retransmits))  # fmt: skip
     console.print(t)
+    console.print("µs CPU/pkt counts the packets the engine saw: GSO super-packets in the gso rows, wire packets "
+                  "in the others; kpkt/s counts wire-size packets on both", highlight=False)  # fmt: skip
+    if checks:
+        tt = Table(title=f"engine tax, TCP {max(1, round(seconds))} s legs, {rounds} off/on alternations",
+                   title_justify="left")  # fmt: skip
+        for c in ("VPN", "engine mode", "without engine Mbit/s", "with engine Mbit/s", "tax", "engine CPU %"):
+            tt.add_column(c, justify="left" if c in ("VPN", "engine mode") else "right")
+        for c in checks:
+            tt.add_row(c.vpn, c.mode, f"{statistics.median(c.off_mbps):,.0f}", f"{statistics.median(c.on_mbps):,.0f}",
+                       Text(f"{c.tax_pct:+.1f}%", style="red" if c.flagged else ""),
+                       f"{statistics.median(c.engine_cpu_pct):.0f}" if c.engine_cpu_pct else "–")  # fmt: skip
+        console.print(tt)
 
 
 @main.command()
@@ -331,11 +357,13 @@ def clean(force: bool, inventory: Path | None = None, insecure: bool = False) ->
     for x in rep.removed:
         console.print(f"removed {x}")
     for x in rep.skipped:
-        console.print(f"[yellow]{x}[/]")
+        console.print(Text(x, style="yellow"))
     for x in rep.problems:
-        err.print(f"[red]could not remove {x}[/]")
+        err.print(Text(f"could not remove {x}", style="red"))
     for x in rep.unknown:
-        console.print(f"[yellow]namespace {x} looks like tunnelbench's but is in no journal: left alone[/]")
+        console.print(
+            Text(f"namespace {x} looks like tunnelbench's but is in no journal: left alone", style="yellow")
+        )
     if not (rep.removed or rep.skipped or rep.problems):
         console.print("nothing to clean")
     sys.exit(1 if rep.problems else 0)
@@ -343,29 +371,54 @@ def clean(force: bool, inventory: Path | None = None, insecure: bool = False) ->
 
 @main.command()
 @click.argument("vpns", nargs=-1)
+@click.option("--for-scenario", "for_scenario", metavar="SCENARIO",
+              help="install what this scenario (a file or a built-in name, e.g. default) runs, nothing else")  # fmt: skip
 @click.option("--force", is_flag=True, help="rebuild even if the cache has this version")
 @click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="install on every host of this inventory over SSH (apt there, or copies of the local cache)")  # fmt: skip
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
 def install(
-    vpns: tuple[str, ...], force: bool, inventory: Path | None = None, insecure: bool = False
+    vpns: tuple[str, ...],
+    force: bool,
+    inventory: Path | None = None,
+    insecure: bool = False,
+    for_scenario: str | None = None,
 ) -> None:
     """Install the pinned binaries of VPNs (default: all) from Debian, the Go proxy or crates.io.
 
+    VPN is a driver name (its pinned default build), NAME@debian (Debian's build) or NAME@X.Y.Z (that
+    release from the driver's Go module or crate, built into the cache), e.g. `install nebula@1.9.0`.
     Registry builds go to a cache keyed by name and version ($TUNNELBENCH_CACHE, default
     /var/cache/tunnelbench): a second install, or CI with the cache restored, does not rebuild.
     With --inventory: on each host, Debian packages with apt-get, registry builds copied from the local
     cache when the architecture matches (install them here first), plus the lab's tools."""
-    from tunnelbench.vpns import DRIVERS
-    from tunnelbench.vpns.impossible import IMPOSSIBLE
+    from tunnelbench.vpns import DRIVERS, resolve
     from tunnelbench.vpns.install import cache_root, install_source
 
-    names = list(DRIVERS) if not vpns or "all" in vpns else [v for arg in vpns for v in arg.split(",")]
-    bad = [n for n in names if n not in DRIVERS]
-    for n in bad:
-        why = IMPOSSIBLE[n].reason if n in IMPOSSIBLE else f"unknown VPN; known: {', '.join(DRIVERS)}"
-        err.print(f"[red]{n}: {why}[/]")
+    if for_scenario is not None:
+        from tunnelbench.scenario import ScenarioError, load_scenario
+
+        try:
+            sc, _ = load_scenario(Path(for_scenario))
+        except ScenarioError as e:
+            err.print(Text(f"{e}", style="red"))
+            sys.exit(2)
+        names = [*sc.vpns, *(v for arg in vpns for v in arg.split(",") if v not in sc.vpns)]
+    else:
+        names = list(DRIVERS) if not vpns or "all" in vpns else [v for arg in vpns for v in arg.split(",")]
+    bad = []
+    for n in names:
+        try:
+            resolve(n)
+        except ValueError as e:
+            bad.append(n)
+            err.print(Text(f"{n}: {e}", style="red"))
     if inventory is not None:
+        versioned = [n for n in names if "@" in n and n not in bad]
+        if versioned:
+            err.print(Text(f"{', '.join(versioned)}: versions (NAME@VERSION) install on this machine only; SSH "
+                           "hosts get the default builds", style="red"))  # fmt: skip
+            sys.exit(2)
         sys.exit(_install_inventory(inventory, insecure, [n for n in names if n not in bad]) or bool(bad))
     _need_root()
     logdir = cache_root() / "logs"
@@ -377,7 +430,7 @@ def install(
     for n in names:
         if n in bad:
             continue
-        cls = DRIVERS[n]
+        cls = resolve(n)
         why = cls.impossible_here()
         if why:
             t.add_row(n, "", "[red]impossible here[/]", "", why)
@@ -418,20 +471,39 @@ def list_() -> None:
     """VPNs, workloads and impairment profiles, and whether each is available here."""
     from tunnelbench.impair.profiles import PROFILES
     from tunnelbench.scenario import builtin_scenarios
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.vpns import DRIVERS, resolve
     from tunnelbench.vpns.impossible import IMPOSSIBLE
+    from tunnelbench.vpns.install import registry
     from tunnelbench.workloads import WORKLOADS
 
-    t = Table(title="VPNs", title_justify="left")
-    for c in ("name", "state", "version / reason", "paths", "what is tested"):
+    t = Table(title="VPNs (NAME = the pinned default build; NAME@debian, NAME@X.Y.Z select another)",
+              title_justify="left")  # fmt: skip
+    for c in ("name", "state", "version (source) / reason", "pinned default", "Debian alternative", "paths",
+              "what is tested"):  # fmt: skip
         t.add_column(c)
     colour = {"available": "green", "installable": "yellow", "impossible here": "red"}
     for name, cls in DRIVERS.items():
         a = cls.availability()
-        t.add_row(name, f"[{colour[a.state]}]{a.state}[/]", a.version if a.ok else a.reason,
+        pin = ", ".join(s.label for s in cls.installs if registry(s)) or ("debian" if cls.installs else "")
+        alt = ""
+        if cls.__dict__.get("debian_installs"):  # a Debian build besides a registry default
+            d = resolve(f"{name}@debian").availability()
+            alt = f"{name}@debian: " + ((d.version or "") if d.ok else d.reason)
+        t.add_row(name, f"[{colour[a.state]}]{a.state}[/]", a.version if a.ok else a.reason, pin, alt,
                   ", ".join(sorted(cls.paths)), cls.summary)  # fmt: skip
     for name, imp in IMPOSSIBLE.items():
-        t.add_row(name, "[red]impossible here[/]", imp.reason, "", imp.summary)
+        t.add_row(name, "[red]impossible here[/]", imp.reason, "", "", "", imp.summary)
+    console.print(t)
+    from tunnelbench.vpns.base import describe_options
+
+    t = Table(title="VPN options (a scenario's vpn_options.NAME; all of them are stored with the run)",
+              title_justify="left", box=None)  # fmt: skip
+    for c in ("vpn", "option", "type", "default"):
+        t.add_column(c, no_wrap=True, min_width=len(max(DRIVERS, key=len)) if c == "vpn" else None)
+    t.add_column("what it sets", no_wrap=True, overflow="ellipsis", max_width=70)
+    for name, cls in DRIVERS.items():
+        for opt, typ, default, desc in describe_options(cls.Options):
+            t.add_row(name, opt, typ, "(VPN's own)" if default == "None" else default, desc)
     console.print(t)
     t = Table(title="Workloads", title_justify="left")
     for c in ("name", "available", "parameters", "metrics"):
@@ -517,7 +589,11 @@ def compare(run_a: str, run_b: str, results: Path, threshold: float, metrics: tu
     if json_out:
         json_out.write_text(json.dumps(cmp.to_json(), indent=1) + "\n")
     if not cmp.changes and not cmp.failed_b:
-        err.print(f"[red]no matching (VPN, profile, workload, metric) between {a.run_id} and {b.run_id}[/]")
+        err.print(
+            Text(
+                f"no matching (VPN, profile, workload, metric) between {a.run_id} and {b.run_id}", style="red"
+            )
+        )
         sys.exit(2)
     print_comparison(cmp, console, show_all)
     sys.exit(1 if cmp.gate_failed else 0)

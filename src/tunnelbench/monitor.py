@@ -108,9 +108,8 @@ class Monitor:
             total = ct.user + ct.system
             dt = now - t.last_t
             self._cpu_s[t.host] = self._cpu_s.get(t.host, 0.0) + (total - t.last_cpu)
-            if (
-                dt >= self.interval_s / 4
-            ):  # a few-ms tail reads 0 or 100% at the kernel's tick: no series point
+            # a few-ms tail reads 0 or 100% at the kernel's tick: it counts in _cpu_s, not as a series point
+            if dt >= self.interval_s / 4:
                 cpu[t.host] = cpu.get(t.host, 0.0) + 100.0 * (total - t.last_cpu) / dt
             rss[t.host] = rss.get(t.host, 0.0) + mem / 2**20
             t.last_cpu, t.last_t = total, now

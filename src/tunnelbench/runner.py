@@ -6,6 +6,7 @@ retried (daemon logs kept) and never stops the run. Every finished case is commi
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import signal
 import time
@@ -15,25 +16,49 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-from tunnelbench import __version__, environment
+from tunnelbench import __version__, environment, placement
+from tunnelbench.impair import tax
 from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend, make_backend
 from tunnelbench.impair.calibrate import calibrate, measure_base
-from tunnelbench.lab import Lab, make_lab
+from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
+from tunnelbench.lab import Lab, make_lab, sysctl
 from tunnelbench.lab.host import abort_running
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.monitor import Monitor
 from tunnelbench.scenario import Scenario
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns import Mesh, MeshSpec
+from tunnelbench.vpns import resolve as resolve_driver
 from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
 
-LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3", "ss", "sysctl")
+LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3", "ss", "sysctl", "taskset")
 # A case fails on any error (a parser bug in one workload must not end the run); Interrupted and
 # KeyboardInterrupt are not Exceptions of this kind and always end it.
 CASE_ERRORS = (Exception,)
+# a case whose engine used this much of its core (or dropped packets the profile did not ask for) ran at
+# the emulator's pace: its throughput is marked emulator-bound
+ENGINE_BOUND_CPU_PCT = 85.0
+
+
+def round_orders(vpns: list[str], rounds: int, seed: int) -> list[list[str]]:
+    """The VPN order of every round: each round a fresh shuffle from one generator seeded with `seed`, so the
+    same seed gives the same plan (a resumed or repeated run) and every VPN appears once per round."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(rounds):
+        order = list(vpns)
+        rng.shuffle(order)
+        out.append(order)
+    return out
+
+
+def _safe(name: str) -> str:
+    """A VPN key as a folder name."""
+    return name.replace("/", "_")
 
 
 class Interrupted(BaseException):  # not an Exception: no case handler may swallow it
@@ -67,14 +92,27 @@ class Runner:
         self.lab: Lab | None = None
         self.mesh: Mesh | None = None
         self.progress: Progress | None = None
+        self.task = None
         self.backend: Backend | None = None
+        self.dead: set[str] = set()  # VPNs out of the run (unavailable, or never came up)
+        self.seen: set[str] = set()  # VPNs whose mesh was tried at least once
+        self.sessions: dict[str, list[str]] = {}  # per VPN, the folder suffix of each bring-up
+        self.drift: list[dict] = []
+        self.tuning_now, self.tuning_saved = "default", {}
+        self.tunings_recorded: set[str] = set()
+        self.placement: placement.Placement | None = None
+        self.seed = 0
+        self.t_start = time.monotonic()
 
     # -- helpers -----------------------------------------------------------------------------------
     def _phase(self, vpn: str | None, phase: str, seconds: float) -> None:
         self.store.add_phase(self.run_id, vpn, phase, seconds)
 
-    def _say(self, msg: str) -> None:
-        (self.progress.console if self.progress else self.console).print(msg, highlight=False)
+    def _say(self, msg: str, style: str = "") -> None:
+        """Print a line; `msg` is plain text (VPN errors and user names may hold brackets, never markup)."""
+        (self.progress.console if self.progress else self.console).print(
+            Text(msg, style=style), highlight=False
+        )
 
     def _case_timeout(self, wl: Workload) -> float:
         return self.sc.run.case_timeout_s or (wl.expected_seconds() * 2 + 30)
@@ -90,7 +128,7 @@ class Runner:
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> RunResult:
         self.preflight()
-        t_start = time.monotonic()
+        t_start = self.t_start = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "scenario.toml").write_text(self.toml)
         self.store = Store(self.run_dir / DB_NAME)
@@ -104,7 +142,7 @@ class Runner:
             status = "ok"
         except (Interrupted, KeyboardInterrupt) as e:
             status = "interrupted"
-            self._say(f"[yellow]interrupted ({e or 'SIGINT'}): tearing down; finished cases are kept[/]")
+            self._say(f"interrupted ({e or 'SIGINT'}): tearing down; finished cases are kept", "yellow")
             raise
         finally:
             # teardown must finish even if a second signal arrives
@@ -141,6 +179,8 @@ class Runner:
         if relay is not None:
             env["lab.relay"] = relay.name
         self.store.set_env(self.run_id, env)
+        if self.sc.lab.backend == "netns":  # refuse unknown or read-only sysctls before any VPN starts
+            sysctl.check(self.lab.hosts, {k for t in self.sc.tunings for k in self.sc.tuning(t)})
         self._phase(None, "lab_setup", time.monotonic() - t0)
 
     def _teardown(self) -> None:
@@ -156,7 +196,7 @@ class Runner:
                                              "router.tunnel_leak_drops": self.lab.offlab_drops("tunnel_leak")})  # fmt: skip
             problems = self.lab.destroy()
             for p in problems:
-                self._say(f"[red]teardown problem: {p}[/]")
+                self._say(f"teardown problem: {p}", "red")
         self.journal.end()
         self._phase(None, "lab_teardown", time.monotonic() - t0)
 
@@ -164,15 +204,64 @@ class Runner:
         assert self.lab is not None
         client = next(h for h in self.lab.hosts if h.name == self.sc.lab.client)
         server = next(h for h in self.lab.hosts if h.name == self.sc.lab.server)
-        total = len(self.sc.profiles) * len(self.sc.vpns) * self.sc.run.repetitions * len(self.workloads)
+        self.client, self.server = client, server
+        conds = self._conditions()
+        total = len(conds) * len(self.sc.vpns) * self.sc.run.repetitions * len(self.workloads)
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*cols, console=self.console, transient=False) as progress:
-            self.progress = progress
-            task = progress.add_task("starting", total=total)
-            self._prepare_impairment(client, server, progress, task)
-            for vpn in self.sc.vpns:
-                self._run_vpn(vpn, client, server, progress, task)
+            self.progress, self.task = progress, progress.add_task("starting", total=total)
+            self._prepare_impairment(client, server, progress, self.task)
+            self._apply_placement()
+            self.seed = (
+                self.sc.run.seed if self.sc.run.seed is not None else random.SystemRandom().randrange(2**31)
+            )
+            reps = self.sc.run.repetitions
+            self.store.set_env(self.run_id, {"run.order": self.sc.run.order, "run.seed": self.seed})
+            if self.sc.run.order == "block":
+                for vpn in self.sc.vpns:
+                    self._drift_reference(f"before {vpn}")
+                    self._vpn_session(vpn, list(range(1, reps + 1)), None, adaptive=True)
+            else:
+                orders = round_orders(self.sc.vpns, reps, self.seed)
+                self.store.set_env(self.run_id, {"run.round_orders": orders})
+                for r, order in enumerate(orders, start=1):
+                    self._drift_reference(f"round {r}")
+                    for vpn in order:
+                        if vpn not in self.dead:
+                            self._vpn_session(vpn, [r], None)
+                self._adaptive_rounds(orders)
         self.progress = None
+
+    def _conditions(self) -> list[tuple[str, str, str]]:
+        """(profile, tuning, stored label) for every profile x host tuning of the run."""
+        tunings = self.sc.tunings or ["default"]
+        return [(p, t, p if t == "default" else f"{p}+{t}") for p in self.sc.profiles for t in tunings]
+
+    def _adaptive_rounds(self, orders: list[list[str]]) -> None:
+        """Interleaved adaptive repetitions: more rounds, each only for the (VPN, condition, workload) groups whose
+        headline metric is not yet precise enough, in a fresh seeded order per round."""
+        cfg = self.sc.run
+        if not cfg.max_repetitions or cfg.max_repetitions <= cfg.repetitions:
+            return
+        rng = random.Random(f"{self.seed}:adaptive")
+        for r in range(cfg.repetitions + 1, cfg.max_repetitions + 1):
+            pending: dict[str, set[tuple[str, str]]] = {}
+            for vpn in self.sc.vpns:
+                if vpn in self.dead:
+                    continue
+                for _p, _t, label in self._conditions():
+                    for wl in self.workloads:
+                        if wl.headline and not self._precise(vpn, label, wl):
+                            pending.setdefault(vpn, set()).add((label, wl.label()))
+            if not pending:
+                return
+            order = [v for v in self.sc.vpns if v in pending]
+            rng.shuffle(order)
+            orders.append(order)
+            self.store.set_env(self.run_id, {"run.round_orders": orders})
+            self._drift_reference(f"round {r} (adaptive)")
+            for vpn in order:
+                self._vpn_session(vpn, [r], pending[vpn])
 
     # -- impairment --------------------------------------------------------------------------------
     def _prepare_impairment(self, client, server, progress: Progress, task) -> None:
@@ -190,6 +279,12 @@ class Runner:
                 self.sc.impair.backend, self.lab.router, self.lab.hosts, self.run_dir / "impair"
             )
         env: dict[str, object] = {"impair.backend": self.backend.name}
+        if isinstance(self.backend, NativeBackend):
+            self.backend.gso_mode = self.sc.impair.gso
+        # the engine mode of every condition: GSO super-packets whole, per wire packet, or no engine
+        env["impair.modes"] = {label: (tax.mode_of(self.sc.profile(p), self.sc.impair.gso)
+                                       if isinstance(self.backend, NativeBackend) else None)
+                               for p, _t, label in self._conditions()}  # fmt: skip
         if hasattr(self.lab, "impairment_plan"):
             env["impair.placement"] = self.lab.impairment_plan()
         if isinstance(self.backend, NativeBackend):
@@ -211,34 +306,151 @@ class Runner:
                 finally:
                     self.backend.clear()
                 self.store.set_env(self.run_id, {f"calibration.{p.name}": cal.to_json()})
-                flag = (
-                    ""
-                    if cal.ok
-                    else " [red]OUT OF TOLERANCE: "
-                    + "; ".join(
-                        f"{c.quantity} {c.measured:.3g} vs {c.configured:.3g} {c.unit}" for c in cal.failed()
-                    )
-                    + "[/]"
+                bad = "; ".join(
+                    f"{c.quantity} {c.measured:.3g} vs {c.configured:.3g} {c.unit}" for c in cal.failed()
                 )
-                self._say(f"calibrated {p.name} ({self.backend.name}): {p.summary()}{flag}")
+                self._say(f"calibrated {p.name} ({self.backend.name}): {p.summary()}"
+                          + (f" OUT OF TOLERANCE: {bad}" if bad else ""), "red" if bad else "")  # fmt: skip
         self._phase(None, "calibration", time.monotonic() - t0)
 
-    def _apply_profile(self, name: str, mesh: Mesh) -> str | None:
-        """Switch the path to a profile under a running mesh; returns why cases cannot run, or None."""
+    def _apply_condition(self, name: str, tuning: str, mesh: Mesh) -> str | None:
+        """Switch the path to a profile (and the hosts to a TCP tuning) under a running mesh; returns why cases
+        cannot run, or None."""
         p = self.sc.profile(name)
         t0 = time.monotonic()
         mesh.probe_ms = int(300 + 2 * 2 * (p.delay_ms + 3 * p.jitter_ms))
         try:
+            self._set_tuning(tuning)
             if self.backend is not None:
                 self.backend.clear()
                 if not p.is_baseline:
                     self.backend.apply(p)
             mesh.wait_ready(self.sc.run.tunnel_timeout_s + 4 * (p.delay_ms + p.jitter_ms) / 1000)
             return None
-        except (*CASE_ERRORS, ImpairError) as e:
-            return f"mesh not answering under profile {name}: {e}"
+        except CASE_ERRORS as e:  # ImpairError included
+            return (
+                f"mesh not answering under profile {name}"
+                + (f", tuning {tuning}" if tuning != "default" else "")
+                + f": {e}"
+            )
         finally:
             self._phase(mesh.vpn, "tunnel_wait", time.monotonic() - t0)
+
+    # -- host TCP tunings (sysctls per host namespace) ----------------------------------------------
+    def _set_tuning(self, tuning: str) -> None:
+        if tuning == self.tuning_now:
+            return
+        self._restore_tuning()
+        values = self.sc.tuning(tuning)
+        if values:
+            self.tuning_saved = sysctl.snapshot(self._sut_hosts(), values)
+            sysctl.apply(self._sut_hosts(), values)
+        self.tuning_now = tuning
+        if tuning not in self.tunings_recorded:  # what the hosts' TCP stack was under this tuning, read back
+            self.tunings_recorded.add(tuning)
+            self.store.set_env(self.run_id, {f"sysctl.tuning.{tuning}": {
+                "set": values, "read_back": sysctl.snapshot(self._sut_hosts(), self.sc.sysctl_keys())}})  # fmt: skip
+
+    def _restore_tuning(self) -> None:
+        if self.tuning_saved:
+            sysctl.restore(self._sut_hosts(), self.tuning_saved)
+        self.tuning_saved, self.tuning_now = {}, "default"
+
+    def _sut_hosts(self) -> list:
+        assert self.lab is not None
+        return list(self.lab.hosts)
+
+    # -- CPU placement, the engine's tax, drift -----------------------------------------------------
+    def _apply_placement(self) -> None:
+        """Confine the system under test (and the engine) to fixed CPUs for every profile of the run."""
+        assert self.lab is not None
+        engine_used = isinstance(self.backend, NativeBackend)
+        cfg = self.sc.cpu
+        if self.sc.lab.backend == "ssh":
+            pl = placement.Placement("off", "not applied on SSH hosts", 0)
+        else:
+            pl = placement.plan(cfg.placement, engine_used, [h.name for h in self.lab.hosts], cfg.engine_cpus,
+                                cfg.sut_cpus)  # fmt: skip
+        for h in self.lab.hosts:
+            h.cpus = pl.hosts.get(h.name)
+        if isinstance(self.backend, NativeBackend):
+            own = pl.engine is not None
+            self.backend.cpus = pl.engine
+            self.backend.busy_poll_us = (
+                cfg.engine_busy_poll_us if cfg.engine_busy_poll_us is not None else (1000 if own else 0)
+            )
+            self.backend.realtime = cfg.engine_realtime if cfg.engine_realtime is not None else not own
+            pl.engine_busy_poll_us, pl.engine_realtime = self.backend.busy_poll_us, self.backend.realtime
+            if cfg.steer_rx:  # off by default: measured here it raised the tax (more IPIs), see README
+                # the engine re-injects released packets on its own CPU; without steering, the receiving host's
+                # whole stack (and the wake-up of its daemon, a cross-CPU IPI) would run there per packet
+                for h in self.lab.hosts:
+                    mask = sum(1 << c for c in placement.cpu_list(pl.hosts[h.name]))
+                    h.run(
+                        [
+                            "sh",
+                            "-c",
+                            f"for q in /sys/class/net/{h.underlay_if}/queues/rx-*; do echo {mask:x} > $q/rps_cpus; done",
+                        ]
+                    )
+                pl.steer_rx = True
+        self.placement = pl
+        self.store.set_env(self.run_id, {"cpu.placement": pl.to_json()})
+        self._say(pl.summary())
+
+    def _tax_check(self, vpn: str, mesh: Mesh) -> None:
+        """Once per VPN, in a run with the native engine: its TCP with the engine in the path at zero
+        impairment against without it, in each engine mode the run's profiles use."""
+        be = self.backend
+        if not isinstance(be, NativeBackend) or not self.sc.impair.tax_check_s:
+            return
+        profiles = [self.sc.profile(n) for n in self.sc.profiles]
+        modes = tax.modes_for(profiles, self.sc.impair.gso)
+        if not modes:
+            return
+        assert self.progress is not None
+        self.progress.update(self.task, description=f"{vpn}: measuring the engine's tax")
+        t0 = time.monotonic()
+        try:
+            checks = tax.measure_tax(be, vpn, self.client, self.server, mesh.tunnel_ip(self.server),
+                                     self.sc.impair.tax_check_s, modes)  # fmt: skip
+        except CASE_ERRORS as e:
+            self.store.set_env(self.run_id, {f"engine_tax.{vpn}": {"error": str(e)}})
+            self._say(f"{vpn}: engine-tax check failed: {e}", "red")
+            return
+        finally:
+            self._phase(vpn, "tax_check", time.monotonic() - t0)
+        self.store.set_env(self.run_id, {f"engine_tax.{vpn}": {c.mode: c.to_json() for c in checks}})
+        for c in checks:
+            self._say(f"{vpn}: engine tax ({c.summary()})" + (" > 10%: throughput under this engine mode is partly "
+                      "the emulator's" if c.flagged else ""), "red" if c.flagged else "")  # fmt: skip
+
+    def _drift_reference(self, when: str) -> None:
+        """A fixed reference measurement (raw underlay TCP, no VPN, no impairment) at every round boundary:
+        the machine's own drift over the run, next to which the VPNs' per-round values can be read."""
+        if not self.sc.run.drift_check_s or self.sc.lab.backend == "ssh":
+            return
+        assert self.progress is not None
+        self.progress.update(self.task, description=f"drift reference ({when})")
+        t0 = time.monotonic()
+        try:
+            if self.backend is not None:
+                self.backend.clear()
+            mbps = goodput_mbps(iperf3_tcp(self.client, self.server, self.server.underlay_ip,
+                                           self.sc.run.drift_check_s, 5296))  # fmt: skip
+            self.drift.append({"when": when, "t": time.time(), "goodput_mbps": mbps})
+        except CASE_ERRORS as e:
+            self.drift.append({"when": when, "t": time.time(), "error": str(e)})
+        self.store.set_env(self.run_id, {"drift.reference": self.drift})
+        self._phase(None, "drift_check", time.monotonic() - t0)
+
+    def _vpn_options(self, vpn: str) -> dict:
+        """Options for a VPN key: those given for its base name, then those for the exact `name@version`."""
+        base = vpn.split("@", 1)[0]
+        return {
+            **self.sc.vpn_options.get(base, {}),
+            **(self.sc.vpn_options.get(vpn, {}) if vpn != base else {}),
+        }
 
     # -- one VPN -----------------------------------------------------------------------------------
     def _skip_all(self, vpn: str, reason: str, profiles: list[str]) -> None:
@@ -246,11 +458,8 @@ class Runner:
             for wl in self.workloads:
                 self.store.record_skip(self.run_id, vpn, profile, wl.name, wl.label(), reason)
 
-    def _run_vpn(self, vpn: str, client, server, progress: Progress, task) -> None:
+    def _availability(self, vpn: str, cls: type[VpnDriver]):
         assert self.lab is not None
-        cls = DRIVERS[vpn]
-        per_profile = self.sc.run.repetitions * len(self.workloads)
-        n_cases = per_profile * len(self.sc.profiles)
         avail = cls.availability(self.lab.hosts)
         path = self.sc.lab.path
         if avail.ok and path not in cls.paths:
@@ -258,21 +467,43 @@ class Runner:
             avail = type(avail)(False, f"path {path}: {why}")
         if avail.ok and self.sc.lab.topology not in cls.topologies:
             avail = type(avail)(False, f"topology {self.sc.lab.topology}: not supported by {vpn}")
+        return avail
+
+    def _vpn_session(self, vpn: str, reps: list[int], only: set[tuple[str, str]] | None,
+                     adaptive: bool = False) -> None:  # fmt: skip
+        """Bring one VPN's mesh up, run the given repetitions of every condition and workload (or only the
+        (condition label, workload label) pairs in `only`), tear it down and verify."""
+        assert self.lab is not None
+        progress, task = self.progress, self.task
+        assert progress is not None
+        cls = resolve_driver(vpn)
+        conds = self._conditions()
+        n_cases = len(reps) * len(self.workloads) * len(conds) if only is None else 0
+        first = vpn not in self.seen
+        self.seen.add(vpn)
+        avail = self._availability(vpn, cls)
         if not avail.ok:
+            self.dead.add(vpn)
             self.store.set_vpn(self.run_id, vpn, None, "unavailable", avail.reason)
-            self._skip_all(vpn, avail.reason, self.sc.profiles)
-            self._say(f"[yellow]{vpn}: skipped: {avail.reason}[/]")
-            progress.advance(task, n_cases)
+            self._skip_all(vpn, avail.reason, [c[2] for c in conds])
+            self._say(f"{vpn}: skipped: {avail.reason}", "yellow")
+            progress.advance(task, self._remaining_cases(vpn, reps))
             return
         spec = MeshSpec(hosts=list(self.lab.hosts), tag=self.lab.tag, workdir=self.run_dir,
-                        mtu=self.sc.fairness.tunnel_mtu, options=self.sc.vpn_options.get(vpn, {}),
-                        path=path, relay=getattr(self.lab, "relay", None),
-                        topology=self.sc.lab.topology, hub=server)  # fmt: skip
-        driver = cls(spec)
-        mesh = Mesh(driver)
-        progress.update(task, description=f"{vpn}: bringing the mesh up")
+                        mtu=self.sc.fairness.tunnel_mtu, options=self._vpn_options(vpn),
+                        path=self.sc.lab.path, relay=getattr(self.lab, "relay", None),
+                        topology=self.sc.lab.topology, hub=self.server,
+                        session="" if first else f"s{len(self.sessions.setdefault(vpn, [])) + 1}")  # fmt: skip
+        self.sessions.setdefault(vpn, []).append(spec.session)
+        mesh: Mesh | None = None
+        progress.update(
+            task,
+            description=f"{vpn}: bringing the mesh up" + (f" (round {reps[0]})" if len(reps) == 1 else ""),
+        )
         t0 = time.monotonic()
         try:
+            driver = cls(spec)
+            mesh = Mesh(driver)
             driver.configure()
             self._phase(vpn, "vpn_setup", time.monotonic() - t0)
             t1 = time.monotonic()
@@ -284,61 +515,98 @@ class Runner:
         except CASE_ERRORS as e:
             self._phase(vpn, "tunnel_wait", time.monotonic() - t0)
             reason = f"mesh did not come up: {e}"
-            self._keep_logs(driver, self.run_dir / "cases" / vpn / "startup-failure")
-            self.store.set_vpn(self.run_id, vpn, avail.version, "failed", reason, self._vpn_settings(driver))
-            self._skip_all(vpn, reason, self.sc.profiles)
-            self._say(f"[red]{vpn}: {reason}[/]")
-            self._stop_and_verify(mesh, vpn)
-            progress.advance(task, n_cases)
+            if mesh is not None:
+                self._keep_logs(mesh.driver, self.run_dir / "cases" / _safe(vpn) / "startup-failure")
+                self._stop_and_verify(mesh, vpn)
+            self._say(f"{vpn}: {reason}", "red")
+            if (
+                first
+            ):  # never came up: the VPN is out of the run (later rounds would wait out the timeout again)
+                self.dead.add(vpn)
+                self.store.set_vpn(self.run_id, vpn, avail.version, "failed", reason)
+                self._skip_all(vpn, reason, [c[2] for c in conds])
+                progress.advance(task, self._remaining_cases(vpn, reps))
+            else:
+                for _p, _t, label in conds:
+                    for rep in reps:
+                        for wl in self.workloads:
+                            self.store.record_skip(
+                                self.run_id, vpn, label, wl.name, wl.label(), f"round {rep}: {reason}"
+                            )
+                progress.advance(task, n_cases)
             return
         self.store.set_vpn(self.run_id, vpn, avail.version, "ok", "", self._vpn_settings(driver))
-        self._say(
-            f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s"
-        )
+        if first:
+            self._say(
+                f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s"
+            )
+            self._tax_check(vpn, mesh)
         try:
-            for profile in self.sc.profiles:
-                why = self._apply_profile(profile, mesh)
-                if why:
-                    self._say(f"[red]{vpn}: {why}[/]")
-                    self._skip_all(vpn, why, [profile])
-                    progress.advance(task, per_profile)
+            for profile, tuning, label in conds:
+                wls = [wl for wl in self.workloads if only is None or (label, wl.label()) in only]
+                if not wls:
                     continue
-                for rep in range(1, self.sc.run.repetitions + 1):
-                    for wl in self.workloads:
-                        progress.update(task, description=f"{vpn} · {profile} · {wl.label()} · rep {rep}")
-                        self._run_case(mesh, wl, profile, rep, client, server)
-                        progress.advance(task)
-                self._adaptive_reps(mesh, profile, client, server, progress, task)
+                why = self._apply_condition(profile, tuning, mesh)
+                if why:
+                    self._say(f"{vpn}: {why}", "red")
+                    for _rep in reps:
+                        for wl in wls:
+                            self.store.record_skip(self.run_id, vpn, label, wl.name, wl.label(), why)
+                    progress.advance(task, len(reps) * len(wls) if only is None else 0)
+                    continue
+                for rep in reps:
+                    for wl in wls:
+                        progress.update(
+                            task, description=f"{vpn} · {label} · {wl.label()} · rep {rep}{self._eta()}"
+                        )
+                        self._run_case(mesh, wl, label, rep, self.client, self.server)
+                        if only is None:
+                            progress.advance(task)
+                if adaptive:
+                    self._adaptive_reps(mesh, label, max(reps))
         finally:
             if self.backend is not None:
                 self.backend.clear()
+            self._restore_tuning()
         self._stop_and_verify(mesh, vpn)
 
-    def _adaptive_reps(self, mesh: Mesh, profile: str, client, server, progress: Progress, task) -> None:
-        """Adaptive repetitions: repeat each workload whose headline metric is not yet precise enough."""
+    def _remaining_cases(self, vpn: str, reps: list[int]) -> int:
+        """Cases of a VPN not yet counted by the progress bar: this round's and all later fixed rounds'."""
+        per_round = len(self.workloads) * len(self._conditions())
+        later = self.sc.run.repetitions - max(reps) if self.sc.run.order == "interleaved" else 0
+        return per_round * (len(reps) + max(later, 0))
+
+    def _eta(self) -> str:
+        done = self.progress.tasks[0].completed if self.progress else 0
+        total = self.progress.tasks[0].total if self.progress else 0
+        if not done or not total:
+            return ""
+        left = (time.monotonic() - self.t_start) / done * (total - done)
+        return f" · ~{left / 60:.0f} min left" if left >= 60 else f" · ~{left:.0f} s left"
+
+    def _adaptive_reps(self, mesh: Mesh, label: str, last: int) -> None:
+        """Block order's adaptive repetitions: repeat each workload whose headline metric is not precise enough."""
         cfg = self.sc.run
         if not cfg.max_repetitions or cfg.max_repetitions <= cfg.repetitions:
             return
         pending = [wl for wl in self.workloads if wl.headline]
-        for rep in range(cfg.repetitions + 1, cfg.max_repetitions + 1):
-            pending = [wl for wl in pending if not self._precise(mesh.vpn, profile, wl)]
+        for rep in range(last + 1, cfg.max_repetitions + 1):
+            pending = [wl for wl in pending if not self._precise(mesh.vpn, label, wl)]
             if not pending:
                 return
             for wl in pending:
-                progress.update(
-                    task, description=f"{mesh.vpn} · {profile} · {wl.label()} · rep {rep} (adaptive)"
+                assert self.progress is not None
+                self.progress.update(
+                    self.task, description=f"{mesh.vpn} · {label} · {wl.label()} · rep {rep} (adaptive)"
                 )
-                self._run_case(mesh, wl, profile, rep, client, server)
+                self._run_case(mesh, wl, label, rep, self.client, self.server)
 
     def _precise(self, vpn: str, profile: str, wl: Workload) -> bool:
         """Is the 95% bootstrap CI of the mean of the workload's first headline metric within
         target_ci_pct of the mean (over this run's successful repetitions)?"""
         from tunnelbench.analysis.stats import describe
 
-        values = [v for (v,) in self.store.db.execute(
-            'SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.run_id = ? AND c.vpn = ? '
-            "AND c.profile = ? AND c.label = ? AND c.status = 'ok' AND m.name = ? AND m.host IS NULL",
-            (self.run_id, vpn, profile, wl.label(), wl.headline[0]))]  # fmt: skip
+        values = self.store.case_values(self.run_id, vpn, profile, wl.label(), wl.headline[0])
         if len(values) < 2:
             return False
         d = describe(values)
@@ -365,7 +633,7 @@ class Runner:
         left = mesh.leftovers()
         if left:
             # never let the next VPN start on a dirty host set: rebuild the lab from scratch
-            self._say(f"[red]{vpn}: teardown left {left}; rebuilding the lab[/]")
+            self._say(f"{vpn}: teardown left {left}; rebuilding the lab", "red")
             self.store.set_env(self.run_id, {f"teardown_leftovers.{vpn}": left})
             self.lab.destroy()
             self.lab = make_lab(self.sc.lab, self.tag, self.run_dir, self.journal)
@@ -425,8 +693,7 @@ class Runner:
                 self.store.finish_case(cid, "failed", error=f"{type(e).__name__}: {e}"[:2000])
                 self._phase(mesh.vpn, "failed_case", time.monotonic() - t0)
                 self._say(
-                    f"[red]{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400]
-                    + "[/]"
+                    f"{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400], "red"
                 )
                 self._heal(mesh)
 
@@ -434,7 +701,7 @@ class Runner:
         if not isinstance(self.backend, NativeBackend) or self.backend.profile is None:
             return None
         try:
-            return self.backend.stats()
+            return {**self.backend.stats(), "_t": time.monotonic()}
         except Exception:  # a missing stats file is the watchdog's business, not this bookkeeping's
             return None
 
@@ -450,7 +717,18 @@ class Runner:
             kd += (s1.get("kernel_user_dropped") or 0) - (s0.get("kernel_user_dropped") or 0)
             out.add("engine_kernel_drops", kd, "packets", "router")
         out.add("engine_packets", s1["packets_in"] - s0["packets_in"], "packets", "router")
-        out.add("engine_realtime", 1.0 if s1.get("realtime") else 0.0, "bool", "router")
+        if (
+            self.backend.realtime
+        ):  # asked for SCHED_FIFO: did it get it? (an engine with its own CPU does not ask)
+            out.add("engine_realtime", 1.0 if s1.get("realtime") else 0.0, "bool", "router")
+        if s1.get("cpu_s") is not None and s0.get("cpu_s") is not None and s1["_t"] > s0["_t"]:
+            # the engine's CPU over the case, % of one core: near 100 the emulator, not the VPN, set the pace
+            cpu = 100 * (s1["cpu_s"] - s0["cpu_s"]) / (s1["_t"] - s0["_t"])
+            out.add("engine_cpu_pct", cpu, "%", "router")
+            drops = s1["dropped_overflow"] - s0["dropped_overflow"]
+            out.add(
+                "engine_bound", 1.0 if cpu >= ENGINE_BOUND_CPU_PCT or drops > 0 else 0.0, "bool", "router"
+            )
 
     def _lab_hosts(self) -> list:
         assert self.lab is not None
@@ -466,19 +744,19 @@ class Runner:
         """After a failure: if the mesh is broken, restart it so the retry and later cases get a fair chance."""
         t0 = time.monotonic()
         if self.backend is not None and self.backend.health() and self.backend.profile is not None:
-            self._say(f"[yellow]restarting the impairment engine ({self.backend.health()})[/]")
+            self._say(f"restarting the impairment engine ({self.backend.health()})", "yellow")
             try:
                 self.backend.apply(self.backend.profile)
-            except (*CASE_ERRORS, ImpairError) as e:
-                self._say(f"[red]impairment engine restart failed: {e}[/]")
+            except CASE_ERRORS as e:  # ImpairError included
+                self._say(f"impairment engine restart failed: {e}", "red")
         try:
             dead = any(not p.alive() for ps in mesh.daemons().values() for p in ps)
             if dead or mesh.pairs_down():
-                self._say(f"[yellow]{mesh.vpn}: restarting the mesh after a failure[/]")
+                self._say(f"{mesh.vpn}: restarting the mesh after a failure", "yellow")
                 mesh.stop()
                 mesh.start()
                 mesh.wait_ready(self.sc.run.tunnel_timeout_s)
                 time.sleep(mesh.driver.settle_s)
         except CASE_ERRORS as e:
-            self._say(f"[red]{mesh.vpn}: mesh restart failed: {e}[/]")
+            self._say(f"{mesh.vpn}: mesh restart failed: {e}", "red")
         self._phase(mesh.vpn, "tunnel_wait", time.monotonic() - t0)

@@ -5,16 +5,26 @@ Validation happens before anything starts; every error names the field and what 
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from tunnelbench.impair.profiles import PROFILES, Profile
 from tunnelbench.vpns import DRIVERS
+from tunnelbench.vpns.base import option_problems
 from tunnelbench.workloads import WORKLOADS, Workload
 
 
@@ -45,6 +55,19 @@ class RunCfg(Strict):
     target_ci_pct: float = Field(
         5.0, gt=0, le=100, description="adaptive repetitions: CI half-width goal, % of the mean"
     )
+    order: Literal["interleaved", "block"] = Field(
+        "interleaved",
+        description="interleaved = repetition r of every (VPN, profile) before repetition r+1 of any, VPN order "
+        "shuffled per round from `seed` (the machine's drift spreads over all VPNs); block = all of one VPN, "
+        "then the next",
+    )
+    seed: int | None = Field(
+        None, ge=0, description="seed of the per-round VPN order; default: random, recorded"
+    )
+    drift_check_s: int = Field(
+        2, ge=0, le=60, description="a reference measurement (raw underlay TCP) at the start of every round, "
+        "seconds; 0 = off",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _adaptive(self) -> RunCfg:
@@ -106,6 +129,34 @@ class Fairness(Strict):
     tunnel_mtu: int | None = Field(None, ge=1280, le=9000, description="common tunnel MTU for every VPN")
 
 
+class CpuCfg(Strict):
+    placement: Literal["auto", "off", "engine-apart", "pinned"] = Field(
+        "auto",
+        description="off = no pinning; engine-apart = the impairment engine on engine_cpus, every VPN daemon and "
+        "measuring tool on sut_cpus, for every profile of the run, baseline included; pinned = engine-apart "
+        "plus each host on its own CPU of sut_cpus (round-robin); auto = engine-apart when the native engine "
+        "runs on a machine with <= 4 CPUs, else off",
+    )
+    engine_cpus: str | None = Field(
+        None, pattern=r"^[0-9][0-9,\-]*$", description="CPU list for the engine; default: the last CPU"
+    )
+    sut_cpus: str | None = Field(None, pattern=r"^[0-9][0-9,\-]*$",
+                                 description="CPU list for the system under test; default: all but the engine's")  # fmt: skip
+    engine_busy_poll_us: int | None = Field(
+        None, ge=0, le=1_000_000, description="engine busy-polls this long after its last packet before it "
+        "sleeps; default: 1000 when it has CPUs of its own (engine-apart, pinned), else 0",
+    )  # fmt: skip
+    steer_rx: bool | None = Field(
+        None, description="receive packet steering (RPS) of each host's underlay interface to its CPUs, so that "
+        "packets the engine releases on its CPU are received on the host's; default off (it raised the engine "
+        "tax on this machine: one more cross-CPU interrupt per batch)",
+    )  # fmt: skip
+    engine_realtime: bool | None = Field(
+        None, description="engine at SCHED_FIFO; default: on when it shares CPUs with the system under test, "
+        "off when it has its own (a busy-polling real-time task would starve that CPU's kernel work)",
+    )  # fmt: skip
+
+
 class ImpairCfg(Strict):
     backend: Literal["auto", "netem", "native"] = Field(
         "auto", description="auto = kernel netem where present, else the native engine"
@@ -113,6 +164,15 @@ class ImpairCfg(Strict):
     calibrate: bool = Field(True, description="measure every profile on the raw path before the VPNs run")
     calibration_probes: int = Field(4000, ge=100, le=1_000_000, description="UDP probes per profile")
     profiles: dict[str, Profile] = Field(default_factory=dict, description="user-defined profiles by name")
+    gso: Literal["auto", "segment"] = Field(
+        "auto",
+        description="native engine: auto = GSO/GRO super-packets pass whole under profiles with only delay, "
+        "jitter and rate (netem's semantics, far cheaper); segment = every wire packet separately",
+    )
+    tax_check_s: int = Field(
+        2, ge=0, le=60, description="per VPN, TCP seconds per leg of the engine-tax check (the VPN with the "
+        "native engine in the path at zero impairment vs without); 0 = off",
+    )  # fmt: skip
 
     @field_validator("profiles")
     @classmethod
@@ -121,6 +181,59 @@ class ImpairCfg(Strict):
             if name in PROFILES:
                 raise ValueError(f"profile name {name!r} is built in; pick another name")
             p.name = name
+        return v
+
+
+SysctlValue = int | str | list[int]
+SYSCTL_KEY = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)+$")
+
+
+def _sysctl_problems(values: dict[str, SysctlValue]) -> list[str]:
+    out = []
+    for key in values:
+        if not SYSCTL_KEY.match(key):
+            out.append(f"{key!r}: not a sysctl name (dotted, e.g. net.ipv4.tcp_reordering)")
+        elif not key.startswith("net."):
+            out.append(f"{key!r}: only network sysctls (net.*) can be set per lab host (they are per network "
+                       "namespace; everything else is the whole machine's)")  # fmt: skip
+    return out
+
+
+def _sysctl_str(v: SysctlValue) -> str:
+    return " ".join(str(x) for x in v) if isinstance(v, list) else str(v)
+
+
+class HostsCfg(Strict):
+    sysctl: dict[str, SysctlValue] = Field(
+        default_factory=dict,
+        description='sysctls set in every lab host before any VPN starts, e.g. "net.ipv4.tcp_reordering" = 10 '
+        "(net.* only: per network namespace)",
+    )
+    tunings: dict[str, dict[str, SysctlValue]] = Field(
+        default_factory=dict,
+        description="named sets of sysctls, run as a dimension (top-level `tunings`), each on top of `sysctl`",
+    )
+
+    @field_validator("sysctl")
+    @classmethod
+    def _sysctl(cls, v: dict[str, SysctlValue]) -> dict[str, SysctlValue]:
+        problems = _sysctl_problems(v)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+    @field_validator("tunings")
+    @classmethod
+    def _tunings(cls, v: dict[str, dict[str, SysctlValue]]) -> dict[str, dict[str, SysctlValue]]:
+        problems = []
+        for name, values in v.items():
+            if name == "default":
+                problems.append(
+                    'tuning "default" is built in (no change beyond [hosts] sysctl); pick another name'
+                )
+            problems += [f"tuning {name!r}: {p}" for p in _sysctl_problems(values)]
+        if problems:
+            raise ValueError("; ".join(problems))
         return v
 
 
@@ -149,20 +262,39 @@ class Scenario(Strict):
     lab: LabCfg = Field(default_factory=LabCfg)
     fairness: Fairness = Field(default_factory=Fairness)
     impair: ImpairCfg = Field(default_factory=ImpairCfg)
+    cpu: CpuCfg = Field(default_factory=CpuCfg)
     workloads: list[WorkloadCfg] = Field(min_length=1)
     vpn_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    hosts: HostsCfg = Field(default_factory=HostsCfg)
+    tunings: list[str] = Field(
+        default_factory=lambda: ["default"],
+        min_length=1,
+        description='host sysctl tunings to run, a dimension next to profiles: "default" (= [hosts] sysctl '
+        "only) or names defined under [hosts.tunings.NAME]",
+    )
 
-    @field_validator("vpns")
-    @classmethod
-    def _vpns(cls, v: list[str]) -> list[str]:
-        if v == ["all"]:
-            return list(DRIVERS)
-        for name in v:
-            if name not in DRIVERS:
-                raise ValueError(f"unknown VPN {name!r}; allowed: all, {', '.join(sorted(DRIVERS))}")
-        if len(set(v)) != len(v):
-            raise ValueError("a VPN is listed twice")
-        return v
+    @model_validator(mode="after")
+    def _vpns(self) -> Scenario:
+        """Every entry is a driver name, NAME@debian or NAME@X.Y.Z (vpns.resolve); errors name the entry,
+        `vpns[i]` (a whole-model check, so the message carries its own field)."""
+        from tunnelbench.vpns import resolve
+
+        if self.vpns == ["all"]:
+            self.vpns = list(DRIVERS)
+            return self
+        seen: dict[tuple[str, str | None], int] = {}
+        for i, spec in enumerate(self.vpns):
+            try:
+                d = resolve(spec)
+            except ValueError as e:
+                raise ValueError(f"vpns[{i}]: {e}") from None
+            build = (d.name, d.variant)
+            if build in seen:
+                j = seen[build]
+                raise ValueError(f"vpns[{i}]: {spec!r} is listed twice"
+                                 + ("" if self.vpns[j] == spec else f" (as vpns[{j}] {self.vpns[j]!r})"))  # fmt: skip
+            seen[build] = i
+        return self
 
     @model_validator(mode="after")
     def _profiles(self) -> Scenario:
@@ -194,11 +326,68 @@ class Scenario(Strict):
 
     @field_validator("vpn_options")
     @classmethod
-    def _vpn_options(cls, v: dict) -> dict:
+    def _vpn_options(cls, v: dict, info: ValidationInfo) -> dict:
+        """Keys are a driver name (applying to every version of it in the run) or one version's key
+        (NAME@VERSION, overriding the base name's options key by key). Each version listed in `vpns` gets its
+        merged options under its own key, so `vpn_options.get(key, {})` is what that version runs with."""
+        from tunnelbench.vpns import resolve
+
         for name in v:
-            if name not in DRIVERS:
-                raise ValueError(f"options for unknown VPN {name!r}; allowed: {', '.join(sorted(DRIVERS))}")
-        return v
+            try:
+                resolve(name)
+            except ValueError as e:
+                raise ValueError(f"options for {name!r}: {e}") from None
+        out = dict(v)
+        for spec in info.data.get("vpns") or []:
+            try:
+                d = resolve(spec)
+            except ValueError:
+                continue  # reported by _vpns, naming the entry
+            if d.key != d.name and d.name in v:
+                out[spec] = {**v[d.name], **v.get(spec, {})}
+        return out
+
+    @model_validator(mode="after")
+    def _driver_options(self) -> Scenario:
+        """Every vpn_options.<vpn> against that driver's typed Options (vpns/base.py DriverOptions)."""
+        from tunnelbench.vpns import resolve
+
+        found = {name: option_problems(resolve(name).Options, opts, name.partition("@")[0])
+                 for name, opts in self.vpn_options.items()}  # fmt: skip
+        problems = []
+        for name, probs in found.items():
+            base = found.get(name.partition("@")[0], []) if "@" in name else []
+            # a version's options include its base name's (merged by _vpn_options): report those once
+            problems += [f"vpn_options.{name}.{p}" for p in probs if p not in base]
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _tunings(self) -> Scenario:
+        known = ["default", *self.hosts.tunings]
+        for name in self.tunings:
+            if name not in known:
+                raise ValueError(f"tunings: unknown tuning {name!r}; allowed: {', '.join(known)} "
+                                 "(define it under [hosts.tunings.NAME])")  # fmt: skip
+        if len(set(self.tunings)) != len(self.tunings):
+            raise ValueError("tunings: a tuning is listed twice")
+        return self
+
+    def tuning(self, name: str) -> dict[str, str]:
+        """The sysctls of a tuning, as strings: [hosts] sysctl, then [hosts.tunings.NAME] on top ("default":
+        [hosts] sysctl only). Apply with tunnelbench.lab.sysctl.apply(hosts, values)."""
+        if name != "default" and name not in self.hosts.tunings:
+            raise KeyError(f"unknown tuning {name!r}")
+        merged = {**self.hosts.sysctl, **self.hosts.tunings.get(name, {})}
+        return {k: _sysctl_str(v) for k, v in merged.items()}
+
+    def sysctl_keys(self) -> list[str]:
+        """Every sysctl key to record with the run: the fixed list (lab/sysctl.py RECORDED) plus every key
+        [hosts] sysctl or any listed tuning sets."""
+        from tunnelbench.lab.sysctl import recorded_keys
+
+        return recorded_keys(k for t in self.tunings for k in self.tuning(t))
 
     def build_workloads(self) -> list[Workload]:
         return [w.build() for w in self.workloads]

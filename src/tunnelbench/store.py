@@ -186,6 +186,20 @@ class Store:
             d["params"] = json.loads(d["params"] or "{}")
             yield CaseRow(**d)
 
+    def case_values(self, run_id: str, vpn: str, profile: str, label: str, name: str) -> list[float]:
+        """One case-level metric of every successful case of a (VPN, profile, workload label) group."""
+        return [v for (v,) in self.db.execute(
+            'SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.run_id = ? AND c.vpn = ? '
+            "AND c.profile = ? AND c.label = ? AND c.status = 'ok' AND m.name = ? AND m.host IS NULL",
+            (run_id, vpn, profile, label, name))]  # fmt: skip
+
+    def metric_totals(self, run_id: str, names: tuple[str, ...]) -> dict[str, tuple[float, int]]:
+        """(sum, count) of each named metric over the run's cases (any host)."""
+        marks = ",".join("?" * len(names))
+        return {n: (s, k) for n, s, k in self.db.execute(
+            f'SELECT m.name, SUM(m.value), COUNT(*) FROM metric m JOIN "case" c ON c.id = m.case_id '
+            f"WHERE c.run_id = ? AND m.name IN ({marks}) GROUP BY m.name", (run_id, *names))}  # fmt: skip
+
     def metrics(self, run_id: str) -> list[sqlite3.Row]:
         """Metrics of the run's successful cases, joined with their case keys."""
         self.db.row_factory = sqlite3.Row

@@ -63,7 +63,7 @@ fn run(path: &str) -> ExitCode {
     let copy_range: u32 = if need_payload { 0xffff } else { 128 };
     let nbufs = if need_payload { 64 } else { 256 };
 
-    let q = match nfq::Queue::open(cfg.queue, copy_range, cfg.queue_maxlen, nbufs) {
+    let q = match nfq::Queue::open(cfg.queue, copy_range, cfg.queue_maxlen, nbufs, cfg.gso) {
         Ok(q) => q,
         Err(e) => {
             eprintln!("impaird: {e}");
@@ -94,14 +94,19 @@ fn run(path: &str) -> ExitCode {
         eprintln!("impaird: realtime: off (config)");
     }
     eprintln!(
-        "impaird {}: pid {} bound NFQUEUE {} (copy_range {}, queue_maxlen {}, max_held {}, {} rules, fail-closed, no GSO flag)",
+        "impaird {}: pid {} bound NFQUEUE {} (copy_range {}, queue_maxlen {}, max_held {}, {} rules, fail-closed, {})",
         env!("CARGO_PKG_VERSION"),
         std::process::id(),
         cfg.queue,
         copy_range,
         cfg.queue_maxlen,
         cfg.effective_max_held(),
-        cfg.rules.len()
+        cfg.rules.len(),
+        if cfg.gso {
+            "GSO packets whole"
+        } else {
+            "per wire packet"
+        }
     );
     match eng.run() {
         Ok(()) => {

@@ -181,7 +181,13 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 
 impl Queue {
     /// Open the netlink socket and bind the queue.
-    pub fn open(queue: u16, copy_range: u32, maxlen: u32, nbufs: usize) -> io::Result<Queue> {
+    pub fn open(
+        queue: u16,
+        copy_range: u32,
+        maxlen: u32,
+        nbufs: usize,
+        gso: bool,
+    ) -> io::Result<Queue> {
         // SAFETY: plain syscalls with valid arguments.
         let fd = cvt(unsafe {
             libc::socket(
@@ -244,9 +250,11 @@ impl Queue {
         params[4] = NFQNL_COPY_PACKET;
         q.config(NFQA_CFG_PARAMS, &params)?;
         q.config(NFQA_CFG_QUEUE_MAXLEN, &maxlen.to_be_bytes())?;
-        // Flags: explicitly clear FAIL_OPEN (fail closed) and GSO (kernel
-        // segments GSO packets before queueing -> impairment per wire packet).
+        // Flags: always clear FAIL_OPEN (fail closed). Without GSO the kernel
+        // segments GSO packets before queueing (impairment per wire packet);
+        // with it they arrive whole (one verdict per super-packet, as netem).
         let mask = NFQA_CFG_F_FAIL_OPEN | NFQA_CFG_F_GSO;
+        let flags = if gso { NFQA_CFG_F_GSO } else { 0 };
         let mut buf = Vec::new();
         let seq = q.next_seq();
         let st = put_nlhdr(
@@ -256,7 +264,7 @@ impl Queue {
             seq,
             queue,
         );
-        put_attr(&mut buf, NFQA_CFG_FLAGS, &0u32.to_be_bytes());
+        put_attr(&mut buf, NFQA_CFG_FLAGS, &flags.to_be_bytes());
         put_attr(&mut buf, NFQA_CFG_MASK, &mask.to_be_bytes());
         finish_msg(&mut buf, st);
         q.send(&buf)?;

@@ -351,6 +351,15 @@ class NativeBackend(Backend):
         self.seed: int | None = None  # fixed for reproducible tests; random per apply otherwise
         self.stats_path = workdir / "impaird-stats.json"
         self._chain_entry: dict | None = None
+        # "auto": GSO/GRO super-packets pass whole when the profile makes no per-wire-packet decision (netem's
+        # semantics: it delays an skb, which may be a GSO packet); "segment": always per wire packet
+        self.gso_mode = "auto"
+        self.gso = False  # what the running engine does
+        self.cpus: str | None = None  # CPU list the engine is confined to (cpu placement), None = any
+        # an engine with CPUs of its own busy-polls (no cross-CPU wake-up per burst) and needs no real-time
+        # priority (nothing else runs there); sharing CPUs it sleeps between packets at SCHED_FIFO
+        self.busy_poll_us = 0
+        self.realtime = True
 
     def version(self) -> str:
         return self.router.run([str(self.binary), "--version"], check=False).stdout.strip()
@@ -385,6 +394,7 @@ class NativeBackend(Backend):
         if not (profile.needs_engine or force_engine):
             return
         self.forced = force_engine
+        self.gso = self.gso_mode == "auto" and not profile.per_wire
         held_s = (profile.delay_ms + 3 * profile.jitter_ms) / 1000 + 0.05
         rate_pps = (profile.rate_mbit * 1e6 / 8 / 1500) if profile.rate_mbit else ENGINE_PPS_CEILING
         cfg = {
@@ -394,7 +404,9 @@ class NativeBackend(Backend):
             "stats_path": str(self.stats_path),
             "stats_interval_ms": 200,
             "seed": self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little"),
-            "realtime": True,
+            "realtime": self.realtime,
+            "gso": self.gso,
+            "busy_poll_us": self.busy_poll_us,
             "rules": self.rules(profile),
         }
         cfg_path = self.workdir / "impaird.json"
@@ -404,7 +416,8 @@ class NativeBackend(Backend):
         if chk.returncode != 0:
             raise ImpairError(f"impaird rejected the config for {profile.name!r}: {chk.stdout}{chk.stderr}")
         r.remove(self.stats_path)
-        self.proc = r.spawn([str(self.binary), "--config", str(cfg_path)], label="impaird",
+        pin = ["taskset", "-c", self.cpus] if self.cpus else []
+        self.proc = r.spawn([*pin, str(self.binary), "--config", str(cfg_path)], label="impaird",
                             log_path=self.workdir / "impaird.log")  # fmt: skip
         deadline = time.monotonic() + 10
         while not r.exists(self.stats_path):

@@ -19,6 +19,7 @@ import numpy as np
 from tunnelbench.impair import probe as probe_mod
 from tunnelbench.impair.backend import Backend
 from tunnelbench.impair.profiles import Profile
+from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
 from tunnelbench.lab.host import Host
 from tunnelbench.workloads.ping import parse_ping
 
@@ -187,20 +188,7 @@ def ping_rtt(src: Host, dst: Host, count: int, interval: float, max_delay_s: flo
 
 
 def tcp_rate(src: Host, dst: Host, seconds: float = 3.0) -> float:
-    srv = dst.spawn(
-        ["iperf3", "-s", "-1", "-p", "5299", "-B", dst.underlay_ip], label="iperf3-cal", log_path=None
-    )
-    try:
-        deadline = time.monotonic() + 5
-        while not dst.run(["ss", "-Hltn", "sport = :5299"], check=False).stdout.strip():
-            if time.monotonic() > deadline:
-                raise RuntimeError("iperf3 server for calibration did not listen")
-            time.sleep(0.01)
-        r = src.run(["iperf3", "-c", dst.underlay_ip, "-p", "5299", "-J", "-t", f"{seconds:g}", "-O", "1"],
-                    timeout=seconds + 30)  # fmt: skip
-        return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"] / 1e6
-    finally:
-        srv.stop(grace=2)
+    return goodput_mbps(iperf3_tcp(src, dst, dst.underlay_ip, seconds, 5299, omit_s=1))
 
 
 @dataclass

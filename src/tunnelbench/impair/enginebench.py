@@ -81,10 +81,24 @@ def measure(
                     cpu_pp, cpu_pct, int(end["sum_sent"].get("retransmits", 0)))  # fmt: skip
 
 
-def run_bench(root: Path, seconds: float = 5.0, big_buffers: bool = True) -> tuple[str, list[BenchRow]]:
+def run_bench(root: Path, seconds: float = 5.0, big_buffers: bool = True, placement_mode: str = "auto",
+              vpns: list[str] | None = None, tax_rounds: int = 3) -> tuple[str, list[BenchRow], list, str]:  # fmt: skip
+    """Rows: the raw path, then the engine at 0 and 20 ms in both modes (GSO super-packets whole, every wire
+    packet). With `vpns`, each VPN's engine tax (TaxCheck per mode). Returns (engine version, rows, tax
+    checks, placement summary)."""
+    from tunnelbench import placement
+    from tunnelbench.impair import tax
+
     rows: list[BenchRow] = []
+    checks: list = []
     with impair_lab(root) as (lab, be):
         h1, h2 = lab.hosts
+        pl = placement.plan(placement_mode, isinstance(be, NativeBackend), [h.name for h in lab.hosts])
+        for h in lab.hosts:
+            h.cpus = pl.hosts.get(h.name)
+        if isinstance(be, NativeBackend):
+            be.cpus = pl.engine
+            be.busy_poll_us, be.realtime = (1000, False) if pl.engine else (0, True)
         if big_buffers:
             # a 20 ms path needs a window larger than the default 4 MiB tcp_wmem ceiling to be engine-limited
             for h in (h1, h2):
@@ -93,16 +107,42 @@ def run_bench(root: Path, seconds: float = 5.0, big_buffers: bool = True) -> tup
         version = be.version() if isinstance(be, NativeBackend) else be.name
         for streams in (1, 4):
             rows.append(measure(be, lab.router, h1, h2, "raw (no engine)", streams, seconds))
+        modes = (
+            [("gso", "auto"), ("per wire packet", "segment")] if isinstance(be, NativeBackend) else [("", "")]
+        )
         for delay in (0.0, 20.0):
-            be.apply(Profile(name=f"engine-{delay:g}ms", delay_ms=delay), force_engine=True)
-            try:
-                for streams in (1, 4):
-                    rows.append(
-                        measure(be, lab.router, h1, h2, f"{be.name} engine +{delay:g} ms", streams, seconds)
-                    )
-                    why = be.health()
-                    if why:
-                        raise RuntimeError(why)
-            finally:
-                be.clear()
-    return version, rows
+            for mode_label, gso_mode in modes:
+                if isinstance(be, NativeBackend):
+                    be.gso_mode = gso_mode
+                be.apply(Profile(name=f"engine-{delay:g}ms", delay_ms=delay), force_engine=True)
+                label = f"{be.name} +{delay:g} ms" + (f" ({mode_label})" if mode_label else "")
+                try:
+                    for streams in (1, 4):
+                        rows.append(measure(be, lab.router, h1, h2, label, streams, seconds))
+                        why = be.health()
+                        if why:
+                            raise RuntimeError(why)
+                finally:
+                    be.clear()
+        if vpns and isinstance(be, NativeBackend):
+            from tunnelbench.vpns import Mesh, MeshSpec, resolve
+
+            for name in vpns:
+                cls = resolve(name)
+                avail = cls.availability(lab.hosts)
+                if not avail.ok:
+                    raise RuntimeError(f"{name}: {avail.reason}")
+                mesh = Mesh(cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir)))
+                try:
+                    mesh.driver.configure()
+                    mesh.start()
+                    mesh.wait_ready(60)
+                    time.sleep(mesh.driver.settle_s)
+                    checks += tax.measure_tax(be, f"{name} {avail.version}", h1, h2, mesh.tunnel_ip(h2),
+                                              max(1, round(seconds)), ["gso", "segment"], rounds=tax_rounds)  # fmt: skip
+                finally:
+                    mesh.stop()
+                left = mesh.leftovers()
+                if left:
+                    raise RuntimeError(f"{name}: teardown left {left}")
+    return version, rows, checks, pl.summary()

@@ -92,6 +92,13 @@ class Profile(BaseModel):
         return not (self.needs_engine or self.rate_mbit)
 
     @property
+    def per_wire(self) -> bool:
+        """Does the profile decide per wire packet (loss, reorder, duplicate, corrupt)? If not (delay, jitter
+        and rate only), the engine may take GSO/GRO super-packets whole, as kernel netem does."""
+        return bool(self.loss_pct or self.gemodel or self.loss_state or self.reorder_pct or self.duplicate_pct
+                    or self.corrupt_pct)  # fmt: skip
+
+    @property
     def needs_engine(self) -> bool:
         """Anything beyond a rate limit needs netem or the native engine."""
         return bool(

@@ -120,6 +120,7 @@ class Host(ABC):
     remote = False  # True: workdir, PIDs and files live on another machine (the SSH lab)
     preexisting_links: frozenset[str] = frozenset()  # interfaces the host had before the run (not ours)
     behind_nat = False  # lab path "nat": the host is reachable only through its NAT, at public_ip
+    cpus: str | None = None  # CPU list every command on this host is confined to (cpu placement); None = any
 
     @property
     def public_ip(self) -> str:

@@ -86,7 +86,9 @@ class NetnsHost(Host):
         self.underlay_if = "eth0"
 
     def argv(self, argv: Sequence[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.netns, *argv]
+        # taskset execs the command: the PID we journal and signal stays the command's own
+        pin = ["taskset", "-c", self.cpus] if self.cpus and argv else []
+        return ["ip", "netns", "exec", self.netns, *pin, *argv]
 
     def pids(self) -> list[int]:
         return netns_pids(self.netns)

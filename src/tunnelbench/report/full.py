@@ -6,12 +6,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from tunnelbench.analysis.analyze import Analysis, Family, RunData, analyze, is_headline, load_run
+from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.report import plots
 from tunnelbench.report.fmt import num
@@ -168,6 +170,40 @@ def _failures(r: RunData, a: Analysis) -> list[dict]:
     return out
 
 
+def _emulator(r: RunData) -> dict:
+    f = emulator_facts(r.env, r.metrics)
+    taxes = []
+    for vpn, t in f.taxes.items():
+        for mode, c in t.items():
+            if isinstance(c, dict):
+                taxes.append({"vpn": vpn, "mode": mode, "off": num(statistics.median(c["off_mbps"])),
+                              "on": num(statistics.median(c["on_mbps"])), "tax": f"{c['tax_pct']:+.1f}%",
+                              "flagged": c["tax_pct"] > 10, "n": len(c["off_mbps"]),
+                              "cpu": num(statistics.median(c["engine_cpu_pct"])) if c.get("engine_cpu_pct") else "–"})  # fmt: skip
+    return {"lines": facts_lines(f), "taxes": taxes, "any": bool(f.placement or f.profiles or f.drift.points)}
+
+
+def _rounds(a: Analysis) -> list[str]:
+    """Per-round plots (value per repetition / its median, with the drift reference) per headline metric."""
+    out = []
+    for r in a.runs:
+        drift = [p["goodput_mbps"] for p in emulator_facts(r.env, []).drift.points if "goodput_mbps" in p]
+        rep_of = {c.id: c.repetition for c in r.cases}
+        for f in a.headline_families():
+            per_round: dict[str, dict[int, float]] = {}
+            for v, g in f.groups.items():
+                if g.run_id != r.run_id:
+                    continue
+                for cid, val in zip(g.case_ids, g.values, strict=False):
+                    per_round.setdefault(v, {})[rep_of.get(cid, 0)] = val
+            if max((len(x) for x in per_round.values()), default=0) < 2:
+                continue
+            svg = plots.rounds(a, per_round, drift, f"per round · {f.label} · {f.metric} · {f.profile}")
+            if svg:
+                out.append(svg)
+    return out
+
+
 def build_context(a: Analysis) -> dict:
     runs = []
     for r in a.runs:
@@ -179,7 +215,8 @@ def build_context(a: Analysis) -> dict:
                      "env": sorted((k, v) for k, v in r.env.items() if not k.startswith("calibration.")),
                      "calibration": _calibration(r), "failures": _failures(r, a),
                      "phases": sorted((k, v) for k, v in r.phases.items() if k != "wall"),
-                     "scenario_text": r.run["scenario"]})  # fmt: skip
+                     "scenario_text": r.run["scenario"], "emulator": _emulator(r),
+                     "order": r.env.get("run.order", "block"), "seed": r.env.get("run.seed")})  # fmt: skip
     headline = a.headline_families()
     overview = [_family_ctx(f) for f in headline if f.better != "none" or len(f.groups) > 1]
     by_profile: dict[str, list[dict]] = defaultdict(list)
@@ -244,7 +281,7 @@ def build_context(a: Analysis) -> dict:
         "any_underpowered": any(f["underpowered"] for f in overview), "alpha": ALPHA, "n_min": n_min,
         "heatmaps": heatmaps, "scatter": scatter, "cdfs": cdfs, "tseries": tseries, "cpu": cpu,
         "usage": usage, "scaling": derived(a.scaling), "efficiency": derived(a.efficiency),
-        "stats_rows": stats_rows, "features": _features(a),
+        "stats_rows": stats_rows, "features": _features(a), "rounds": _rounds(a),
         "generated": _ts(dt.datetime.now(dt.UTC).timestamp()),
     }  # fmt: skip
 
@@ -303,6 +340,15 @@ def render_markdown(a: Analysis) -> str:
     if a.efficiency:
         lines += ["", "CPU efficiency (Mbit/s per daemon CPU-core, client + server): " + "; ".join(
             f"{d.variant} {d.label} @ {d.profile}: {num(d.value)} {ci(d.lo, d.hi)}" for d in a.efficiency)]  # fmt: skip
+    for r in a.runs:
+        facts = facts_lines(emulator_facts(r.env, r.metrics))
+        if facts:
+            lines += [
+                "",
+                f"Order: {r.env.get('run.order', 'block')}"
+                + (f" (seed {r.env['run.seed']})" if r.env.get("run.seed") else ""),
+            ]
+            lines += [f"- {x.strip()}" for x in facts]
     fails = [(r, c) for r in a.runs for c in r.cases if c.status not in ("ok", "running")]
     if fails:
         lines += ["", f"{len(fails)} case(s) failed or were skipped:"]

@@ -237,6 +237,40 @@ def timeseries(a: Analysis, series: dict[str, list[list[tuple[float, float]]]], 
     return to_svg(fig)
 
 
+def rounds(a: Analysis, per_round: dict[str, dict[int, float]], drift: list[float], title: str) -> str | None:
+    """Each variant's value per round relative to its own median (1 = its median), with the drift reference
+    (raw underlay TCP at every round boundary, relative to its median) as a dashed black line: a VPN line
+    that follows the reference moved with the machine, not on its own."""
+    colors = variant_colors(a.variants)
+    fig, ax = plt.subplots(figsize=(6.2, 3.2))
+    drawn = 0
+    for v in a.variants:
+        pts = sorted(per_round.get(v, {}).items())
+        if len(pts) < 2:
+            continue
+        med = float(np.median([y for _, y in pts]))
+        if med == 0:
+            continue
+        ax.plot(
+            [r for r, _ in pts], [y / med for _, y in pts], color=colors[v], lw=1.3, marker="o", ms=3, label=v
+        )
+        drawn += 1
+    if len(drift) >= 2:
+        med = float(np.median(drift))
+        ax.plot(range(1, len(drift) + 1), [d / med for d in drift], color="black", ls="--", lw=1.2,
+                label="drift reference (raw TCP)")  # fmt: skip
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.axhline(1.0, color="#999", lw=0.6)
+    ax.set_xlabel("round (repetition)")
+    ax.set_ylabel("value / its median")
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="best")
+    return to_svg(fig)
+
+
 def cpu_memory(a: Analysis, profile: str) -> str | None:
     """Daemon CPU (% of one core, median with CI) on client and server, and peak RSS, per workload label."""
     us = [u for u in a.usage if u.profile == profile]

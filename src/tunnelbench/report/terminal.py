@@ -6,7 +6,9 @@ import json
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.summary import Summary, headline_rows
 from tunnelbench.report.fmt import num, spread
 from tunnelbench.store import Store
@@ -83,20 +85,17 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
             console.print(
                 f"profile {cal.get('profile')} ({cal.get('backend')}): {status}" + (f": {bad}" if bad else "")
             )
-    eng = dict(
-        store.db.execute(
-            "SELECT m.name, SUM(CASE WHEN m.name = 'engine_realtime' THEN 1 - m.value ELSE m.value END) "
-            'FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.run_id = ? AND m.name IN '
-            "('engine_overflow_drops', 'engine_kernel_drops', 'engine_realtime') GROUP BY m.name",
-            (run_id,),
-        ).fetchall()
-    )
-    if eng.get("engine_overflow_drops") or eng.get("engine_kernel_drops"):
+    tot = store.metric_totals(run_id, ("engine_overflow_drops", "engine_kernel_drops", "engine_realtime"))
+    queue, kernel = (tot.get(n, (0.0, 0))[0] for n in ("engine_overflow_drops", "engine_kernel_drops"))
+    if queue or kernel:
         console.print(f"[bold red]the impairment engine dropped packets the profiles did not ask for "
-                      f"(its queue {eng.get('engine_overflow_drops', 0):.0f}, the kernel's "
-                      f"{eng.get('engine_kernel_drops', 0):.0f}): the emulator was a bottleneck[/]")  # fmt: skip
-    if eng.get("engine_realtime"):
+                      f"(its queue {queue:.0f}, the kernel's {kernel:.0f}): the emulator was a bottleneck[/]")  # fmt: skip
+    rt_sum, rt_cases = tot.get("engine_realtime", (0.0, 0))
+    if rt_sum < rt_cases:  # engine_realtime is 1 per case that held SCHED_FIFO
         console.print("[yellow]the impairment engine ran without real-time priority in some cases[/]")
+    for line in facts_lines(emulator_facts(env, [dict(m) for m in store.metrics(run_id)])):
+        style = "yellow" if ("(>10%)" in line or "emulator-bound" in line or "failed" in line) else ""
+        console.print(Text(line, style=style))
     drops = env.get("router.offlab_drops")
     if drops not in (None, "0"):
         console.print(

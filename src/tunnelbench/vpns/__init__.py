@@ -1,12 +1,16 @@
-"""The VPN drivers, by name."""
+"""The VPN drivers, by name, and their versions: `resolve("nebula@1.9.0")`."""
 
 from __future__ import annotations
+
+import functools
+import re
 
 from tunnelbench.vpns.base import Availability, Mesh, MeshSpec, VpnDriver
 from tunnelbench.vpns.boringtun import Boringtun
 from tunnelbench.vpns.easytier import EasyTier
 from tunnelbench.vpns.fastd import Fastd
 from tunnelbench.vpns.innernet import Innernet
+from tunnelbench.vpns.install import VERSION_RE, pinned, registry
 from tunnelbench.vpns.internal import Internal
 from tunnelbench.vpns.n2n import N2n
 from tunnelbench.vpns.nebula import Nebula
@@ -50,4 +54,75 @@ for _d in DRIVERS.values():
     if not _d.features and _d.name in DOCUMENTED:
         _d.features = DOCUMENTED[_d.name]
 
-__all__ = ["DRIVERS", "Availability", "Mesh", "MeshSpec", "VpnDriver"]
+
+def debian_build(cls: type[VpnDriver]) -> tuple:
+    """The install sources of the driver's Debian build (`NAME@debian`): its own `debian_installs`, or its
+    installs when they all come from Debian; () when Debian has no build of it."""
+    own = cls.__dict__.get("debian_installs", ())
+    if own:
+        return tuple(own)
+    if cls.installs and not any(registry(s) for s in cls.installs):
+        return tuple(cls.installs)
+    return ()
+
+
+def _forms(name: str) -> str:
+    cls = DRIVERS[name]
+    forms = [name]
+    if debian_build(cls):
+        forms.append(f"{name}@debian")
+    if any(registry(s) for s in cls.installs):
+        forms.append(f"{name}@X.Y.Z")
+    return ", ".join(forms)
+
+
+@functools.cache
+def resolve(spec: str) -> type[VpnDriver]:
+    """The driver class for a VPN as a scenario or `--vpn` names it:
+
+    - "nebula": the driver itself (its default: the pinned current release);
+    - "nebula@debian": a subclass whose installs are Debian's build (`debian_build`);
+    - "nebula@1.9.0" (or "@v1.9.0"): a subclass whose registry source (Go module or crate; the first one, or
+      every source named in the driver's `versioned_sources`) is pinned to that version, so its binaries,
+      `version()` and `tunnelbench install` use that build in the cache.
+
+    A variant keeps the driver's `name` (options, features) and has `key` = `spec` (the run's name for it,
+    its rows and folders) and `variant` = "debian" or the version without "v". The same spec always gives
+    the same class. Unknown names and malformed versions raise ValueError saying what is allowed."""
+    if not isinstance(spec, str):
+        raise ValueError(f"a VPN is a string, not {spec!r}")
+    name, at, version = spec.partition("@")
+    if name not in DRIVERS:
+        from tunnelbench.vpns.impossible import IMPOSSIBLE
+
+        why = f" ({name} is impossible here: {IMPOSSIBLE[name].reason})" if name in IMPOSSIBLE else ""
+        raise ValueError(f"unknown VPN {name!r}{why}; allowed: {', '.join(sorted(DRIVERS))} "
+                         "(NAME, NAME@debian or NAME@X.Y.Z)")  # fmt: skip
+    cls = DRIVERS[name]
+    if not at:
+        return cls
+    if version == "debian":
+        installs = debian_build(cls)
+        if not installs:
+            raise ValueError(f"{spec!r}: Debian has no build of {name}; allowed: {_forms(name)}")
+        variant = "debian"
+    else:
+        if not VERSION_RE.fullmatch(version):
+            raise ValueError(f"{spec!r}: malformed version {version!r}: expected NAME@debian or NAME@X.Y.Z "
+                             f"(an exact release, e.g. 1.9.0 or v1.9.0); allowed: {_forms(name)}")  # fmt: skip
+        regs = [s for s in cls.installs if registry(s)]
+        if not regs:
+            raise ValueError(f"{spec!r}: {name} comes from Debian only, which has one version; allowed: "
+                             f"{_forms(name)}")  # fmt: skip
+        names = getattr(cls, "versioned_sources", ()) or (regs[0].name,)
+        installs = tuple(pinned(s, version) if registry(s) and s.name in names else s for s in cls.installs)
+        variant = version.removeprefix("v")
+    slug = re.sub(r"\W", "_", variant)
+    return type(cls)(f"{cls.__name__}_{slug}", (cls,), {
+        "key": spec, "variant": variant, "installs": installs, "debian_installs": (),
+        "__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}_{slug}",
+        "__doc__": f"{cls.__name__} pinned to {spec} (vpns.resolve)",
+    })  # fmt: skip
+
+
+__all__ = ["DRIVERS", "Availability", "Mesh", "MeshSpec", "VpnDriver", "debian_build", "resolve"]

@@ -5,18 +5,31 @@ hands the mesh (hosts + tunnel addresses) to workloads."""
 
 from __future__ import annotations
 
+import difflib
 import functools
-import shutil
+import os
+import re
 import subprocess
 import time
+import types
+import typing
 from abc import ABC, abstractmethod
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tunnelbench.lab.host import CommandError, Host, Process
-from tunnelbench.vpns.install import Source, binary
+from tunnelbench.vpns.install import (
+    Source,
+    binary,
+    debian_package_of,
+    debian_version,
+    source_label,
+    upstream_version,
+)
 
 
 @dataclass
@@ -48,6 +61,87 @@ class MeshSpec:
     # for many-client scenarios (seed 001) where N^2 peerings would not fit. Drivers list theirs in topologies
     topology: str = "mesh"
     hub: Host | None = None
+    # interleaved rounds bring a VPN's mesh up once per round: each bring-up gets fresh config and key
+    # folders (a suffix of the per-host folder), so no VPN meets the state of its previous round
+    session: str = ""
+
+
+class DriverOptions(BaseModel):
+    """A driver's tunables, `vpn_options.<vpn>` in a scenario: typed fields with defaults, unknown keys refused.
+    A driver declares them as a nested `class Options(DriverOptions)` (the default: no options)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TunnelOptions(DriverOptions):
+    """Options of every driver that sets a tunnel MTU (`default_mtu`)."""
+
+    mtu: int | None = Field(
+        None,
+        ge=1280,
+        le=65535,
+        description="tunnel MTU of this VPN; overrides fairness.tunnel_mtu and the driver's default",
+    )
+
+
+def udp_socket_buffer(where: str) -> Any:
+    """The common `udp_socket_buffer` option (bytes, send and receive) of a VPN that exposes one."""
+    return Field(None, ge=4096, le=1 << 30, description=f"UDP socket send/receive buffer, bytes: {where}; "
+                 "unset = the VPN's own default")  # fmt: skip
+
+
+class OptionsError(ValueError):
+    """Invalid driver options; `problems` are "field: what is wrong" lines."""
+
+    def __init__(self, vpn: str, problems: list[str]):
+        self.vpn, self.problems = vpn, problems
+        super().__init__(f"{vpn}: invalid options: " + "; ".join(problems))
+
+
+def option_problems(model: type[DriverOptions], data: Any, vpn: str) -> list[str]:
+    """Why `data` is not valid for `model`, one "field: message" line per problem (empty when valid)."""
+    try:
+        model.model_validate(data)
+    except ValidationError as e:
+        allowed = list(model.model_fields)
+        out = []
+        for err in e.errors():
+            key = ".".join(str(x) for x in err["loc"])
+            if err["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                out.append(f"{key}: unknown option{hint}; allowed: "
+                           + (", ".join(allowed) if allowed else f"none ({vpn} has no options)"))  # fmt: skip
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+                shown = "input" in err and not isinstance(err["input"], dict)
+                got = f" (got {err['input']!r})" if shown else ""
+                out.append(f"{key}: {msg}{got}" if key else msg)
+        return out
+    return []
+
+
+def describe_options(model: type[DriverOptions]) -> list[tuple[str, str, str, str]]:
+    """(name, type, default, description) of every option, for `tunnelbench list`."""
+    out = []
+    for name, f in model.model_fields.items():
+        out.append((name, _type_name(f.annotation, f.metadata), repr(f.default), f.description or ""))
+    return out
+
+
+def _type_name(ann: Any, metadata: list) -> str:
+    if typing.get_origin(ann) is typing.Literal:
+        return "|".join(str(a) for a in typing.get_args(ann))
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return _type_name(inner[0], metadata) if len(inner) == 1 else str(ann)  # unset = the VPN's own
+    name = getattr(ann, "__name__", str(ann))
+    lo = next((m.ge for m in metadata if getattr(m, "ge", None) is not None), None)
+    hi = next((m.le for m in metadata if getattr(m, "le", None) is not None), None)
+    if lo is not None and hi is not None:
+        return f"{name} {lo}..{hi}"
+    return f"{name} >= {lo}" if lo is not None else f"{name} <= {hi}" if hi is not None else name
 
 
 # set while availability() asks a remote host for a driver's version: _first_line runs there
@@ -60,6 +154,13 @@ class VpnDriver(ABC):
     binaries: ClassVar[tuple[str, ...]] = ()
     # where the binaries come from (vpns/install.py): `tunnelbench install NAME` installs them
     installs: ClassVar[tuple[Source, ...]] = ()
+    # Debian's build where the default is a registry build (`NAME@debian`, vpns.resolve): Apt sources that
+    # declare the binaries they provide; read from the class that declares it only, never inherited
+    debian_installs: ClassVar[tuple[Source, ...]] = ()
+    # variants (vpns.resolve): `key` is what the user wrote ("nebula@1.9.0"), the run's name for the VPN (its
+    # rows, folders); `variant` the version asked for ("debian", "1.9.0"), None for the driver's default
+    key: ClassVar[str] = ""
+    variant: ClassVar[str | None] = None
     # underlay path scenarios the driver supports (lab/paths.py); others are skipped with paths_why
     paths: ClassVar[frozenset[str]] = frozenset({"direct"})
     paths_why: ClassVar[dict[str, str]] = {}
@@ -74,9 +175,17 @@ class VpnDriver(ABC):
     tunnel_prefix: ClassVar[str] = "10.77.0"
     tunnel_prefixlen: ClassVar[int] = 24
     topologies: ClassVar[frozenset[str]] = frozenset({"mesh"})
+    # the driver's tunables (vpn_options.<name>), validated at scenario load and here; default: none
+    Options: ClassVar[type[DriverOptions]] = DriverOptions
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "key" not in cls.__dict__:  # a driver is keyed by its name; resolve() sets a variant's key
+            cls.key = getattr(cls, "name", "")
 
     def __init__(self, spec: MeshSpec):
         self.spec = spec
+        self.options = self.parse_options(spec.options)
         remote = next((h for h in spec.hosts if h.remote), None)
         if remote is not None:  # SSH hosts: self.bin(...) names binaries as the hosts resolve them
             self.bin = functools.partial(self._remote_bin, remote)  # type: ignore[method-assign]
@@ -89,6 +198,8 @@ class VpnDriver(ABC):
             self.tunnel_prefixlen = 16
         self._index = {h.name: i for i, h in enumerate(spec.hosts, start=1)}
         self.procs: dict[str, list[Process]] = {h.name: [] for h in spec.hosts}
+        # stopped processes, kept so leftovers() can prove they are gone
+        self.stopped: dict[str, list[Process]] = {h.name: [] for h in spec.hosts}
 
     # -- identity ----------------------------------------------------------------------------------
     @classmethod
@@ -98,26 +209,57 @@ class VpnDriver(ABC):
         why = cls.impossible_here()
         if why:
             return Availability(False, why)
+        if remote and cls.variant is not None:
+            return Availability(False, f"{cls.key}: versions (NAME@VERSION) run on the namespace lab only; SSH "
+                                f"hosts run the build on their own PATH (use {cls.name!r})")  # fmt: skip
         if remote:
             missing = sorted(
                 {f"{b} on {h.name}" for h in remote for b, p in h.which(cls.binaries).items() if p is None}
             )  # type: ignore[attr-defined]
-        else:
-            missing = [b for b in cls.binaries if cls.bin(b) == b and shutil.which(b) is None]
+        else:  # bin() gives the bare name when the pinned build (or, for others, PATH) has no such binary
+            missing = [b for b in cls.binaries if cls.bin(b) == b]
         if missing:
             blocked = [w for s in cls.installs if (w := s.possible())]
             if cls.installs and not blocked and not remote:
                 return Availability(False, f"missing binaries: {', '.join(missing)}; install with "
-                                    f"`tunnelbench install {cls.name}`", installable=True)  # fmt: skip
+                                    f"`tunnelbench install {cls.key}`", installable=True)  # fmt: skip
             return Availability(False, f"missing binaries: {', '.join(missing)}"
                                 + (f" ({'; '.join(blocked)})" if blocked else ""))  # fmt: skip
         token = _VERSION_HOST.set(remote[0] if remote else None)
         try:
-            return Availability(True, version=cls.version())
+            reported = cls.version()
+            version = f"{reported} (on {remote[0].name})" if remote else cls.version_label(reported)
+            return Availability(True, version=version)
         except Exception as e:  # a binary that cannot report its version is broken
             return Availability(False, f"version check failed: {e}")
         finally:
             _VERSION_HOST.reset(token)
+
+    @classmethod
+    def version_label(cls, reported: str) -> str:
+        """What the binary reported, with where its build comes from: "1.11.1 (go proxy)", "1.6.1 (debian
+        1.6.1+dfsg-3+b4)", "0.0.20250522 (go proxy v0.0.0-20260522210424-ecfc5a8d5446)" (a build whose own
+        version differs from the module version it was built from). "unknown" is never a version: a build
+        that reports none gets its cache build's pinned version, or its Debian package's upstream version."""
+        v = reported.strip()
+        if not cls.binaries or v.startswith("linux ") or re.search(r"\((debian|go proxy|crates\.io)\b", v):
+            return v  # the kernel's (internal, vxlan), or the driver already said where its build comes from
+        if v.lower() in ("", "unknown", "(devel)", "devel"):
+            v = ""
+        path = cls.bin(cls.binaries[0])
+        for s in cls.installs:
+            d = s.bin_dir()
+            if d is not None and path == str(d / cls.binaries[0]):
+                pinned = s.version.removeprefix("v")
+                same = not v or v.split()[0] == pinned
+                return f"{v or pinned} ({source_label(s)}{'' if same else ' ' + s.version})"
+        pkg = debian_package_of(path) if os.path.isabs(path) else None
+        deb = debian_version(pkg) if pkg else None
+        if deb:
+            return f"{v or upstream_version(deb)} (debian {deb})"
+        if not v:
+            raise RuntimeError(f"{path} reports no version and is neither a cache build nor Debian's")
+        return f"{v} ({path})"
 
     @classmethod
     @abstractmethod
@@ -187,12 +329,39 @@ class VpnDriver(ABC):
             return [self.spec.hub]  # type: ignore[list-item]
         return [h for h in self.spec.hosts if h is not host]
 
+    @classmethod
+    def parse_options(cls, data: Any) -> DriverOptions:
+        """`data` (a scenario's vpn_options.<name>) as this driver's Options; OptionsError names each bad field."""
+        problems = option_problems(cls.Options, data if data is not None else {}, cls.name)
+        if problems:
+            raise OptionsError(cls.name, problems)
+        return cls.Options.model_validate(data or {})
+
+    @property
+    def settings(self) -> dict:
+        """What ran, stored with the run: the driver's own record plus every option value (defaults included)
+        under "options". Drivers assign `self.settings = {...}`; the options are added here."""
+        s = self.__dict__.setdefault("_settings", {})
+        s["options"] = self.options.model_dump(mode="json")
+        return s
+
+    @settings.setter
+    def settings(self, value: dict) -> None:
+        self.__dict__["_settings"] = dict(value)
+
     @property
     def mtu(self) -> int | None:
-        return self.spec.mtu or self.default_mtu
+        # the VPN's own option first, then the scenario's common tunnel MTU, then the driver's default
+        return getattr(self.options, "mtu", None) or self.spec.mtu or self.default_mtu
+
+    @classmethod
+    def dirname(cls) -> str:
+        """The VPN's folder name on every host: its key, filesystem-safe ("nebula@1.9.0" -> "nebula-1.9.0"),
+        so two versions of one VPN in a run never share configs or keys."""
+        return re.sub(r"[^A-Za-z0-9._+-]", "_", cls.key.replace("@", "-")) or cls.name
 
     def host_dir(self, host: Host) -> Path:
-        d = host.workdir / self.name
+        d = host.workdir / (self.dirname() + (f"-{self.spec.session}" if self.spec.session else ""))
         made = self.__dict__.setdefault("_made_dirs", set())
         if (host.name, d) not in made:  # one round trip per host on an SSH host, not one per call
             host.mkdir(d)
@@ -215,8 +384,7 @@ class VpnDriver(ABC):
     def stop(self, host: Host) -> None:
         for p in reversed(self.procs[host.name]):
             p.stop()
-        # kept so leftovers() can prove they are gone (a daemon that ignores SIGKILL, a reused PID)
-        self.__dict__.setdefault("_stopped", {}).setdefault(host.name, []).extend(self.procs[host.name])
+        self.stopped[host.name] += self.procs[host.name]
         self.procs[host.name] = []
         self.after_stop(host)
 
@@ -225,7 +393,7 @@ class VpnDriver(ABC):
 
     def leftovers(self, host: Host) -> list[str]:
         """What of this VPN is still on the host after stop: processes, interfaces, routes, files."""
-        stopped = self.__dict__.get("_stopped", {}).get(host.name, [])
+        stopped = self.stopped[host.name]
         found = [f"process {p.label} pid {p.pid}" for p in [*self.procs[host.name], *stopped] if p.alive()]
         # anything else still running in the host's namespace (a child the daemon forked, a helper it
         # spawned): after stop nothing of the run may live there
@@ -281,7 +449,7 @@ class Mesh:
     def __init__(self, driver: VpnDriver):
         self.driver = driver
         self.hosts = driver.spec.hosts
-        self.vpn = driver.name
+        self.vpn = driver.key  # "nebula@1.9.0" for a variant: the run's rows and case folders are per key
         self.probe_ms = 300  # readiness probe timeout; raised under delay profiles
 
     def tunnel_ip(self, host: Host) -> str:

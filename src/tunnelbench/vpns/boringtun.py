@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import TunnelOptions
 from tunnelbench.vpns.install import Apt, Crate
 from tunnelbench.vpns.wireguard_go import WireguardGo
 
@@ -26,7 +27,9 @@ class Boringtun(WireguardGo):
         f"WireGuard, userspace Rust implementation (cargo boringtun-cli {VERSION} + wg), full mesh UDP 51820"
     )
     binaries = ("boringtun-cli", "wg")
+    Options = TunnelOptions  # vpn_options: mtu (not wireguard-go's offloads)
     installs = (Crate("boringtun-cli", VERSION, ("boringtun-cli",)), Apt(("wireguard-tools",)))
+    debian_installs = ()  # no Debian package
 
     def __init__(self, spec):
         super().__init__(spec)

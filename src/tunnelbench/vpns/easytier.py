@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Crate
 
 VERSION = "2.0.3"
@@ -31,6 +31,7 @@ class EasyTier(VpnDriver):
     # easytier's tun MTU with encryption on: its default `mtu` 1380 minus the 20 bytes it reserves for
     # encryption (it subtracts them from whatever `flags.mtu` says, so the driver sets the MTU itself)
     default_mtu = 1360
+    Options = TunnelOptions  # vpn_options: mtu
     paths = frozenset({"direct", "relay", "nat"})
 
     def __init__(self, spec):

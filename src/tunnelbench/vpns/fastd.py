@@ -11,7 +11,7 @@ runs in the foreground (no --daemon) and sets the address and MTU with its `on u
 from __future__ import annotations
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt
 
 PORT = 10000
@@ -24,6 +24,7 @@ class Fastd(VpnDriver):
     binaries = ("fastd",)
     installs = (Apt(("fastd",)),)
     default_mtu = 1406  # fastd's documented recommendation for IPv4 underlays (its built-in default is 1500)
+    Options = TunnelOptions  # vpn_options: mtu
     paths = frozenset({"direct"})
     paths_why = {
         "relay": "fastd has no relay: every peer pair needs direct UDP",

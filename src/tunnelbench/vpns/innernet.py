@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path as Path
 
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt, Crate
 
 VERSION = "2.0.0"
@@ -35,7 +35,9 @@ class Innernet(VpnDriver):
     binaries = ("innernet", "innernet-server", "wireguard-go")
     installs = (Crate("innernet", VERSION, ("innernet",)), Crate("innernet-server", VERSION, ("innernet-server",)),
                 Apt(("wireguard-go", "wireguard-tools")))  # fmt: skip
+    versioned_sources = ("innernet", "innernet-server")  # innernet@X.Y.Z pins both crates (vpns.resolve)
     default_mtu = 1280  # innernet's default (`innernet --mtu`, "default: 1280")
+    Options = TunnelOptions  # vpn_options: mtu
     settle_s = 1.0
     paths = frozenset({"direct"})
     paths_why = {"relay": "innernet has no relay: peers need direct UDP to each other",

@@ -7,25 +7,42 @@ Registry builds (Go proxy, crates.io) go into a cache keyed by name and version:
     $TUNNELBENCH_CACHE/<name>-<version>/installed.json   what was built, how, and how long it took
 
 so a second `tunnelbench install` (or CI with the cache restored) does not rebuild. Drivers find their
-binaries with `binary(name, sources)`: the cache first, then PATH. Debian packages are installed with
-apt-get and their version is the package's.
+binaries with `binary(name, sources)`: a binary that a registry source declares runs from that source's
+cache build only (never whatever else is on PATH: the pinned version is the one that runs); a binary an
+`Apt` source declares runs from Debian's directories only; anything else from PATH. Debian packages are
+installed with apt-get and their version is the package's.
+
+Versions: `pinned(source, version)` is the same source at another version (`tunnelbench install
+nebula@1.9.0`, vpns.resolve); `source_label(source)` says where a build comes from ("go proxy",
+"crates.io", "debian 1.6.1+dfsg-3").
 
 Go builds: the module proxy answers some modules' version lists with "403 Forbidden" (headscale), and the
 Go toolchain here is newer than some releases support, so versions are pinned exactly. For a module whose
 version list is refused, the module is fetched by exact version with `go mod download` first, and the
 build then falls back to the local module cache (`GOPROXY='<proxy>|file://$GOMODCACHE/cache/download'`).
+Some releases only build inside their own module (`build_in_module`): their go.sum holds checksums of
+dependencies the checksum database does not answer for, which `go install m@v` would ask it about; the
+module is then downloaded (`go mod download -json`, verified) and built in its directory with
+`-mod=readonly`, so every dependency is checked against the release's own go.sum.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+# where Debian packages put binaries: an `Apt` source's declared binaries are looked up here only
+DEBIAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# versions a user may ask for (NAME@VERSION): semver-like, optional "v", Go pseudo-versions included
+VERSION_RE = re.compile(r"v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.+-]+)?")
 
 
 def cache_root() -> Path:
@@ -74,6 +91,11 @@ class GoModule:
     packages: tuple[str, ...]  # import paths of the commands
     binaries: tuple[str, ...]
     download_first: bool = False  # the proxy refuses the module's version list: `go mod download` first
+    # (built name, installed name): `go install` names a binary after its package's last path element
+    # (golang.zx2c4.com/wireguard -> "wireguard"); the driver runs it as the installed name
+    renames: tuple[tuple[str, str], ...] = ()
+    build_in_module: bool = False  # `go build` inside the downloaded module, checked against its go.sum
+    ldflags: str = ""  # passed to the build; "{version}" is replaced by the version without its "v"
 
     @property
     def label(self) -> str:
@@ -127,14 +149,60 @@ class Crate:
 Source = Apt | GoModule | Crate
 
 
+def registry(source: Source) -> bool:
+    """A source built into the install cache (Go module proxy, crates.io), as opposed to Debian's."""
+    return not isinstance(source, Apt)
+
+
+def pinned(source: GoModule | Crate, version: str) -> GoModule | Crate:
+    """The same registry source at another exact version ("1.9.0" or "v1.9.0"; Go versions get their "v")."""
+    v = version.removeprefix("v")
+    return dataclasses.replace(source, version=f"v{v}" if isinstance(source, GoModule) else v)
+
+
+def source_label(source: Source) -> str:
+    """Where a build comes from, as shown with versions: "go proxy", "crates.io", "debian <package version>"."""
+    if isinstance(source, GoModule):
+        return "go proxy"
+    if isinstance(source, Crate):
+        return "crates.io"
+    v = _dpkg_version(source.packages[0])
+    return f"debian {v}" if v else "debian (not installed)"
+
+
 # -- lookups -----------------------------------------------------------------------------------------
 def binary(name: str, sources: tuple[Source, ...] = ()) -> str | None:
-    """Absolute path of a binary: the cache of the given sources first, then PATH."""
+    """Absolute path of a binary. A registry source that declares it: its cache build, else None (a pinned
+    version never silently becomes whatever PATH has); an Apt source that declares it: Debian's directories;
+    otherwise PATH."""
     for s in sources:
+        if name not in s.binaries:
+            continue
         d = s.bin_dir()
-        if d is not None and name in s.binaries and (d / name).is_file():
-            return str(d / name)
+        if d is None:
+            return shutil.which(name, path=DEBIAN_PATH)
+        return str(d / name) if (d / name).is_file() else None
     return shutil.which(name)
+
+
+def debian_package_of(path: str) -> str | None:
+    """The Debian package that installed a file (also through the /bin -> /usr/bin merge), else None."""
+    if shutil.which("dpkg-query") is None:
+        return None
+    real = os.path.realpath(path)
+    merged = [real.removeprefix("/usr") if real.startswith("/usr/") else "/usr" + real]  # /bin <-> /usr/bin
+    for p in dict.fromkeys([path, real, *merged]):
+        out = subprocess.run(["dpkg-query", "-S", p], capture_output=True, text=True)
+        if out.returncode == 0 and ":" in out.stdout:
+            return out.stdout.split(":", 1)[0].split(",")[0].strip()
+    return None
+
+
+def upstream_version(debian_version: str) -> str:
+    """The upstream part of a Debian version: "1:1.6.1+dfsg-3+b4" -> "1.6.1" (epoch, revision, repack gone)."""
+    v = debian_version.split(":", 1)[-1]
+    v = v.rsplit("-", 1)[0] if "-" in v else v
+    return re.split(r"[+~](?:dfsg|ds|repack)", v)[0]
 
 
 def installed_record(source: Source) -> dict | None:
@@ -208,11 +276,37 @@ def _go_proxy() -> str:
 
 def _install_go(s: GoModule, log) -> None:
     env = {"GOBIN": str(s.bin_dir()), "GOFLAGS": "-mod=mod"}
-    if s.download_first:
-        _run(["go", "mod", "download", f"{s.module}@{s.version}"], env, log)
-        modcache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True).stdout.strip()
-        env["GOPROXY"] = f"{_go_proxy()}|file://{modcache}/cache/download"
-    _run(["go", "install", *(f"{p}@{s.version}" for p in s.packages)], env, log)
+    flags = ["-ldflags", s.ldflags.replace("{version}", s.version.removeprefix("v"))] if s.ldflags else []
+    if s.build_in_module:
+        log.write(f"$ go mod download -json {s.module}@{s.version}\n")
+        p = subprocess.run(["go", "mod", "download", "-json", f"{s.module}@{s.version}"], capture_output=True,
+                           text=True, env={**os.environ, **env})  # fmt: skip
+        log.write(p.stdout + p.stderr)
+        try:
+            moddir = json.loads(p.stdout)["Dir"]
+        except (json.JSONDecodeError, KeyError):
+            raise InstallError(
+                f"`go mod download {s.module}@{s.version}` failed (exit {p.returncode})"
+            ) from None
+        rel = ["./" + q.removeprefix(s.module).lstrip("/") for q in s.packages]
+        argv = ["go", "build", "-trimpath", *flags, "-o", str(s.bin_dir()) + "/", *rel]
+        log.write(f"$ (cd {moddir} && {' '.join(argv)})\n")
+        log.flush()
+        b = subprocess.run(argv, cwd=moddir, env={**os.environ, "GOFLAGS": "-mod=readonly"}, stdout=log,
+                           stderr=subprocess.STDOUT)  # fmt: skip
+        if b.returncode != 0:
+            raise InstallError(f"`go build` of {s.module}@{s.version} in its module exited {b.returncode}")
+    else:
+        if s.download_first:
+            _run(["go", "mod", "download", f"{s.module}@{s.version}"], env, log)
+            modcache = subprocess.run(
+                ["go", "env", "GOMODCACHE"], capture_output=True, text=True
+            ).stdout.strip()
+            env["GOPROXY"] = f"{_go_proxy()}|file://{modcache}/cache/download"
+        _run(["go", "install", *flags, *(f"{p}@{s.version}" for p in s.packages)], env, log)
+    for built, wanted in s.renames:
+        if (s.bin_dir() / built).is_file():
+            (s.bin_dir() / built).replace(s.bin_dir() / wanted)
 
 
 def _install_crate(s: Crate, log) -> None:

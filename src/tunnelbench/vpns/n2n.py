@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt, debian_version
 
 SUPERNODE_PORT = 7654
@@ -25,6 +25,7 @@ class N2n(VpnDriver):
     binaries = ("edge", "supernode")
     installs = (Apt(("n2n",)),)
     default_mtu = 1400  # edge's default -M
+    Options = TunnelOptions  # vpn_options: mtu
     paths = frozenset({"direct", "relay", "nat"})
 
     def __init__(self, spec):

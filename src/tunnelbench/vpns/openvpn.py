@@ -6,7 +6,8 @@ an openvpn process with --tls-server, host j one with --tls-client, each with it
 (`--ifconfig <mine> <peer's>`), so the kernel has a /32 peer route per tunnel and traffic to 10.77.0.j
 leaves through the tun of the tunnel to host j: no hub, no relaying through a third host.
 
-Data channel: AES-256-GCM (--data-ciphers AES-256-GCM, negotiated per tunnel), userspace only
+Data channel: AES-256-GCM (--cipher and --data-ciphers AES-256-GCM, so that is what every tunnel
+negotiates; vpn_options.openvpn.cipher picks another AEAD cipher), userspace only
 (--disable-dco, so a kernel with ovpn-dco would not change what is measured). Control channel: TLS
 with ECDSA P-256 certificates from a per-run CA (made with openssl on host 1, ca.key 0600); every
 host's key is made on that host, only its CSR goes to the CA. Each end checks the other's certificate
@@ -17,9 +18,12 @@ from __future__ import annotations
 import itertools
 import secrets
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
 from tunnelbench.vpns.install import Apt
 
 BASE_PORT = 1194
@@ -44,6 +48,14 @@ class OpenVpn(VpnDriver):
                  "nat": "p2p tunnels need each peer's address: not modelled behind NAT"}  # fmt: skip
     default_mtu = 1500  # openvpn's default --tun-mtu
 
+    class Options(TunnelOptions):
+        cipher: Literal["AES-256-GCM", "AES-128-GCM", "CHACHA20-POLY1305"] = Field(
+            CIPHER, description="data-channel cipher (--cipher and --data-ciphers: the only one offered)"
+        )
+        udp_socket_buffer: int | None = udp_socket_buffer(
+            "--sndbuf and --rcvbuf (SO_SNDBUF/SO_RCVBUF: the kernel caps them at net.core.wmem_max/rmem_max)"
+        )
+
     def __init__(self, spec):
         super().__init__(spec)
         hosts = spec.hosts
@@ -51,7 +63,7 @@ class OpenVpn(VpnDriver):
         self.pairs: list[tuple[Host, Host]] = list(itertools.combinations(hosts, 2))
         self.settings: dict = {
             "mode": "full mesh of point-to-point TLS tunnels (one openvpn process per host per peer)",
-            "cipher": CIPHER,
+            "cipher": self.options.cipher,
             "control_channel": "TLS (OpenSSL), ECDSA P-256 certificates",
             "dco": False,
             "proto": "udp",
@@ -59,6 +71,7 @@ class OpenVpn(VpnDriver):
             "mtu": self.mtu,
             "ports": f"{BASE_PORT}..{BASE_PORT + max(len(self.pairs) - 1, 0)} (1194 + pair index)",
             "compression": "none",
+            "udp_socket_buffer": self.options.udp_socket_buffer or "OS default",
         }
 
     @classmethod
@@ -120,11 +133,14 @@ class OpenVpn(VpnDriver):
             "--tun-mtu", str(self.mtu),
             "--ca", str(d / "ca.crt"), "--cert", str(d / "host.crt"), "--key", str(d / "host.key"),
             "--verify-x509-name", peer.name, "name",
-            "--cipher", CIPHER, "--data-ciphers", CIPHER,
+            "--cipher", self.options.cipher, "--data-ciphers", self.options.cipher,
             "--disable-dco",
             "--keepalive", "10", "60",
             "--verb", "3",
         ]  # fmt: skip
+        if self.options.udp_socket_buffer:
+            size = str(self.options.udp_socket_buffer)
+            argv += ["--sndbuf", size, "--rcvbuf", size]
         if server:
             argv += ["--tls-server", "--dh", "none", "--remote-cert-tls", "client"]
         else:

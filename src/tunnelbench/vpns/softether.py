@@ -24,7 +24,7 @@ import time
 
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.lab.mountns import in_mounts_of, private_mounts
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt, debian_version
 
 PORT = 443
@@ -40,6 +40,7 @@ class SoftEther(VpnDriver):
     binaries = ("vpnserver", "vpnclient", "vpncmd")
     installs = (Apt(("softether-vpnserver", "softether-vpnclient", "softether-vpncmd")),)
     default_mtu = 1500  # the tap devices' default; SoftEther fragments inside its TLS stream
+    Options = TunnelOptions  # vpn_options: mtu
     settle_s = 2.0
     paths = frozenset({"direct", "relay", "nat"})
 

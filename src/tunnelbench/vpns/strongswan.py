@@ -20,10 +20,13 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+from typing import Literal
+
+from pydantic import Field
 
 from tunnelbench.lab.host import Host
 from tunnelbench.lab.mountns import in_mounts_of, private_mounts
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt, debian_version
 
 CHARON = "/usr/lib/ipsec/charon"
@@ -55,11 +58,14 @@ class StrongSwan(VpnDriver):
         "nat": "NAT-T works only with a reachable responder; peers behind different NATs cannot set up SAs",
     }
 
+    class Options(TunnelOptions):
+        esp: Literal["userspace", "kernel"] = Field(
+            "userspace", description="ESP in charon (kernel-libipsec: kernels without ESP) or in the kernel"
+        )
+
     def __init__(self, spec):
         super().__init__(spec)
-        self.esp = spec.options.get("esp", "userspace")
-        if self.esp not in ("userspace", "kernel"):
-            raise ValueError(f"strongswan: esp must be 'userspace' or 'kernel', not {self.esp!r}")
+        self.esp = self.options.esp
         self.settings = {"mode": "full mesh of IKEv2 tunnel-mode SAs (one per pair)", "ike": IKE_PROPOSAL,
                          "cipher": "AES-256-GCM (ESP aes256gcm16)", "esp": self.esp, "auth": "PSK per pair",
                          "encapsulation": "ESP in UDP 4500 (kernel-libipsec always encapsulates)" if self.esp == "userspace" else "ESP",

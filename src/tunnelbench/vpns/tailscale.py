@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import GoModule
 
 TS = GoModule("tailscale", "tailscale.com", "v1.102.5",
@@ -49,6 +49,7 @@ class Tailscale(VpnDriver):
     binaries = ("tailscaled", "tailscale", "derper", "headscale")
     installs = (TS, HS)
     default_mtu = 1280  # tailscaled's tun MTU
+    Options = TunnelOptions  # vpn_options: mtu
     settle_s = 1.0
     paths = frozenset({"direct", "relay", "nat"})
 

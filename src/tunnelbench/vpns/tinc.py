@@ -4,15 +4,15 @@ Data plane: a full mesh. tinc 1.0 sends every UDP packet straight to the destina
 address (learned from the edges), whatever the meta connections are, so h2 -> h3 never passes h1.
 
 Control plane (meta connections, TCP 655): a star by default, h1 <-> every other host. A full mesh of
-ConnectTo lines (spec.options["tinc_meta"] = "full") is racy in tinc 1.0.36: when a third node joins,
+ConnectTo lines (vpn_options.tinc.tinc_meta = "full") is racy in tinc 1.0.36: when a third node joins,
 it learns about a peer through h1 first and sends that peer its UDP key via h1 (ANS_KEY), then the
 direct meta connection comes up and the peer's REQ_KEY is answered directly with a *new* key. The two
 ANS_KEYs travel different TCP paths; if the one via h1 arrives last, the peer keeps the stale key and
 every UDP packet it sends is dropped as "unauthenticated" until KeyExpire (3600 s): seen in ~1 of 35
 three-host starts, that pair never came up within 30 s. With a tree of meta connections there is one
 path between any two nodes, so key messages cannot overtake each other. Packets: UDP 655, tinc 1.0's default blowfish-CBC + HMAC-SHA1 (4-byte MAC), set
-explicitly in every host file so that the recorded cipher is what ran; spec.options["cipher"] switches
-to AES-256-CBC + HMAC-SHA256 (or a named OpenSSL cipher if the option is a string).
+explicitly in every host file so that the recorded cipher is what ran; vpn_options.tinc.cipher = "aes"
+switches to AES-256-CBC + HMAC-SHA256, any other OpenSSL cipher name (and `digest`) is used as given.
 
 Keys: `tincd -K 2048` on each host (RSA, rsa_key.priv 0600, the public key is appended to the host's own
 hosts/<name> file, which is then copied to the other hosts). A tinc-up script sets the address and MTU.
@@ -22,9 +22,12 @@ and --logfile to the daemon log."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
 from tunnelbench.vpns.install import Apt
 
 PORT = 655
@@ -61,18 +64,29 @@ class Tinc(VpnDriver):
     default_mtu = 1500
     settle_s = 6.0  # PMTU discovery finishes ~5 s after start; until then big packets ride the TCP meta link
 
+    class Options(TunnelOptions):
+        cipher: str = Field(DEFAULT_CIPHER, pattern=r"^[A-Za-z0-9-]+$",
+                            description="OpenSSL cipher of the UDP packets (tinc 1.0's default blowfish = bf-cbc); "
+                            f"aes = {STRONG_CIPHER} with digest {STRONG_DIGEST} unless digest is given")  # fmt: skip
+        digest: str = Field(DEFAULT_DIGEST, pattern=r"^[A-Za-z0-9-]+$",
+                            description="OpenSSL digest of the packets' HMAC (truncated to MACLength = 4 bytes)")  # fmt: skip
+        tinc_meta: Literal["star", "full"] = Field(
+            "star", description="meta (TCP) connections: star around h1, or full mesh (racy in tinc 1.0.36)"
+        )
+        udp_socket_buffer: int | None = udp_socket_buffer("UDPRcvBuf and UDPSndBuf in tinc.conf")
+
+        @model_validator(mode="after")
+        def _aes(self):
+            if self.cipher.lower() in ("aes", "strong"):
+                self.cipher = STRONG_CIPHER
+                if "digest" not in self.model_fields_set:
+                    self.digest = STRONG_DIGEST
+            return self
+
     def __init__(self, spec):
         super().__init__(spec)
-        opt = spec.options.get("cipher")
-        if opt is None:
-            cipher, digest = DEFAULT_CIPHER, DEFAULT_DIGEST
-        elif isinstance(opt, str) and opt.lower() not in ("aes", "strong", "true", "1"):
-            cipher, digest = opt, spec.options.get("digest", STRONG_DIGEST)
-        else:
-            cipher, digest = STRONG_CIPHER, STRONG_DIGEST
-        self.meta = spec.options.get("tinc_meta", "star")
-        if self.meta not in ("star", "full"):
-            raise ValueError(f"tinc: tinc_meta must be 'star' or 'full', not {self.meta!r}")
+        cipher, digest = self.options.cipher, self.options.digest
+        self.meta = self.options.tinc_meta
         self.settings: dict = {
             "mode": "full mesh data plane (direct UDP), router mode (Mode = router, tun)",
             "meta_connections": "star around h1" if self.meta == "star" else "full mesh",
@@ -83,6 +97,7 @@ class Tinc(VpnDriver):
             "mtu": self.mtu,
             "port": PORT,
             "compression": 0,
+            "udp_socket_buffer": self.options.udp_socket_buffer or "OS default",
         }
 
     @classmethod
@@ -127,6 +142,7 @@ class Tinc(VpnDriver):
                 "Device = /dev/net/tun",
                 f"Interface = {self.ifname(h)}",
                 "AddressFamily = ipv4",
+                *(f"{k} = {self.options.udp_socket_buffer}" for k in self._buffer_keys()),
                 *(f"ConnectTo = {p.name}" for p in self._connect_to(h)),
             ]
             h.write_file(conf / "tinc.conf", "\n".join(tinc_conf) + "\n", 0o644)
@@ -160,6 +176,9 @@ class Tinc(VpnDriver):
             for p in self.spec.hosts:
                 if p is not h:
                     h.write_file(self.confdir(h) / "hosts" / p.name, host_files[p.name], 0o644)
+
+    def _buffer_keys(self) -> tuple[str, ...]:
+        return ("UDPRcvBuf", "UDPSndBuf") if self.options.udp_socket_buffer else ()
 
     def _connect_to(self, host: Host) -> list[Host]:
         hosts = self.spec.hosts

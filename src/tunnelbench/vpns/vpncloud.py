@@ -20,7 +20,7 @@ from __future__ import annotations
 import secrets
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Crate
 
 VERSION = "2.3.0"
@@ -33,6 +33,7 @@ class VpnCloud(VpnDriver):
     binaries = ("vpncloud",)
     installs = (Crate("vpncloud", VERSION, ("vpncloud",)),)
     default_mtu = 1427  # what vpncloud 2.3.0 sets on its tun device itself over a 1500-byte IPv4 underlay
+    Options = TunnelOptions  # vpn_options: mtu
     paths = frozenset({"direct"})
     paths_why = {
         "relay": "vpncloud has no relay: peers never forward traffic for each other",

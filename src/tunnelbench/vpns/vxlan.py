@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt
 
 VNI = 77
@@ -26,6 +26,7 @@ class Vxlan(VpnDriver):
     binaries = ("ip", "bridge")
     installs = (Apt(("iproute2",)),)
     default_mtu = 1450  # 1500 - 50 bytes of VXLAN/UDP/IPv4/Ethernet
+    Options = TunnelOptions  # vpn_options: mtu
     paths = frozenset({"direct"})
     paths_why = {
         "relay": "VXLAN has no relay: it sends UDP 4789 straight to each peer",

@@ -1,19 +1,56 @@
-"""WireGuard in userspace: Debian's wireguard-go, configured with wg(8). Full mesh, one peer per host.
+"""WireGuard in userspace: wireguard-go, configured with wg(8). Full mesh, one peer per host.
+
+Builds: by default the newest upstream commit the Go module proxy serves (golang.zx2c4.com/wireguard has
+no tagged release there, only pseudo-versions; the binary reports the version constant of its source,
+0.0.20250522), built into the install cache; `wireguard-go@debian` runs Debian 12's 0.0.20220316. Both
+take the same command line (`-f IFNAME`, LOG_LEVEL) and the same wg(8) configuration.
 
 wireguard-go keeps its UAPI socket in /var/run/wireguard/<ifname>.sock, shared by every namespace, so
-interface names must be unique on the machine (the base class puts the run tag in them)."""
+interface names must be unique on the machine (the base class puts the run tag in them).
+
+Offloads (vpn_options."wireguard-go".offloads): builds from 0.0.20230223 on open the TUN with IFF_VNET_HDR
+(tun/tun_linux.go CreateTUN) and then, per initFromFlags, enable TSO/checksum offload on it (TUNSETOFFLOAD):
+the kernel hands them TCP super-packets of up to 64 KB, they write GRO-coalesced packets back, and their
+UDP socket uses UDP GSO/GRO (conn/). No flag or environment variable turns that off, and `ethtool -K` on the
+TUN only stops the TSO reads (measured: GRO-coalesced writes continue). What does: WG_TUN_FD, the fd of a TUN
+the caller opened. wireguard-go then reads the device's flags (initFromFlags) and, without IFF_VNET_HDR,
+runs with a batch size of 1: no TSO, no GRO, and single datagrams on the UDP socket. So `offloads = false`
+starts it through a small helper that opens the TUN (IFF_TUN | IFF_NO_PI, no IFF_VNET_HDR) in the host's
+namespace and execs wireguard-go with WG_TUN_FD (same PID). After start the driver reads each TUN's
+tun_flags back and records whether IFF_VNET_HDR is set; offloads = false with the flag still set fails.
+Older builds (Debian 12's 0.0.20220316) have no offloads at all: false changes nothing there (and their
+TUN uses a packet-information header, so the helper is not used)."""
 
 from __future__ import annotations
 
+import re
+import sys
 import time
 from pathlib import Path
 
+from pydantic import Field
+
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
-from tunnelbench.vpns.install import Apt
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.install import Apt, GoModule
 
 LISTEN_PORT = 51820
 UAPI_DIR = Path("/var/run/wireguard")
+# the module root is the command; `go install` names it "wireguard": installed as wireguard-go
+GO = GoModule("wireguard-go", "golang.zx2c4.com/wireguard", "v0.0.0-20260522210424-ecfc5a8d5446",
+              ("golang.zx2c4.com/wireguard",), ("wireguard-go",), renames=(("wireguard", "wireguard-go"),))  # fmt: skip
+
+
+OFFLOADS_SINCE = 20230223  # wireguard-go release that added TUN TSO/GRO and UDP GSO/GRO
+IFF_VNET_HDR = 0x4000
+# argv: IFNAME CMD...: open a TUN named IFNAME without IFF_VNET_HDR (TUNSETIFF with IFF_TUN | IFF_NO_PI)
+# and exec CMD with WG_TUN_FD set to it
+TUN_FD_HELPER = """import fcntl, os, struct, sys
+fd = os.open("/dev/net/tun", os.O_RDWR)
+fcntl.ioctl(fd, 0x400454CA, struct.pack("16sH", sys.argv[1].encode(), 0x0001 | 0x1000))
+os.set_inheritable(fd, True)
+os.execvpe(sys.argv[2], sys.argv[2:], {**os.environ, "WG_TUN_FD": str(fd)})
+"""
 
 
 def raise_inotify_limit(daemons: int) -> None:
@@ -30,19 +67,33 @@ def raise_inotify_limit(daemons: int) -> None:
 
 class WireguardGo(VpnDriver):
     name = "wireguard-go"
-    summary = "WireGuard, userspace Go implementation (Debian wireguard-go + wg)"
+    summary = "WireGuard, userspace Go implementation (wireguard-go + wg)"
     binaries = ("wireguard-go", "wg")
     topologies = frozenset({"mesh", "star"})
-    installs = (Apt(("wireguard-go", "wireguard-tools")),)
+    installs = (GO, Apt(("wireguard-tools",)))
+    debian_installs = (Apt(("wireguard-go", "wireguard-tools"), ("wireguard-go",)),)
     paths_why = {
         "relay": "WireGuard has no relay: every pair needs direct UDP",
         "nat": "WireGuard has no NAT traversal: peers behind different NATs cannot reach each other",
     }
     default_mtu = 1420
 
+    class Options(TunnelOptions):
+        offloads: bool = Field(
+            True,
+            description="true: wireguard-go as shipped (from 0.0.20230223: TUN TSO/GRO and UDP GSO/GRO where "
+            "the kernel has them); false: its TUN is opened without IFF_VNET_HDR (WG_TUN_FD), which turns "
+            "all of them off",
+        )
+
     @classmethod
     def version(cls) -> str:
-        return cls._first_line(["wireguard-go", "--version"], "wireguard-go").split()[-1]
+        # "wireguard-go v0.0.20250522" (Debian: "wireguard-go v0.0.20220316")
+        return (
+            cls._first_line([cls.bin("wireguard-go"), "--version"], "wireguard-go")
+            .split()[-1]
+            .removeprefix("v")
+        )
 
     def configure(self) -> None:
         self.keys: dict[str, tuple[Path, str]] = {}
@@ -78,11 +129,38 @@ class WireguardGo(VpnDriver):
             time.sleep(0.2)
         host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/{self.tunnel_prefixlen}", "dev", ifname])
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
+        if isinstance(self.options, WireguardGo.Options):
+            self._record_offloads(host, ifname)
 
     def _spawn_daemon(self, host: Host, ifname: str, d: Path):
         # -f keeps it in the foreground so the PID we hold is the daemon's
-        return host.spawn([self.bin("wireguard-go"), "-f", ifname], label="wireguard-go", log_path=d / "daemon.log",
-                          env={"LOG_LEVEL": "error"})  # fmt: skip
+        argv = [self.bin("wireguard-go"), "-f", ifname]
+        off = isinstance(self.options, WireguardGo.Options) and not self.options.offloads
+        if off and self._has_offloads(host):
+            python = "python3" if host.remote else sys.executable
+            argv = [python, "-c", TUN_FD_HELPER, ifname, *argv]
+        return host.spawn(argv, label="wireguard-go", log_path=d / "daemon.log", env={"LOG_LEVEL": "error"})
+
+    def _has_offloads(self, host: Host) -> bool:
+        """Whether this build opens its TUN with IFF_VNET_HDR (>= 0.0.20230223); unknown versions: assume so."""
+        out = host.run([self.bin("wireguard-go"), "--version"], check=False).stdout
+        m = re.search(r"v?0\.0\.(\d{8})", out)
+        return m is None or int(m.group(1)) >= OFFLOADS_SINCE
+
+    def _record_offloads(self, host: Host, ifname: str) -> None:
+        """Read the TUN's flags back: IFF_VNET_HDR set = TSO/GRO in use. Recorded per host in settings."""
+        flags = int(host.run(["cat", f"/sys/class/net/{ifname}/tun_flags"]).stdout.strip(), 16)
+        vnet = bool(flags & IFF_VNET_HDR)
+        if vnet and not self.options.offloads:  # type: ignore[attr-defined]
+            raise RuntimeError(f"{self.name}: offloads = false, but {ifname} on {host.name} still has IFF_VNET_HDR "
+                               f"(tun_flags {flags:#x})")  # fmt: skip
+        seen = self.settings.setdefault("tun_vnet_hdr", {})
+        seen[host.name] = vnet
+        self.settings["offloads_effective"] = (
+            "on (TUN IFF_VNET_HDR: TSO reads, GRO writes, UDP GSO/GRO)" if all(seen.values())
+            else "off (TUN without IFF_VNET_HDR: no TSO/GRO, no UDP GSO/GRO)" if not any(seen.values())
+            else "mixed"
+        )  # fmt: skip
 
     def after_stop(self, host: Host) -> None:
         ifname = self.ifname(host)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tunnelbench.lab.host import Host
 from tunnelbench.lab.tags import TAG_PREFIX
+from tunnelbench.vpns.base import TunnelOptions
 from tunnelbench.vpns.install import Apt
 from tunnelbench.vpns.wireguard_go import WireguardGo
 
@@ -37,6 +38,7 @@ class WireguardKernel(WireguardGo):
     name = "wireguard"
     summary = "WireGuard in the Linux kernel (wg + ip link type wireguard), full mesh UDP 51820"
     binaries = ("wg",)
+    Options = TunnelOptions  # vpn_options: mtu (not wireguard-go's offloads)
     installs = (Apt(("wireguard-tools",)),)
 
     @classmethod

@@ -1,5 +1,13 @@
-"""Yggdrasil (Go module v0.5.6 built into the install cache, else Debian's 0.4.7): an end-to-end encrypted
-IPv6 overlay with its own routing (a spanning tree plus greedy routing on Ed25519 keys).
+"""Yggdrasil: an end-to-end encrypted IPv6 overlay with its own routing (a spanning tree plus greedy
+routing on Ed25519 keys).
+
+Builds: by default v0.5.10 from the Go module proxy, built inside its module so its go.sum vouches for
+its dependencies (`go install ...@v0.5.10` fails: the checksum database answers 404 for its
+github.com/Arceliar/ironwood version), with the version stamped in; v0.5.11 to v0.5.14 need
+suah.dev/protect v1.2.4, which the proxy refuses (403); v0.5.8 and v0.5.9 are unknown to the checksum
+database (404). `yggdrasil@debian` runs Debian 12's 0.4.7 (it reports "unknown": its version is the
+package's). 0.4 and 0.5 both generate their config with `-genconf -json`, and the driver only overrides
+keys both read (0.5.10 no longer writes AdminListen into a generated config but still reads it).
 
 Addresses: each node's tunnel address is derived from its key, inside 200::/7 (IPv6 only), so tunnel_ip
 is an IPv6 address read back with `yggdrasil -useconffile CONF -address` after key generation.
@@ -18,17 +26,20 @@ from __future__ import annotations
 import json
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
-from tunnelbench.vpns.install import GoModule
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.install import Apt, GoModule
 
 PORT = 9001
+_VERSION_PKG = "github.com/yggdrasil-network/yggdrasil-go/src/version"
 GO = GoModule(
     "yggdrasil",
     "github.com/yggdrasil-network/yggdrasil-go",
-    "v0.5.6",
+    "v0.5.10",
     ("github.com/yggdrasil-network/yggdrasil-go/cmd/yggdrasil",
      "github.com/yggdrasil-network/yggdrasil-go/cmd/yggdrasilctl"),
     ("yggdrasil", "yggdrasilctl"),
+    build_in_module=True,
+    ldflags=f"-X {_VERSION_PKG}.buildName=yggdrasil -X {_VERSION_PKG}.buildVersion={{version}}",
 )  # fmt: skip
 
 
@@ -37,7 +48,9 @@ class Yggdrasil(VpnDriver):
     summary = "Yggdrasil IPv6 overlay (200::/7), direct TCP links between every pair (relay/nat: via the relay host)"
     binaries = ("yggdrasil",)
     installs = (GO,)
+    debian_installs = (Apt(("yggdrasil",), ("yggdrasil",)),)
     default_mtu = 65535  # Yggdrasil's default IfMTU
+    Options = TunnelOptions  # vpn_options: mtu
     paths = frozenset({"direct", "relay", "nat"})
 
     def __init__(self, spec):
@@ -51,16 +64,13 @@ class Yggdrasil(VpnDriver):
             "crypto": "Ed25519 keys, end-to-end sessions (X25519 + XSalsa20-Poly1305 / ChaCha20-Poly1305)",
             "mtu": self.mtu,
             "multicast": False,
-            "build": "go module v0.5.6 (install cache) if present, else Debian",
         }
 
     @classmethod
     def version(cls) -> str:
-        # 0.5: "Build version: 0.5.6"; 0.4 (Debian): "Build version: 0.4.7"
-        v = cls._first_line([cls.bin("yggdrasil"), "-version"], "version").split()[-1]
-        if v == "unknown":  # `go install` builds carry no version stamp: the cache key is the pinned tag
-            v = cls.cached_version("yggdrasil") or v
-        return v
+        # "Build version: 0.5.10" (stamped by the install); unstamped builds (Debian's, a plain `go install`)
+        # say "unknown": availability() then takes the cache key's or the Debian package's version
+        return cls._first_line([cls.bin("yggdrasil"), "-version"], "version").split()[-1]
 
     def tunnel_ip(self, host: Host) -> str:
         return self.addrs[host.name]

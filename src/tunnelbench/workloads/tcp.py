@@ -20,8 +20,8 @@ TCP_METRICS = (
 
 
 class TcpParams(Params):
-    duration_s: float = Field(10.0, gt=0, le=3600, description="measured seconds")
-    omit_s: float = Field(1.0, ge=0, le=60, description="warm-up seconds excluded (iperf3 -O)")
+    duration_s: int = Field(10, ge=1, le=3600, description="measured seconds (iperf3 -t takes whole seconds)")
+    omit_s: int = Field(1, ge=0, le=60, description="warm-up seconds excluded (iperf3 -O)")
     streams: int = Field(1, ge=1, le=128, description="parallel streams (iperf3 -P)")
     reverse: bool = Field(False, description="server sends to client (iperf3 -R)")
 

@@ -11,7 +11,7 @@ from tunnelbench.workloads.iperf3 import parse_udp, run_client
 
 
 class UdpParams(Params):
-    duration_s: float = Field(10.0, gt=0, le=3600, description="measured seconds")
+    duration_s: int = Field(10, ge=1, le=3600, description="measured seconds (iperf3 -t takes whole seconds)")
     bitrate: str = Field("0", description="iperf3 -b: 0 = unlimited, or e.g. 100M, 1G")
     length: int | None = Field(None, ge=16, le=65507, description="datagram payload bytes (iperf3 -l)")
 
