@@ -66,7 +66,13 @@ def test_cpu_list_parses_ranges():
 
 def test_placement_plans():
     hosts = ["h1", "h2", "h3"]
-    off = plan("auto", engine_used=False, hosts=hosts, cpus=[0, 1])
+    noeng = plan("auto", engine_used=False, hosts=hosts, cpus=[0, 1])
+    assert (
+        noeng.mode == "pinned" and noeng.engine is None and noeng.hosts == {"h1": "0", "h2": "1", "h3": "0"}
+    )
+    many = plan("auto", engine_used=False, hosts=[f"h{i}" for i in range(1, 101)], cpus=[0, 1])
+    assert many.mode == "off" and many.hosts == {}
+    off = plan("off", engine_used=True, hosts=hosts, cpus=[0, 1])
     assert off.mode == "off" and off.hosts == {}
     auto = plan("auto", engine_used=True, hosts=hosts, cpus=[0, 1])
     assert (auto.mode, auto.engine, auto.sut) == ("engine-apart", "1", "0")
@@ -202,6 +208,21 @@ def test_engine_pinned_and_gso_only_for_delay_profiles(tmp_path):
 
 # -- a real run: interleaved, seeded, taxed, drift-referenced ---------------------------------------
 
+
+def run_scenario(tmp_path: Path, text: str) -> tuple[subprocess.CompletedProcess, sqlite3.Connection]:
+    """`tunnelbench run` of a scenario text; returns the finished process and its store."""
+    from conftest import lab_missing
+
+    if lab_missing():
+        pytest.skip(lab_missing())
+    (tmp_path / "s.toml").write_text(text)
+    p = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "s.toml"), "--results",
+                        str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (db,) = (tmp_path / "r").glob("*/results.sqlite")
+    return p, sqlite3.connect(db)
+
+
 RUN = """
 name = "fidelity"
 vpns = ["internal", "vxlan"]
@@ -229,18 +250,9 @@ interval_s = 0.01
 @pytest.mark.lab
 @pytest.mark.slow
 def test_run_is_interleaved_seeded_and_stores_tax_and_drift(tmp_path):
-    from conftest import lab_missing
-
     from tunnelbench.impair.backend import impaird_binary
 
-    if lab_missing():
-        pytest.skip(lab_missing())
-    (tmp_path / "s.toml").write_text(RUN)
-    p = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "s.toml"), "--results",
-                        str(tmp_path / "r")], capture_output=True, text=True, timeout=400)  # fmt: skip
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    (db,) = (tmp_path / "r").glob("*/results.sqlite")
-    c = sqlite3.connect(db)
+    p, c = run_scenario(tmp_path, RUN)
     rows = c.execute(
         "SELECT vpn, profile, repetition, started FROM \"case\" WHERE status = 'ok' ORDER BY started"
     ).fetchall()
@@ -270,3 +282,39 @@ def test_run_is_interleaved_seeded_and_stores_tax_and_drift(tmp_path):
                         "WHERE m.name = 'engine_cpu_pct' AND k.profile = 'd1'").fetchone()[0]  # fmt: skip
         assert cpu == 2 * 2 * 2  # one per impaired case
         assert "engine tax" in p.stdout + p.stderr
+
+
+TUNED = """
+name = "tunings"
+vpns = ["internal"]
+profiles = ["baseline"]
+tunings = ["default", "r10"]
+[run]
+repetitions = 2
+drift_check_s = 0
+[hosts.tunings.r10]
+"net.ipv4.tcp_reordering" = 10
+[lab]
+hosts = 2
+[[workloads]]
+name = "tcp"
+duration_s = 1
+omit_s = 0
+"""
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_tunings_are_a_dimension_applied_in_every_host(tmp_path):
+    _, c = run_scenario(tmp_path, TUNED)
+    profiles = sorted(r for (r,) in c.execute("SELECT DISTINCT profile FROM \"case\" WHERE status = 'ok'"))
+    assert profiles == ["baseline", "baseline+r10"]
+    env = dict(c.execute("SELECT key, value FROM environment").fetchall())
+    tuned = json.loads(env["sysctl.tuning.r10"])["read_back"]
+    plain = json.loads(env["sysctl.tuning.default"])["read_back"]
+    # read back from /proc/sys inside each namespace while the tuning was applied, and the kernel default
+    assert {h: v["net.ipv4.tcp_reordering"] for h, v in tuned.items()} == {"h1": "10", "h2": "10"}
+    assert {h: v["net.ipv4.tcp_reordering"] for h, v in plain.items()} == {"h1": "3", "h2": "3"}
+    assert (
+        Path("/proc/sys/net/ipv4/tcp_reordering").read_text().strip() == "3"
+    )  # the machine's own: untouched

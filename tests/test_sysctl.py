@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,23 @@ def test_unknown_and_global_sysctls_are_refused_before_anything_is_set(lab_facto
     assert "net.core.rmem_max: read-only in the host's network namespace" in str(e.value)
     for h in lab.hosts:  # nothing was set
         assert h.run(["sysctl", "-n", "net.ipv4.tcp_reordering"]).stdout.strip() == "3"
+
+
+@pytest.mark.lab
+def test_congestion_control_outside_the_allowed_list_is_refused_up_front(lab_factory):
+    lab = lab_factory(2)
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    outside = [c for c in available if c not in allowed]
+    sysctl.check_values(lab.hosts, {"ok": {sysctl.CC_KEY: allowed[0]}})  # an allowed one passes
+    if not outside:
+        pytest.skip("every available congestion control is allowed on this machine")
+    with pytest.raises(
+        sysctl.SysctlError, match=rf"tuning 'x': net.ipv4.tcp_congestion_control = '{outside[0]}'"
+    ):
+        sysctl.check_values(lab.hosts, {"x": {sysctl.CC_KEY: outside[0]}})
+    # and the kernel agrees: writing it inside a namespace fails
+    r = lab.hosts[0].run(
+        ["sh", "-c", f"printf {outside[0]} > /proc/sys/net/ipv4/tcp_congestion_control"], check=False
+    )
+    assert r.returncode != 0

@@ -98,7 +98,8 @@ class Runner:
         self.seen: set[str] = set()  # VPNs whose mesh was tried at least once
         self.sessions: dict[str, list[str]] = {}  # per VPN, the folder suffix of each bring-up
         self.drift: list[dict] = []
-        self.tuning_now, self.tuning_saved = "default", {}
+        self.tuning_now: str | None = None  # the tuning applied in the hosts now; None = their own values
+        self.tuning_saved: dict = {}
         self.tunings_recorded: set[str] = set()
         self.placement: placement.Placement | None = None
         self.seed = 0
@@ -181,6 +182,7 @@ class Runner:
         self.store.set_env(self.run_id, env)
         if self.sc.lab.backend == "netns":  # refuse unknown or read-only sysctls before any VPN starts
             sysctl.check(self.lab.hosts, {k for t in self.sc.tunings for k in self.sc.tuning(t)})
+            sysctl.check_values(self.lab.hosts, {t: self.sc.tuning(t) for t in self.sc.tunings})
         self._phase(None, "lab_setup", time.monotonic() - t0)
 
     def _teardown(self) -> None:
@@ -210,8 +212,7 @@ class Runner:
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*cols, console=self.console, transient=False) as progress:
             self.progress, self.task = progress, progress.add_task("starting", total=total)
-            self._prepare_impairment(client, server, progress, self.task)
-            self._apply_placement()
+            self._prepare_impairment(client, server, progress, self.task)  # places CPUs before calibrating
             self.seed = (
                 self.sc.run.seed if self.sc.run.seed is not None else random.SystemRandom().randrange(2**31)
             )
@@ -270,6 +271,7 @@ class Runner:
         self.backend = None
         profiles = [self.sc.profile(n) for n in self.sc.profiles]
         if all(p.is_baseline for p in profiles):
+            self._apply_placement()
             return
         t0 = time.monotonic()
         if self.sc.lab.backend == "ssh":  # the inventory's placement: router host or each peer's egress
@@ -290,6 +292,7 @@ class Runner:
         if isinstance(self.backend, NativeBackend):
             env["impair.engine"] = f"{self.backend.binary} {self.backend.version()}"
         self.store.set_env(self.run_id, env)
+        self._apply_placement()  # calibration measures the path as the cases will have it
         if self.sc.impair.calibrate:
             progress.update(task, description="calibrating the impaired path")
             base = measure_base(client, server, self.run_dir / "impair")
@@ -321,6 +324,9 @@ class Runner:
         mesh.probe_ms = int(300 + 2 * 2 * (p.delay_ms + 3 * p.jitter_ms))
         try:
             self._set_tuning(tuning)
+        except CASE_ERRORS as e:
+            return f"cannot apply host tuning {tuning}: {e}"
+        try:
             if self.backend is not None:
                 self.backend.clear()
                 if not p.is_baseline:
@@ -338,14 +344,13 @@ class Runner:
 
     # -- host TCP tunings (sysctls per host namespace) ----------------------------------------------
     def _set_tuning(self, tuning: str) -> None:
-        if tuning == self.tuning_now:
-            return
-        self._restore_tuning()
         values = self.sc.tuning(tuning)
-        if values:
-            self.tuning_saved = sysctl.snapshot(self._sut_hosts(), values)
-            sysctl.apply(self._sut_hosts(), values)
-        self.tuning_now = tuning
+        if tuning != self.tuning_now:
+            self._restore_tuning()
+            if values:
+                self.tuning_saved = sysctl.snapshot(self._sut_hosts(), values)
+                sysctl.apply(self._sut_hosts(), values)
+            self.tuning_now = tuning
         if tuning not in self.tunings_recorded:  # what the hosts' TCP stack was under this tuning, read back
             self.tunings_recorded.add(tuning)
             self.store.set_env(self.run_id, {f"sysctl.tuning.{tuning}": {
@@ -354,7 +359,7 @@ class Runner:
     def _restore_tuning(self) -> None:
         if self.tuning_saved:
             sysctl.restore(self._sut_hosts(), self.tuning_saved)
-        self.tuning_saved, self.tuning_now = {}, "default"
+        self.tuning_saved, self.tuning_now = {}, None  # the hosts' own values: no tuning applied
 
     def _sut_hosts(self) -> list:
         assert self.lab is not None
@@ -559,7 +564,14 @@ class Runner:
                         progress.update(
                             task, description=f"{vpn} · {label} · {wl.label()} · rep {rep}{self._eta()}"
                         )
-                        self._run_case(mesh, wl, label, rep, self.client, self.server)
+                        # the session's last case: nothing follows on this mesh, so a mesh restart needs no settling
+                        last = (
+                            (profile, tuning, label) == conds[-1]
+                            and rep == reps[-1]
+                            and wl is wls[-1]
+                            and not adaptive
+                        )
+                        self._run_case(mesh, wl, label, rep, self.client, self.server, settle=not last)
                         if only is None:
                             progress.advance(task)
                 if adaptive:
@@ -647,7 +659,9 @@ class Runner:
             for p in procs:
                 p.copy_log(dest / f"{h}-{p.label}.log")
 
-    def _run_case(self, mesh: Mesh, wl: Workload, profile: str, rep: int, client, server) -> None:
+    def _run_case(
+        self, mesh: Mesh, wl: Workload, profile: str, rep: int, client, server, settle: bool = True
+    ) -> None:
         for attempt in range(self.sc.run.retries + 1):
             adir = self.run_dir / "cases" / mesh.vpn / profile / wl.label() / f"r{rep}a{attempt}"
             adir.mkdir(parents=True, exist_ok=True)
@@ -680,7 +694,7 @@ class Runner:
                 self.store.finish_case(cid, "ok", out)
                 self._phase(mesh.vpn, "measure", out.measure_s)
                 self._phase(mesh.vpn, "case_overhead", time.monotonic() - t0 - out.measure_s)
-                if wl.restarts_mesh and mesh.driver.settle_s:
+                if wl.restarts_mesh and mesh.driver.settle_s and settle:
                     time.sleep(mesh.driver.settle_s)
                     self._phase(mesh.vpn, "tunnel_wait", mesh.driver.settle_s)
                 return

@@ -92,6 +92,30 @@ def check(hosts: Sequence[Host], keys: Iterable[str]) -> None:
             f"{k}: {why[v.split(' ', 1)[0]]} ({v})" for k, v in bad.items()))  # fmt: skip
 
 
+CC_KEY = "net.ipv4.tcp_congestion_control"
+CC_ALLOWED = "net.ipv4.tcp_allowed_congestion_control"
+
+
+def check_values(hosts: Sequence[Host], tunings: Mapping[str, Mapping[str, str]]) -> None:
+    """Refuse values the namespaces will not take. A congestion control outside the machine-wide
+    tcp_allowed_congestion_control cannot be chosen in a non-initial network namespace (the write fails with
+    an I/O error), and widening that global list would change the machine, not the lab."""
+    wanted = {name: str(v[CC_KEY]) for name, v in tunings.items() if CC_KEY in v}
+    if not wanted or not hosts:
+        return
+    allowed = snapshot(hosts[:1], [CC_ALLOWED])[hosts[0].name][CC_ALLOWED].split()
+    bad = {name: cc for name, cc in wanted.items() if cc not in allowed}
+    if bad:
+        raise SysctlError(
+            "; ".join(
+                f"tuning {name!r}: {CC_KEY} = {cc!r} cannot be set in a lab namespace"
+                for name, cc in bad.items()
+            )
+            + f" (allowed there: {', '.join(allowed)}; the machine-wide {CC_ALLOWED} decides, and the lab does not "
+            "change the machine)"
+        )
+
+
 def snapshot(hosts: Sequence[Host], keys: Iterable[str]) -> dict[str, dict[str, str]]:
     """{host name: {key: value}} read from /proc/sys in each host; MISSING for a key a host does not have."""
     keys = list(dict.fromkeys(keys))
