@@ -162,7 +162,8 @@ def test_killing_the_engine_mid_case_fails_the_case(tmp_path):
         assert run_dir is not None, "no case started"
         time.sleep(1.0)  # mid-transfer
         entries = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines()]
-        (eng,) = [e for e in entries if e["kind"] == "process" and e["argv"][0].endswith("impaird")
+        # argv may start with `taskset -c CPU` (CPU placement): the engine is the argument that names impaird
+        (eng,) = [e for e in entries if e["kind"] == "process" and any(a.endswith("impaird") for a in e["argv"])
                   and process_alive(e["pid"], e["start"])]  # fmt: skip
         t_kill = time.monotonic()
         os.kill(eng["pid"], signal.SIGKILL)

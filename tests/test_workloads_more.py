@@ -165,7 +165,10 @@ def test_overhead(mesh):
         assert 1.0 < r < 1.1  # Ethernet + IP + TCP headers only
     else:
         assert 1.03 < r < 1.5  # a VPN puts more bytes on the underlay than the payload it carries
-        assert 0.9 < m["underlay_packets_per_tunnel_packet"] < 1.5
+        # a TUN with TSO/GRO (today's wireguard-go) counts 64 KB super-packets on both sides of the ratio in
+        # different shapes: only a VPN without offloads gives about one underlay packet per tunnel packet
+        offloads = getattr(mesh.driver, "settings", {}).get("offloads_effective")
+        assert 0.9 < m["underlay_packets_per_tunnel_packet"] < (64 if offloads else 1.5)
         assert 1.02 < m["underlay_bytes_per_tunnel_byte"] < 1.2  # WireGuard: +32 B + outer UDP/IP per packet
         assert m["underlay_bytes_per_payload_byte"] >= m["underlay_bytes_per_tunnel_byte"] * 0.99
     # 64-byte datagram + UDP/IP/Ethernet headers (106 B) on the baseline; a VPN adds its own on top

@@ -715,9 +715,10 @@ class Runner:
         if not isinstance(self.backend, NativeBackend) or self.backend.profile is None:
             return None
         try:
-            return {**self.backend.stats(), "_t": time.monotonic()}
+            st = self.backend.stats()
         except Exception:  # a missing stats file is the watchdog's business, not this bookkeeping's
             return None
+        return {**st, "_t": time.monotonic()} if st else None  # no engine running (a rate-only profile): {}
 
     def _add_engine_stats(self, out: Outcome, s0: dict | None, s1: dict | None) -> None:
         """Drops the engine made that the profile did not ask for (its own queue overflowing, the kernel's
