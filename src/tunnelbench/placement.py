@@ -44,6 +44,11 @@ class Placement:
     def to_json(self) -> dict:
         return asdict(self)
 
+    def pin(self, hosts) -> None:
+        """Set every host's CPU list (lab.host.Host.cpus; None = unpinned)."""
+        for h in hosts:
+            h.cpus = self.hosts.get(h.name)
+
     def summary(self) -> str:
         if self.mode == "off":
             return f"CPU placement off ({self.reason}): VPNs, tools and engine share all {self.ncpu} CPUs"

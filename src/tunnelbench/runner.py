@@ -96,7 +96,7 @@ class Runner:
         self.backend: Backend | None = None
         self.dead: set[str] = set()  # VPNs out of the run (unavailable, or never came up)
         self.seen: set[str] = set()  # VPNs whose mesh was tried at least once
-        self.sessions: dict[str, list[str]] = {}  # per VPN, the folder suffix of each bring-up
+        self.bringups: dict[str, int] = {}  # per VPN, how many times its mesh was brought up
         self.drift: list[dict] = []
         self.tuning_now: str | None = None  # the tuning applied in the hosts now; None = their own values
         self.tuning_saved: dict = {}
@@ -376,15 +376,9 @@ class Runner:
         else:
             pl = placement.plan(cfg.placement, engine_used, [h.name for h in self.lab.hosts], cfg.engine_cpus,
                                 cfg.sut_cpus)  # fmt: skip
-        for h in self.lab.hosts:
-            h.cpus = pl.hosts.get(h.name)
+        pl.pin(self.lab.hosts)
         if isinstance(self.backend, NativeBackend):
-            own = pl.engine is not None
-            self.backend.cpus = pl.engine
-            self.backend.busy_poll_us = (
-                cfg.engine_busy_poll_us if cfg.engine_busy_poll_us is not None else (1000 if own else 0)
-            )
-            self.backend.realtime = cfg.engine_realtime if cfg.engine_realtime is not None else not own
+            self.backend.place(pl.engine, cfg.engine_busy_poll_us, cfg.engine_realtime)
             pl.engine_busy_poll_us, pl.engine_realtime = self.backend.busy_poll_us, self.backend.realtime
             if cfg.steer_rx:  # off by default: measured here it raised the tax (more IPIs), see README
                 # the engine re-injects released packets on its own CPU; without steering, the receiving host's
@@ -498,8 +492,8 @@ class Runner:
                         mtu=self.sc.fairness.tunnel_mtu, options=self._vpn_options(vpn),
                         path=self.sc.lab.path, relay=getattr(self.lab, "relay", None),
                         topology=self.sc.lab.topology, hub=self.server,
-                        session="" if first else f"s{len(self.sessions.setdefault(vpn, [])) + 1}")  # fmt: skip
-        self.sessions.setdefault(vpn, []).append(spec.session)
+                        session="" if first else f"s{self.bringups.get(vpn, 0) + 1}")  # fmt: skip
+        self.bringups[vpn] = self.bringups.get(vpn, 0) + 1
         mesh: Mesh | None = None
         progress.update(
             task,

@@ -364,6 +364,14 @@ class NativeBackend(Backend):
     def version(self) -> str:
         return self.router.run([str(self.binary), "--version"], check=False).stdout.strip()
 
+    def place(self, cpus: str | None, busy_poll_us: int | None = None, realtime: bool | None = None) -> None:
+        """Confine the engine to `cpus` (None = any). With CPUs of its own it busy-polls (1 ms) and needs no
+        SCHED_FIFO (nothing else runs there); sharing, it sleeps between packets at SCHED_FIFO."""
+        own = cpus is not None
+        self.cpus = cpus
+        self.busy_poll_us = busy_poll_us if busy_poll_us is not None else (1000 if own else 0)
+        self.realtime = realtime if realtime is not None else not own
+
     def _net(self, h: Host) -> str:
         return f"{h.underlay_ip}/32" if self.remote else str(host_subnet(self._idx[h.name]))
 

@@ -94,11 +94,9 @@ def run_bench(root: Path, seconds: float = 5.0, big_buffers: bool = True, placem
     with impair_lab(root) as (lab, be):
         h1, h2 = lab.hosts
         pl = placement.plan(placement_mode, isinstance(be, NativeBackend), [h.name for h in lab.hosts])
-        for h in lab.hosts:
-            h.cpus = pl.hosts.get(h.name)
+        pl.pin(lab.hosts)
         if isinstance(be, NativeBackend):
-            be.cpus = pl.engine
-            be.busy_poll_us, be.realtime = (1000, False) if pl.engine else (0, True)
+            be.place(pl.engine)
         if big_buffers:
             # a 20 ms path needs a window larger than the default 4 MiB tcp_wmem ceiling to be engine-limited
             for h in (h1, h2):
