@@ -13,6 +13,15 @@ from tunnelbench.lab.tags import new_run_id, new_tag
 LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3")
 
 
+def emulated_cpu() -> bool:
+    """True under QEMU's TCG (the full-kernel lane on a machine without usable KVM): every instruction is
+    emulated, so timers fire late; timing tolerances get an explicit allowance there, nothing else does."""
+    try:
+        return "QEMU TCG" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 def lab_missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root for network namespaces"

@@ -1,4 +1,5 @@
-"""Known-answer tests of the impaired path (netem where the kernel has it, else the native engine), and
+"""Known-answer tests of the impaired path, the same ones for both backends: the native engine (here) and
+the kernel's netem (in the full-kernel lane, scripts/kernel-lane, where the kernel has netem); and
 fail-closed behaviour when the engine dies."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import time
 
 import pytest
+from conftest import emulated_cpu
 
 from tunnelbench.impair.backend import NativeBackend, impaird_binary
 from tunnelbench.impair.calibrate import calibrate, measure_base
@@ -22,16 +24,19 @@ from tunnelbench.lab.journal import process_alive
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def path(tmp_path_factory):
+@pytest.fixture(scope="module", params=["native", pytest.param("netem", marks=pytest.mark.kernel)])
+def path(request, tmp_path_factory):
     from conftest import lab_missing
 
     why = lab_missing()
     if why:
         pytest.skip(why)
-    if impaird_binary() is None:
-        pytest.skip("native engine not built (cargo build --release in native/impaird) and no netem here")
-    with impair_lab(tmp_path_factory.mktemp("impair")) as (lab, be):
+    if request.param == "native" and impaird_binary() is None:
+        pytest.fail(
+            "native engine not built: cargo build --release in native/impaird (scripts/setup.sh does it)"
+        )
+    with impair_lab(tmp_path_factory.mktemp("impair"), backend=request.param) as (lab, be):
+        assert be.name == request.param
         if isinstance(be, NativeBackend):
             be.seed = 20261122  # reproducible draws: a 95% interval misses 1 time in 20 by design
         h1, h2 = lab.hosts
@@ -59,8 +64,9 @@ def test_delay_25ms_each_way_gives_rtt_within_2pct(path):
     # the mean also carries the engine's scheduling tail, which a loaded 2-core CI box inflates (seen:
     # p50 25.15, mean 25.5); the median is the engine's accuracy, the mean gets a wider allowance
     p50 = float(d.detail.split("p50 ")[1].split(",")[0])
-    assert abs(p50 - 25.0) <= 0.5, d
-    assert abs(d.measured - 25.0) <= 1.0, d
+    slack = 0.5 if emulated_cpu() else 0.0  # seen under TCG with netem: p50 25.56 ms
+    assert abs(p50 - 25.0) <= 0.5 + slack, d
+    assert abs(d.measured - 25.0) <= 1.0 + 2 * slack, d
 
 
 def test_random_loss_5pct_ci_covers_5pct(path):
@@ -98,10 +104,16 @@ def test_rate_100mbit_gives_90_to_100_goodput(path):
     assert 90 <= c.measured <= 100, c
 
 
-def test_engine_death_stops_traffic(path):
-    lab, be, _ = path
-    if not isinstance(be, NativeBackend):
-        pytest.skip("netem backend: no userspace engine to kill")
+def test_engine_death_stops_traffic(tmp_path):
+    if impaird_binary() is None:
+        pytest.fail(
+            "native engine not built: cargo build --release in native/impaird (scripts/setup.sh does it)"
+        )
+    with impair_lab(tmp_path, backend="native") as (lab, be):
+        _engine_death_stops_traffic(lab, be)
+
+
+def _engine_death_stops_traffic(lab, be):
     h1, h2 = lab.hosts
     be.apply(Profile(name="d5", delay_ms=5))
     try:

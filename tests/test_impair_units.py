@@ -45,22 +45,31 @@ def test_gilbert_elliott_closed_form():
     assert Profile(loss_state=FourState(p13=0, p14=5)).expected_loss() == pytest.approx(0.05 / 1.05)
 
 
+def test_netem_gemodel_args_follow_tc_netem_man_page():
+    # tc-netem(8): loss gemodel p r 1-h 1-k; 1-h = loss probability in the bad state, 1-k in the good one
+    args = netem_args(Profile(gemodel=GilbertElliott(p_pct=1, r_pct=25, bad_loss_pct=90, good_loss_pct=2)))
+    assert args == ["loss", "gemodel", "1.0%", "25.0%", "90.0%", "2.0%"]
+
+
 def test_netem_args_and_engine_rule():
     p = PROFILES["medium"]
     # markov correlation on netem: loss becomes the rate-preserving Gilbert chain
-    assert netem_args(p) == [
-        "delay",
-        "4.0ms",
-        "loss",
-        "gemodel",
-        "0.5%",
-        "49.5%",
-        "0%",
-        "100%",
-        "reorder",
-        "2.5%",
-        "50.0%",
-    ]
+    assert (
+        netem_args(p)
+        == [
+            "delay",
+            "4.0ms",
+            "loss",
+            "gemodel",
+            "0.5%",
+            "49.5%",
+            "100%",  # tc-netem(8) "1-h": loss in the bad state (a run of netem in the kernel lane found it swapped)
+            "0%",  # "1-k": loss in the good state
+            "reorder",
+            "2.5%",
+            "50.0%",
+        ]
+    )
     netem_like = p.model_copy(update={"correlation_model": "netem"})
     assert netem_args(netem_like)[2:6] == ["loss", "random", "1.0%", "50.0%"]
     r = engine_rule("to-h2", "10.100.0.0/14", "10.100.2.0/24", p)

@@ -521,6 +521,7 @@ def test_impairment_on_router_host_with_calibration(ssh_env: SshFixture, tmp_pat
                for e in journal) or env["impair.backend"] == "netem"  # fmt: skip
 
 
+@pytest.mark.kernel
 def test_impairment_on_each_peer_egress(ssh_env: SshFixture, tmp_path):
     """tunnelbench_impair: egress: netem on each peer's own underlay interface (seed 003's placement)."""
     t = next(t for t in ssh_env.targets if t.name == "h1")

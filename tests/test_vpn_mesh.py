@@ -7,8 +7,16 @@ import pytest
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 
 
+def driver_params() -> list:
+    """Every driver; those that need kernel modules this machine may lack run in the full-kernel lane."""
+    return [
+        pytest.param(v, marks=[pytest.mark.kernel] if DRIVERS[v].kernel_features else [])
+        for v in sorted(DRIVERS)
+    ]
+
+
 @pytest.mark.lab
-@pytest.mark.parametrize("vpn", sorted(DRIVERS))
+@pytest.mark.parametrize("vpn", driver_params())
 def test_three_host_mesh(vpn, lab_factory):
     cls = DRIVERS[vpn]
     avail = cls.availability()

@@ -282,21 +282,16 @@ def netem_args(p: Profile) -> list[str]:
     if p.loss_pct and p.loss_correlation_pct and p.correlation_model == "markov":
         # rate-preserving correlated loss = a Gilbert chain entering with p(1-c), staying with p + c(1-p)
         q, c = p.loss_pct / 100, p.loss_correlation_pct / 100
-        a += ["loss", "gemodel", f"{100 * q * (1 - c):.6g}%", f"{100 * (1 - q) * (1 - c):.6g}%", "0%", "100%"]
+        a += ["loss", "gemodel", f"{100 * q * (1 - c):.6g}%", f"{100 * (1 - q) * (1 - c):.6g}%", "100%", "0%"]
     elif p.loss_pct:
         a += ["loss", "random", f"{p.loss_pct}%"] + (
             [f"{p.loss_correlation_pct}%"] if p.loss_correlation_pct else []
         )
     if p.gemodel:
+        # tc-netem(8): `loss gemodel p r 1-h 1-k`, where 1-h is the loss probability in the bad state and 1-k
+        # the loss probability in the good state (iproute2 turns 1-h into the kernel's h itself)
         g = p.gemodel
-        a += [
-            "loss",
-            "gemodel",
-            f"{g.p_pct}%",
-            f"{g.r_pct}%",
-            f"{100 - g.bad_loss_pct}%",
-            f"{100 - g.good_loss_pct}%",
-        ]
+        a += ["loss", "gemodel", f"{g.p_pct}%", f"{g.r_pct}%", f"{g.bad_loss_pct}%", f"{g.good_loss_pct}%"]
     if p.loss_state:
         s = p.loss_state
         a += ["loss", "state", *(f"{x}%" for x in (s.p13, s.p31, s.p32, s.p23, s.p14))]

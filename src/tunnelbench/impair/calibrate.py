@@ -145,7 +145,9 @@ def run_probe(
                       str(PROBE_PORT), "--out", str(out), "--idle-s", f"{idle:g}", "--total-s", f"{total:g}"],
                      label="probe-recv", log_path=dwork / f"probe-recv-{stamp}.log")  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
+        # a start-up wait, not a measurement: a slow host (an emulated CPU in the kernel lane, a small board
+        # over SSH) takes seconds to import Python; seen over 10 s under TCG
+        deadline = time.monotonic() + 30
         while "ready" not in (recv.log_tail(200) or ""):
             if time.monotonic() > deadline or not recv.alive():
                 raise RuntimeError(f"probe receiver did not start: {recv.log_tail(400)}")

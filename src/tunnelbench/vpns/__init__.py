@@ -9,11 +9,19 @@ from tunnelbench.vpns.base import Availability, Mesh, MeshSpec, VpnDriver
 from tunnelbench.vpns.boringtun import Boringtun
 from tunnelbench.vpns.easytier import EasyTier
 from tunnelbench.vpns.fastd import Fastd
+from tunnelbench.vpns.fou import Fou
+from tunnelbench.vpns.geneve import Geneve
+from tunnelbench.vpns.gre import Gre
+from tunnelbench.vpns.gretap import GreTap
+from tunnelbench.vpns.gue import Gue
 from tunnelbench.vpns.innernet import Innernet
 from tunnelbench.vpns.install import VERSION_RE, pinned, registry
 from tunnelbench.vpns.internal import Internal
+from tunnelbench.vpns.ipip import Ipip
+from tunnelbench.vpns.macsec import Macsec
 from tunnelbench.vpns.n2n import N2n
 from tunnelbench.vpns.nebula import Nebula
+from tunnelbench.vpns.openconnect import OpenConnect
 from tunnelbench.vpns.openvpn import OpenVpn
 from tunnelbench.vpns.softether import SoftEther
 from tunnelbench.vpns.strongswan import StrongSwan
@@ -33,6 +41,7 @@ DRIVERS: dict[str, type[VpnDriver]] = {
         Nebula,
         Tinc,
         OpenVpn,
+        OpenConnect,
         Vxlan,
         WireguardKernel,
         Boringtun,
@@ -45,6 +54,14 @@ DRIVERS: dict[str, type[VpnDriver]] = {
         StrongSwan,
         SoftEther,
         Innernet,
+        # kernel data paths (seed 002): need the modules lab/kernel.py probes for
+        Gre,
+        GreTap,
+        Ipip,
+        Fou,
+        Gue,
+        Geneve,
+        Macsec,
     )
 }
 

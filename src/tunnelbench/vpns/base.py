@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import platform
 import re
 import subprocess
 import time
@@ -22,6 +23,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tunnelbench.lab.host import CommandError, Host, Process
+from tunnelbench.lab.kernel import FALLBACK_LINKS
+from tunnelbench.lab.kernel import missing as kernel_missing
 from tunnelbench.vpns.install import (
     Source,
     binary,
@@ -175,6 +178,10 @@ class VpnDriver(ABC):
     tunnel_prefix: ClassVar[str] = "10.77.0"
     tunnel_prefixlen: ClassVar[int] = 24
     topologies: ClassVar[frozenset[str]] = frozenset({"mesh"})
+    # the VPN's packets on the underlay, as an nftables match ("udp dport 51820"); tests count it on the router
+    wire: ClassVar[str] = ""
+    # kernel features (lab/kernel.py FEATURES) every host running the VPN needs, probed there
+    kernel_features: ClassVar[tuple[str, ...]] = ()
     # the driver's tunables (vpn_options.<name>), validated at scenario load and here; default: none
     Options: ClassVar[type[DriverOptions]] = DriverOptions
 
@@ -206,7 +213,7 @@ class VpnDriver(ABC):
     def availability(cls, hosts: list[Host] | None = None) -> Availability:
         """Binaries and version here, or on the hosts when they are remote (SSH lab: version from the first)."""
         remote = [h for h in hosts or [] if h.remote]
-        why = cls.impossible_here()
+        why = cls.impossible_on(hosts)
         if why:
             return Availability(False, why)
         if remote and cls.variant is not None:
@@ -268,6 +275,25 @@ class VpnDriver(ABC):
     @classmethod
     def impossible_here(cls) -> str | None:
         """Why the VPN cannot run on this machine whatever is installed (e.g. a missing kernel module)."""
+        return cls.impossible_on(None)
+
+    @classmethod
+    def impossible_on(cls, hosts: list[Host] | None = None) -> str | None:
+        """Why the VPN cannot run on the machines that would run it: the SSH hosts among `hosts`, else this
+        one. Each kernel feature in `kernel_features` is probed there for real (lab/kernel.py)."""
+        if not cls.kernel_features:
+            return None
+        remote = [h for h in hosts or [] if h.remote]
+        for h in remote:
+            why = kernel_missing(
+                cls.kernel_features, h.name, lambda argv, h=h: h.run(argv, check=False).stdout
+            )
+            if why:
+                return f"{h.name}'s kernel has no {why}"
+        if not remote:
+            why = kernel_missing(cls.kernel_features)
+            if why:
+                return f"this kernel ({platform.release()}) has no {why}"
         return None
 
     @classmethod
@@ -404,7 +430,11 @@ class VpnDriver(ABC):
         links = host.run(["ip", "-o", "link", "show"]).stdout
         for line in links.splitlines():
             name = line.split(":")[1].strip().split("@")[0]
-            if name not in ("lo", "eth0") and name not in host.preexisting_links:
+            if (
+                name not in ("lo", "eth0")
+                and name not in host.preexisting_links
+                and name not in FALLBACK_LINKS
+            ):
                 found.append(f"interface {name}")
         routes = host.run(["ip", "-o", "route", "show", "table", "all"]).stdout
         for line in routes.splitlines():

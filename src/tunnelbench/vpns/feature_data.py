@@ -211,6 +211,9 @@ SE = "https://www.softether.org/1-features"
 IN = "https://github.com/tonarino/innernet"
 TINC = "https://www.tinc-vpn.org/documentation-1.0/"
 OVPN = "https://openvpn.net/community-resources/reference-manual-for-openvpn-2-6/"
+OCSERV = "https://www.infradead.org/ocserv/manual.html"
+OCSERV_TECH = "https://ocserv.gitlab.io/www/technical.html"
+OPENCONNECT = "https://en.wikipedia.org/wiki/OpenConnect"
 
 DOCUMENTED.update(
     {
@@ -286,6 +289,75 @@ DOCUMENTED.update(
             self_hosted_control="yes (the server)",
             platforms="Linux, BSD, macOS, Windows, Android, iOS",
             license="GPL-2.0",
+        ),
+        "openconnect": _rec(
+            OCSERV,
+            protocol="AnyConnect-compatible SSL VPN: control and backup data channel over HTTPS (TLS/TCP), "
+            "data over DTLS/UDP, TLS fallback when UDP fails",
+            ciphers="negotiated TLS/DTLS cipher suites (GnuTLS priorities; here AES-256-GCM, DTLS 1.2 with PSK "
+            "from the TLS session)",
+            data_plane="userspace (C, GnuTLS), TUN; one unprivileged worker process per client",
+            topology=(
+                "client-server (the server is the hub); full mesh of per-pair servers by the driver",
+                "driver: one ocserv per pair",
+            ),
+            nat_traversal="clients dial out over TCP/UDP (443 by default) to a reachable server",
+            relay=("the server routes between its clients (kernel forwarding, not ocserv)", OCSERV_TECH),
+            acl="per-user/group config: routes, restrict-user-to-routes/ports (firewall script)",
+            unattended_join="client certificates (or passwords, PAM, RADIUS); openconnect --non-inter",
+            self_hosted_control="yes (the server)",
+            platforms=(
+                "server: Linux, BSD; openconnect client: Linux, BSD, macOS, Solaris, Windows, Android",
+                OPENCONNECT,
+            ),
+            license=("GPL-2.0+ (ocserv), LGPL-2.1 (openconnect)", "https://gitlab.com/openconnect/ocserv"),
+        ),
+    }
+)
+
+KTUN = "https://developers.redhat.com/blog/2019/05/17/an-introduction-to-linux-virtual-interfaces-tunnels"
+IPROUTE_LINK = "https://man7.org/linux/man-pages/man8/ip-link.8.html"
+IPROUTE_MACSEC = "https://man7.org/linux/man-pages/man8/ip-macsec.8.html"
+
+
+def _kernel_tunnel(protocol: tuple[str, str], ciphers: tuple[str, str] | None = None) -> dict:
+    """A kernel tunnel of seed 002: static, no control plane, Linux only; unencrypted unless `ciphers`."""
+    none = ("none (no encryption, no authentication): a baseline, not a VPN", protocol[1])
+    return {
+        "protocol": fact(*protocol),
+        "ciphers": fact(*(ciphers or none)),
+        "data_plane": fact("kernel", IPROUTE_LINK),
+        "topology": fact(
+            "point-to-point devices; full mesh of one device per peer", "driver: one device per peer"
+        ),
+        "nat_traversal": fact("none", KTUN),
+        "relay": fact("none", KTUN),
+        "acl": fact("none", KTUN),
+        "unattended_join": fact("static configuration", "driver"),
+        "self_hosted_control": fact("no control plane", "driver"),
+        "platforms": fact("Linux (most also in BSDs and routers)", KTUN),
+        "license": fact("GPL-2.0 (Linux)", "https://www.kernel.org/"),
+    }
+
+
+DOCUMENTED.update(
+    {
+        "gre": _kernel_tunnel(("GRE (RFC 2784), IP protocol 47", "https://www.rfc-editor.org/rfc/rfc2784")),
+        "gretap": _kernel_tunnel(("Ethernet over GRE (protocol 0x6558)", KTUN)),
+        "ipip": _kernel_tunnel(
+            ("IP in IP (RFC 2003), IP protocol 4", "https://www.rfc-editor.org/rfc/rfc2003")
+        ),
+        "fou": _kernel_tunnel(("FOU: IP in IP over UDP", "https://lwn.net/Articles/614348/")),
+        "gue": _kernel_tunnel(
+            (
+                "GUE: IP in IP over UDP with a GUE header",
+                "https://datatracker.ietf.org/doc/html/draft-ietf-intarea-gue",
+            )
+        ),  # fmt: skip
+        "geneve": _kernel_tunnel(("GENEVE (RFC 8926), UDP 6081", "https://www.rfc-editor.org/rfc/rfc8926")),
+        "macsec": _kernel_tunnel(
+            ("MACsec (IEEE 802.1AE) over a GREtap carrier per peer", IPROUTE_MACSEC),
+            ("GCM-AES-128, static keys (no MKA), replay protection", IPROUTE_MACSEC),
         ),
     }
 )

@@ -1,0 +1,98 @@
+"""The full-kernel lane's own checks (scripts/kernel-lane): the kernel features are there, the probe's
+answers agree with what the kernel does when asked directly, and the VM the lane boots has no way out."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from tunnelbench.lab import kernel
+from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+
+pytestmark = [pytest.mark.lab]
+
+
+def _ip(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *argv], capture_output=True, text=True)
+
+
+def test_probe_agrees_with_the_kernel():
+    """The probe's verdict for GRE and netem is what `ip link add` / `tc qdisc add` answer when asked
+    directly (here, in a namespace the test makes), on any kernel: a probe that always said yes, or no,
+    fails on one of the two kernels CI runs."""
+    have = kernel.features()
+    ns = "tbkltest"
+    assert _ip("netns", "add", ns).returncode == 0
+    try:
+        gre = _ip("-n", ns, "link", "add", "g0", "type", "gre", "local", "192.0.2.1", "remote", "192.0.2.2")
+        assert (gre.returncode == 0) == (have["gre"] is None), (gre.stderr, have["gre"])
+        _ip("-n", ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1")
+        netem = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "v0", "root", "netem",
+                                "delay", "1ms"], capture_output=True, text=True)  # fmt: skip
+        assert (netem.returncode == 0) == (have["netem"] is None), (netem.stderr, have["netem"])
+    finally:
+        _ip("netns", "del", ns)
+    assert not [n for n in _ip("netns", "list").stdout.split() if n.startswith("tbkp")]
+
+
+@pytest.mark.kernel
+def test_lane_kernel_has_every_feature():
+    have = kernel.features()
+    assert {f: have[f] for f in kernel.LANE_FEATURES if have[f] is not None} == {}
+
+
+@pytest.mark.kernel
+def test_the_vm_has_no_network_but_loopback():
+    """Inside the lane's VM (TB_KERNEL_LANE=1) the root namespace has no NIC and no route: whatever a VPN
+    under test sends toward a public address has nowhere to go, whatever the lab's own guard does."""
+    if os.environ.get("TB_KERNEL_LANE") != "1":
+        pytest.skip("runs inside the lane's VM only (on a full kernel run directly, the host has its NICs)")
+    links = _ip("-o", "link", "show").stdout.splitlines()
+    kinds = {ln.split(":")[1].strip().split("@")[0] for ln in links}
+    # the kernel's fallback tunnel devices (made when gre/ipip/vti load) are down and have no address
+    assert kinds <= {"lo", *kernel.FALLBACK_LINKS}, kinds
+    routes = _ip("route", "show", "table", "all").stdout.splitlines()
+    assert routes and all(" dev lo " in r + " " for r in routes), routes
+    r = subprocess.run(["ping", "-c1", "-W1", "9.9.9.9"], capture_output=True, text=True)
+    assert r.returncode != 0 and ("unreachable" in r.stderr + r.stdout or "100% packet loss" in r.stdout)
+
+
+KERNEL_DRIVERS = sorted(n for n, d in DRIVERS.items() if d.kernel_features)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("vpn", KERNEL_DRIVERS)
+def test_encapsulation_is_on_the_underlay(vpn, lab_factory):
+    """Pings between two hosts' tunnel addresses cross the router as the driver's encapsulation (its
+    `wire` match, counted by an nftables rule on the router, both directions), and nothing of the tunnel
+    stays after teardown."""
+    cls = DRIVERS[vpn]
+    lab = lab_factory(2)
+    table = f"{lab.tag}wire"
+    nft = ["ip", "netns", "exec", lab.router.netns, "nft"]
+    rules = f"table inet {table} {{\n chain c {{\n  type filter hook forward priority -10; policy accept;\n  {cls.wire} counter\n }}\n}}\n"
+    subprocess.run([*nft, "-f", "-"], input=rules, text=True, check=True)
+    driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
+    driver.configure()
+    mesh = Mesh(driver)
+    try:
+        mesh.start()
+        mesh.wait_ready(timeout=30)
+        h1, h2 = lab.hosts
+        before = _packets(nft, table)
+        r = h1.run(["ping", "-c", "20", "-i", "0.02", "-W", "2", mesh.tunnel_ip(h2)], check=False)
+        assert " 0% packet loss" in r.stdout, r.stdout
+        assert _packets(nft, table) - before >= 40  # 20 requests + 20 replies, all encapsulated
+    finally:
+        mesh.stop()
+    assert mesh.leftovers() == []
+
+
+def _packets(nft: list[str], table: str) -> int:
+    out = subprocess.run(
+        [*nft, "list", "table", "inet", table], capture_output=True, text=True, check=True
+    ).stdout
+    return int(re.search(r"counter packets (\d+)", out).group(1))  # type: ignore[union-attr]
