@@ -66,12 +66,12 @@ def test_netem_args_and_engine_rule():
             "100%",  # tc-netem(8) "1-h": loss in the bad state (a run of netem in the kernel lane found it swapped)
             "0%",  # "1-k": loss in the good state
             "reorder",
-            "2.5%",
-            "50.0%",
+            "2.5%",  # no correlation: netem's would make 2.5% reorder ~0% (measured in the kernel lane)
         ]
     )
     netem_like = p.model_copy(update={"correlation_model": "netem"})
     assert netem_args(netem_like)[2:6] == ["loss", "random", "1.0%", "50.0%"]
+    assert netem_args(netem_like)[-3:] == ["reorder", "2.5%", "50.0%"]  # netem's own semantics, as asked
     r = engine_rule("to-h2", "10.100.0.0/14", "10.100.2.0/24", p)
     assert r["delay_us"] == 4000 and r["loss"] == {"model": "random", "p": 0.01, "correlation": 0.5}
     assert r["correlation_model"] == "markov"

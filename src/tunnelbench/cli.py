@@ -223,7 +223,13 @@ def _doctor_inventory(path: Path, insecure: bool) -> int:
 @click.option(
     "--scenario", type=click.Path(dir_okay=False, path_type=Path), help="take user-defined profiles from here"
 )
-@click.option("--backend", type=click.Choice(["auto", "netem", "native"]), default="auto", show_default=True)
+@click.option(
+    "--backend",
+    default="auto",
+    show_default=True,
+    help="auto | netem | native, or several comma-separated (netem,native): each profile on each backend in "
+    "turn over one lab, printed side by side",
+)
 @click.option("--probes", type=int, default=4000, show_default=True, help="UDP probes per profile")
 @click.option(
     "--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="also write the results here"
@@ -231,7 +237,7 @@ def _doctor_inventory(path: Path, insecure: bool) -> int:
 def calibrate(
     profiles: tuple[str, ...], scenario: Path | None, backend: str, probes: int, json_out: Path | None
 ) -> None:
-    """Measure impairment profiles on the raw (no VPN) path: configured vs measured."""
+    """Measure impairment profiles on the raw (no VPN) path: configured vs measured, per backend."""
     from tunnelbench.impair.profiles import PROFILES
     from tunnelbench.scenario import ScenarioError, load_scenario
 
@@ -248,46 +254,98 @@ def calibrate(
     if unknown:
         err.print(Text(f"--profile: unknown {', '.join(unknown)}; allowed: {', '.join(known)}", style="red"))
         sys.exit(2)
+    backends = [b.strip() for b in backend.split(",") if b.strip()]
+    bad = [b for b in backends if b not in ("auto", "netem", "native")]
+    if bad or not backends or len(set(backends)) != len(backends):
+        err.print(Text(f"--backend: {backend!r}: expected auto, netem or native, or distinct ones "
+                       "comma-separated (e.g. netem,native)", style="red"))  # fmt: skip
+        sys.exit(2)
     _need_root()
     import tempfile
 
+    from tunnelbench.impair.backend import ImpairError
     from tunnelbench.impair.calibrate import calibrate as calibrate_profile
     from tunnelbench.impair.calibrate import measure_base
     from tunnelbench.impair.session import impair_lab
-    from tunnelbench.report.fmt import num
 
     results = []
-    flagged = 0
-    with (
-        tempfile.TemporaryDirectory(prefix="tunnelbench-cal-") as tmp,
-        impair_lab(Path(tmp), 2, backend) as (lab, be),
-    ):
-        h1, h2 = lab.hosts
-        base = measure_base(h1, h2, lab.run_dir)
-        err.print(f"backend {be.name}; base one-way {base.one_way_ms:.3f} ms, RTT {base.rtt_ms:.3f} ms")
-        t = Table(title=f"calibration ({be.name} backend), h1 -> h2 over the router", title_justify="left")
-        for c in ("profile", "quantity", "configured", "measured", "detail", "ok"):
-            t.add_column(c)
-        for n in names:
-            p = known[n]
-            be.apply(p)
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="tunnelbench-cal-") as tmp,
+            impair_lab(Path(tmp), 2, "auto") as (lab, _),
+        ):
+            h1, h2 = lab.hosts
+            bes = _calibration_backends(lab, backends)
+            base = measure_base(h1, h2, lab.run_dir)
+            err.print(f"backend {', '.join(b.name for b in bes)}; base one-way {base.one_way_ms:.3f} ms, "
+                      f"RTT {base.rtt_ms:.3f} ms")  # fmt: skip
             try:
-                cal = calibrate_profile(be, p, h1, h2, lab.run_dir, base, count=probes)
+                for n in names:  # each profile on every backend in turn: machine drift hits them alike
+                    for be in bes:
+                        be.apply(known[n])
+                        try:
+                            results.append(
+                                calibrate_profile(be, known[n], h1, h2, lab.run_dir, base, count=probes)
+                            )
+                        finally:
+                            be.clear()
             finally:
-                be.clear()
-            results.append(cal)
-            flagged += not cal.ok
-            t.add_section()
-            for i, c in enumerate(cal.checks):
-                ok = "" if c.ok is None else ("[green]yes[/]" if c.ok else "[red]NO[/]")
-                t.add_row(f"{n}\n{p.summary()}" if i == 0 else "", f"{c.quantity} [{c.unit}]", num(c.configured),
-                          num(c.measured), c.detail, ok)  # fmt: skip
-            console.print(t) if n == names[-1] else None
+                for be in bes:
+                    be.clear()
+    except ImpairError as e:
+        err.print(Text(f"--backend: {e}", style="red"))
+        sys.exit(2)
+    console.print(_calibration_table(results, names, known))
     if json_out:
         json_out.write_text("[" + ",\n".join(c.to_json() for c in results) + "]\n")
+    flagged = sum(not c.ok for c in results)
     if flagged:
-        err.print(Text(f"{flagged} profile(s) out of tolerance", style="red"))
+        err.print(Text(f"{flagged} profile calibration(s) out of tolerance", style="red"))
     sys.exit(1 if flagged else 0)
+
+
+def _calibration_backends(lab, names: list[str]) -> list:
+    """One backend per name over the same lab (the router's interfaces toward each host); `auto` resolves to
+    netem where the kernel has it. Two names that resolve to the same backend are refused."""
+    from tunnelbench.impair.backend import ImpairError, make_backend
+
+    bes = [make_backend(n, lab.router, lab.hosts, lab.run_dir / f"impair-{n}") for n in names]
+    if len({b.name for b in bes}) != len(bes):
+        raise ImpairError(
+            f"{', '.join(names)} resolve to the same backend here ({', '.join(b.name for b in bes)})"
+        )
+    return bes
+
+
+def _calibration_table(results: list, names: list[str], known: dict) -> Table:
+    """One column of measured values per backend, next to the configured value, per profile and quantity."""
+    from tunnelbench.report.fmt import num
+
+    backends = list(dict.fromkeys(c.backend for c in results))
+    t = Table(title=f"calibration ({' vs '.join(backends)}), h1 -> h2 over the router", title_justify="left")
+    for c in ("profile", "quantity", "configured", *(f"{b} measured" for b in backends), "detail", "ok"):
+        t.add_column(c)
+    for n in names:
+        cals = {c.backend: c for c in results if c.profile == known[n].name or c.profile == n}
+        quantities = list(dict.fromkeys(ch.quantity for c in cals.values() for ch in c.checks))
+        t.add_section()
+        for i, q in enumerate(quantities):
+            checks = {
+                b: next((ch for ch in cals[b].checks if ch.quantity == q), None)
+                for b in backends
+                if b in cals
+            }
+            first = next(ch for ch in checks.values() if ch is not None)
+            oks = [
+                ("" if ch is None or ch.ok is None else "yes" if ch.ok else "NO") for ch in checks.values()
+            ]
+            detail = " | ".join(
+                f"{b}: {ch.detail}" for b, ch in checks.items() if ch is not None and ch.detail
+            )
+            t.add_row(f"{n}\n{known[n].summary()}" if i == 0 else "", f"{q} [{first.unit}]", num(first.configured),
+                      *(num(ch.measured) if ch is not None else "–" for ch in checks.values()), detail,
+                      "/".join(oks))  # fmt: skip
+    return t
 
 
 @main.command("bench-engine")

@@ -41,6 +41,23 @@ def _sh(argv: list[str], input: str | None = None) -> subprocess.CompletedProces
     return subprocess.run(argv, capture_output=True, text=True, timeout=20, input=input)
 
 
+def tunnel_checks(where: str = "local", run=None) -> list[Check]:
+    """Every kernel data path lab/kernel.py probes (on this machine, or on the SSH host `where` through `run`),
+    with the drivers that need it: `doctor` lists which tunnel types each target's kernel has."""
+    from tunnelbench.lab import kernel
+
+    have = kernel.features(where, run) if run else kernel.features(where)
+    out = []
+    for f, (what, module, _) in kernel.FEATURES.items():
+        users = sorted(n for n, d in DRIVERS.items() if f in d.kernel_features)
+        if not users:
+            continue
+        need = f"{', '.join(users)} cannot run"
+        out.append(Check("kernel tunnels", f"{what} ({module})", have[f] is None,
+                         "available" if have[f] is None else have[f], need if have[f] is not None else ""))  # fmt: skip
+    return out
+
+
 def _probe_kernel(sh=_sh) -> list[Check]:
     """`sh(argv, input=None)` runs a command here or, for `doctor --inventory`, on an SSH host."""
     ns = f"{TAG_PREFIX}doc{secrets.token_hex(2)}"
@@ -122,6 +139,7 @@ def run_doctor() -> list[Check]:
         checks.append(Check("tools", tool, path is not None, path or "missing", what))
     if root and shutil.which("ip"):
         checks += _probe_kernel()
+        checks += tunnel_checks()
     for name, cls in DRIVERS.items():
         a = cls.availability()
         detail = a.version if a.ok else f"{a.state}: {a.reason}"

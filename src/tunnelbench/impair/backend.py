@@ -296,8 +296,13 @@ def netem_args(p: Profile) -> list[str]:
         s = p.loss_state
         a += ["loss", "state", *(f"{x}%" for x in (s.p13, s.p31, s.p32, s.p23, s.p14))]
     if p.reorder_pct:
+        # netem's correlated uniform (get_crandom) keeps the mean but narrows the spread, so a small reorder
+        # probability is almost never drawn: `reorder 2.5% 50%` reordered 0 of 3000 probes on Debian's 6.1
+        # kernel (2.3% without the correlation). Under the markov model (rate first) the correlation is left out
         a += ["reorder", f"{p.reorder_pct}%"] + (
-            [f"{p.reorder_correlation_pct}%"] if p.reorder_correlation_pct else []
+            [f"{p.reorder_correlation_pct}%"]
+            if p.reorder_correlation_pct and p.correlation_model != "markov"
+            else []
         )
     if p.duplicate_pct:
         a += ["duplicate", f"{p.duplicate_pct}%"]

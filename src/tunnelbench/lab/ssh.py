@@ -993,7 +993,7 @@ def _find_inv(inventory: Inventory, address: str, port: int | None) -> list[InvH
 # -- doctor ----------------------------------------------------------------------------------------------
 def doctor_host(inv: InvHost) -> list:
     """The local doctor's checks, run on one inventory host over SSH, plus clock, CPU and NICs."""
-    from tunnelbench.doctor import TOOLS, Check, _probe_kernel
+    from tunnelbench.doctor import TOOLS, Check, _probe_kernel, tunnel_checks
     from tunnelbench.vpns import DRIVERS
     from tunnelbench.workloads import WORKLOADS
 
@@ -1020,6 +1020,7 @@ def doctor_host(inv: InvHost) -> list:
         for tool, what in TOOLS.items():
             checks.append(Check("tools", tool, where[tool] is not None, where[tool] or "missing", what))
         checks += _probe_kernel(sh=lambda argv, input=None: h.run(argv, input=input, check=False, timeout=20))
+        checks += tunnel_checks(h.name, lambda argv: h.run(argv, check=False, timeout=60).stdout)
         lsmod = h.run(["sh", "-c", "cat /proc/modules 2>/dev/null; ls /sys/module"], check=False).stdout
         checks.append(Check("kernel", "wireguard module", "wireguard" in lsmod,
                             "loaded" if "wireguard" in lsmod else "not loaded (it may still load on demand)",
@@ -1047,8 +1048,10 @@ def doctor_host(inv: InvHost) -> list:
         checks.append(nic_check(h))
         for name, cls in DRIVERS.items():
             missing = [b for b in cls.binaries if where.get(b) is None]
-            checks.append(Check("vpns", name, not missing, "binaries present" if not missing else
-                                f"missing {', '.join(missing)} (`tunnelbench install --inventory F {name}`)", cls.summary))  # fmt: skip
+            why = cls.impossible_on([h])  # its kernel's own answer (kernel tunnels, kernel WireGuard)
+            detail = (f"impossible here: {why}" if why else "binaries present" if not missing else
+                      f"missing {', '.join(missing)} (`tunnelbench install --inventory F {name}`)")  # fmt: skip
+            checks.append(Check("vpns", name, not missing and not why, detail, cls.summary))
         for name, wl in WORKLOADS.items():
             missing = [t for t in wl.tools if where.get(t) is None]
             checks.append(Check("workloads", name, not missing, "ready" if not missing else f"missing {', '.join(missing)}", wl.summary))  # fmt: skip

@@ -18,6 +18,8 @@ from tunnelbench.vpns.innernet import Innernet
 from tunnelbench.vpns.install import VERSION_RE, pinned, registry
 from tunnelbench.vpns.internal import Internal
 from tunnelbench.vpns.ipip import Ipip
+from tunnelbench.vpns.ipsec import IpsecTransport, IpsecVti, IpsecXfrmi, KernelIpsec
+from tunnelbench.vpns.ipsec_overlay import GeneveIpsec, GreIpsec, GreTapIpsec, VxlanIpsec
 from tunnelbench.vpns.macsec import Macsec
 from tunnelbench.vpns.n2n import N2n
 from tunnelbench.vpns.nebula import Nebula
@@ -62,6 +64,15 @@ DRIVERS: dict[str, type[VpnDriver]] = {
         Gue,
         Geneve,
         Macsec,
+        # kernel IPsec (seed 002): strongSwan IKEv2, kernel ESP
+        KernelIpsec,
+        IpsecTransport,
+        IpsecVti,
+        IpsecXfrmi,
+        GreIpsec,
+        GreTapIpsec,
+        VxlanIpsec,
+        GeneveIpsec,
     )
 }
 

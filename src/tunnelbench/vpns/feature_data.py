@@ -361,3 +361,74 @@ DOCUMENTED.update(
         ),
     }
 )
+
+SWANCTL = "https://docs.strongswan.org/docs/5.9/swanctl/swanctlConf.html"
+SS_ROUTE = "https://docs.strongswan.org/docs/5.9/features/routeBasedVpn.html"
+
+
+def _kernel_ipsec(protocol: str, data_plane: tuple[str, str], acl: str) -> dict:
+    """strongSwan IKEv2 with the kernel's ESP (vpns/ipsec.py, vpns/ipsec_overlay.py): static per-pair SAs."""
+    return _rec(
+        SWANCTL,
+        protocol=protocol,
+        ciphers="negotiated IKE/ESP proposals (here IKE AES-256-GCM/X25519, ESP AES-256-GCM)",
+        data_plane=data_plane,
+        topology=("IKEv2 SA per pair; full mesh of one IKE_SA per peer", "driver: one connection per peer"),
+        nat_traversal=(
+            "none here: plain ESP (IP protocol 50) needs direct reachability; NAT-T exists (UDP 4500)",
+            "https://docs.strongswan.org/docs/5.9/features/natTraversal.html",
+        ),
+        relay="none",
+        acl=acl,
+        unattended_join="static configs, PSK per pair (certificates possible)",
+        self_hosted_control="no control plane",
+        platforms=("Linux (XFRM); strongSwan also on BSD, macOS, Windows", "https://docs.strongswan.org/"),
+        license=("GPL-2.0 (strongSwan, Linux)", "https://github.com/strongswan/strongswan"),
+    )
+
+
+_XFRM = (
+    "kernel XFRM (ESP in the kernel), charon for IKE only",
+    "https://docs.strongswan.org/docs/5.9/howtos/introduction.html",
+)
+
+DOCUMENTED.update(
+    {
+        "ipsec-tunnel": _kernel_ipsec(
+            "IKEv2 + ESP tunnel mode (policy-based)", _XFRM, "traffic selectors per CHILD_SA (trap policies)"
+        ),
+        "ipsec-transport": _kernel_ipsec(
+            "IKEv2 + ESP transport mode between the hosts' addresses",
+            _XFRM,
+            "traffic selectors per CHILD_SA (trap policies: nothing in clear)",
+        ),
+        "ipsec-vti": _kernel_ipsec(
+            "IKEv2 + ESP tunnel mode, route-based (VTI devices, marks)",
+            ("kernel XFRM via VTI devices (ip_vti)", SS_ROUTE),
+            "routes to the VTI devices; selectors per CHILD_SA",
+        ),
+        "ipsec-xfrmi": _kernel_ipsec(
+            "IKEv2 + ESP tunnel mode, route-based (XFRM interfaces, if_id)",
+            ("kernel XFRM via XFRM interfaces (xfrm_interface)", SS_ROUTE),
+            "routes to the XFRM interfaces; selectors per CHILD_SA",
+        ),
+        "gre-ipsec": _kernel_ipsec(
+            "GRE (RFC 2784) in IKEv2 + ESP transport mode", _XFRM, "CHILD_SA selectors: GRE between the pair"
+        ),
+        "gretap-ipsec": _kernel_ipsec(
+            "GREtap (Ethernet over GRE) in IKEv2 + ESP transport mode",
+            _XFRM,
+            "CHILD_SA selectors: GRE between the pair",
+        ),
+        "vxlan-ipsec": _kernel_ipsec(
+            "VXLAN (RFC 7348, UDP 4789) in IKEv2 + ESP transport mode",
+            _XFRM,
+            "CHILD_SA selectors: UDP to/from port 4789 between the pair",
+        ),
+        "geneve-ipsec": _kernel_ipsec(
+            "GENEVE (RFC 8926, UDP 6081) in IKEv2 + ESP transport mode",
+            _XFRM,
+            "CHILD_SA selectors: UDP to/from port 6081 between the pair",
+        ),
+    }
+)

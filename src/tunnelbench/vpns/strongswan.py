@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -65,7 +65,7 @@ class StrongSwan(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.esp = self.options.esp
+        self.esp = getattr(self.options, "esp", "kernel")  # vpns/ipsec.py's drivers: always the kernel
         self.settings = {"mode": "full mesh of IKEv2 tunnel-mode SAs (one per pair)", "ike": IKE_PROPOSAL,
                          "cipher": "AES-256-GCM (ESP aes256gcm16)", "esp": self.esp, "auth": "PSK per pair",
                          "encapsulation": "ESP in UDP 4500 (kernel-libipsec always encapsulates)" if self.esp == "userspace" else "ESP",
@@ -91,21 +91,41 @@ class StrongSwan(VpnDriver):
         env = {"STRONGSWAN_CONF": str(self.host_dir(host) / "strongswan.conf")}
         return host.run(in_mounts_of(charon.pid, ["swanctl", *args, "--uri", self.VICI]), env=env)
 
-    def configure(self) -> None:
-        psk = {
-            frozenset((a.name, b.name)): secrets.token_hex(32)
-            for a, b in itertools.combinations(self.spec.hosts, 2)
-        }
-        for h in self.spec.hosts:
-            d = self.host_dir(h)
-            h.mkdir(d / "run")
-            plugins = f"{PLUGINS_USERSPACE} {PLUGINS}" if self.esp == "userspace" else PLUGINS
-            conf = f"""charon {{
-  load = {plugins}
-  install_virtual_ip = no
-  retransmit_timeout = 1.0
-  retransmit_base = 1.4
-  filelog {{
+    # -- configuration hooks (vpns/ipsec.py's kernel-ESP drivers override them) ---------------------------
+    lo_address: ClassVar[bool] = True  # the tunnel address 10.77.0.i/32 lives on lo
+
+    def plugins(self) -> str:
+        return f"{PLUGINS_USERSPACE} {PLUGINS}" if self.esp == "userspace" else PLUGINS
+
+    def charon_settings(self) -> dict[str, str]:
+        """`charon { key = value }` lines of strongswan.conf (besides load, filelog and plugins)."""
+        return {"install_virtual_ip": "no", "retransmit_timeout": "1.0", "retransmit_base": "1.4"}
+
+    def plugin_settings(self) -> dict[str, dict[str, str]]:
+        """`charon.plugins.<plugin> { key = value }` sections (besides vici's socket)."""
+        return {"kernel-libipsec": {"mtu": str(self.mtu)}}
+
+    def connection(self, host: Host, peer: Host) -> dict[str, str]:
+        """The IKE connection from `host` to `peer` (swanctl.conf connections.<peer>), without auth/children."""
+        return {"version": "2", "local_addrs": host.underlay_ip, "remote_addrs": peer.public_ip,
+                "proposals": IKE_PROPOSAL}  # fmt: skip
+
+    def children(self, host: Host, peer: Host) -> dict[str, dict[str, str]]:
+        """The CHILD_SAs of that connection: {name: {option: value}}."""
+        start = "start" if self.index(host) > self.index(peer) else "none"
+        return {peer.name: {"local_ts": f"{self.tunnel_ip(host)}/32", "remote_ts": f"{self.tunnel_ip(peer)}/32",
+                            "esp_proposals": ESP_PROPOSAL, "mode": "tunnel", "start_action": start}}  # fmt: skip
+
+    def charon_conf(self, host: Host) -> str:
+        d = self.host_dir(host)
+        settings = "".join(f"  {k} = {v}\n" for k, v in self.charon_settings().items())
+        plugins = "".join(
+            f"    {name} {{\n" + "".join(f"      {k} = {v}\n" for k, v in opts.items()) + "    }\n"
+            for name, opts in self.plugin_settings().items()
+        )
+        return f"""charon {{
+  load = {self.plugins()}
+{settings}  filelog {{
     log {{
       path = {d / "charon.log"}
       default = 1
@@ -118,24 +138,32 @@ class StrongSwan(VpnDriver):
     vici {{
       socket = {self.VICI}
     }}
-    kernel-libipsec {{
-      mtu = {self.mtu}
-    }}
-  }}
+{plugins}  }}
 }}
 """
-            h.write_file(d / "strongswan.conf", conf, 0o644)
+
+    def configure(self) -> None:
+        psk = {
+            frozenset((a.name, b.name)): secrets.token_hex(32)
+            for a, b in itertools.combinations(self.spec.hosts, 2)
+        }
+        for h in self.spec.hosts:
+            d = self.host_dir(h)
+            h.mkdir(d / "run")
+            h.write_file(d / "strongswan.conf", self.charon_conf(h), 0o644)
             conns, secs = [], []
             for p in self.spec.hosts:
                 if p is h:
                     continue
-                start = "start" if self.index(h) > self.index(p) else "none"
+                conn = "".join(f"    {k} = {v}\n" for k, v in self.connection(h, p).items())
+                kids = "".join(
+                    f"      {name} {{\n"
+                    + "".join(f"        {k} = {v}\n" for k, v in opts.items())
+                    + "      }\n"
+                    for name, opts in self.children(h, p).items()
+                )
                 conns.append(f"""  {p.name} {{
-    version = 2
-    local_addrs = {h.underlay_ip}
-    remote_addrs = {p.public_ip}
-    proposals = {IKE_PROPOSAL}
-    local {{
+{conn}    local {{
       auth = psk
       id = {h.name}
     }}
@@ -144,14 +172,7 @@ class StrongSwan(VpnDriver):
       id = {p.name}
     }}
     children {{
-      {p.name} {{
-        local_ts = {self.tunnel_ip(h)}/32
-        remote_ts = {self.tunnel_ip(p)}/32
-        esp_proposals = {ESP_PROPOSAL}
-        mode = tunnel
-        start_action = {start}
-      }}
-    }}
+{kids}    }}
   }}""")
                 secs.append(f"""  ike-{p.name} {{
     id-1 = {h.name}
@@ -162,9 +183,14 @@ class StrongSwan(VpnDriver):
             h.write_file(d / "swanctl.conf", text, 0o600)
 
     def start(self, host: Host) -> None:
-        d = self.host_dir(host)
         # the tunnel address lives on lo (this kernel has no dummy interfaces); removed in after_stop
-        host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/32", "dev", "lo"])
+        if self.lo_address:
+            host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/32", "dev", "lo"])
+        self.start_charon(host)
+        self.load(host)
+
+    def start_charon(self, host: Host) -> None:
+        d = self.host_dir(host)
         argv = private_mounts({"/run": d / "run"}, [CHARON])
         proc = host.spawn(
             argv,
@@ -181,17 +207,21 @@ class StrongSwan(VpnDriver):
         if self.esp == "userspace":
             self.wait_for("kernel-libipsec ipsec0", lambda: self.link_exists(host, "ipsec0"), timeout=10)
             host.run(["ip", "link", "set", "ipsec0", "mtu", str(self.mtu)])
-        self.swanctl(host, "--load-all", "--noprompt", "--file", str(d / "swanctl.conf"))
+
+    def load(self, host: Host) -> None:
+        """Connections and secrets into charon (start_action runs from here: start, trap)."""
+        self.swanctl(host, "--load-all", "--noprompt", "--file", str(self.host_dir(host) / "swanctl.conf"))
 
     def after_stop(self, host: Host) -> None:
-        host.run(["ip", "addr", "del", f"{self.tunnel_ip(host)}/32", "dev", "lo"], check=False)
+        if self.lo_address:
+            host.run(["ip", "addr", "del", f"{self.tunnel_ip(host)}/32", "dev", "lo"], check=False)
         if self.link_exists(host, "ipsec0"):
             host.run(["ip", "link", "del", "ipsec0"], check=False)
         host.remove(self.host_dir(host) / "run" / "charon.vici")
 
     def leftovers(self, host: Host) -> list[str]:
         found = super().leftovers(host)
-        if (
+        if self.lo_address and (
             f" {self.tunnel_ip(host)}/"
             in host.run(["ip", "-o", "addr", "show", "dev", "lo"], check=False).stdout
         ):

@@ -25,6 +25,8 @@ class Vxlan(VpnDriver):
     )
     binaries = ("ip", "bridge")
     installs = (Apt(("iproute2",)),)
+    kernel_features = ("vxlan",)
+    wire = f"udp dport {PORT}"
     default_mtu = 1450  # 1500 - 50 bytes of VXLAN/UDP/IPv4/Ethernet
     Options = TunnelOptions  # vpn_options: mtu
     paths = frozenset({"direct"})
