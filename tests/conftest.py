@@ -6,6 +6,14 @@ from pathlib import Path
 
 import pytest
 
+# the strict-skip guard's hooks (tests/skipguard.py)
+from skipguard import (  # noqa: F401
+    pytest_collectreport,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.netns import NetnsLab
 from tunnelbench.lab.tags import new_run_id, new_tag

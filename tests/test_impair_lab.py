@@ -64,9 +64,13 @@ def test_delay_25ms_each_way_gives_rtt_within_2pct(path):
     # the mean also carries the engine's scheduling tail, which a loaded 2-core CI box inflates (seen:
     # p50 25.15, mean 25.5); the median is the engine's accuracy, the mean gets a wider allowance
     p50 = float(d.detail.split("p50 ")[1].split(",")[0])
-    slack = 0.5 if emulated_cpu() else 0.0  # seen under TCG with netem: p50 25.56 ms
-    assert abs(p50 - 25.0) <= 0.5 + slack, d
-    assert abs(d.measured - 25.0) <= 1.0 + 2 * slack, d
+    if emulated_cpu():
+        # under TCG the emulated CPU stalls for tens of ms now and then (seen with netem: p50 25.26, p95 61,
+        # p99 81, mean 27.8): the median still shows the emulator's accuracy, the mean shows QEMU's
+        assert abs(p50 - 25.0) <= 1.0, d
+        return
+    assert abs(p50 - 25.0) <= 0.5, d
+    assert abs(d.measured - 25.0) <= 1.0, d
 
 
 def test_random_loss_5pct_ci_covers_5pct(path):
@@ -108,9 +112,12 @@ def test_correlated_loss_keeps_its_rate(path):
     assert c.ci_low <= 1.0 <= c.ci_high, c
 
 
-def test_rate_100mbit_gives_90_to_100_goodput(path):
-    c, cal = check(path, Profile(name="rate", rate_mbit=100), "TCP goodput at the rate limit")
-    assert 90 <= c.measured <= 100, c
+def test_rate_limit_gives_90_to_100pct_goodput(path):
+    # under TCG the emulated CPU, not the limit, caps TCP near 100 Mbit/s (seen: 88 through netem+TBF): there
+    # the limit is 20 Mbit/s, so the emulator is measured, not the CPU (same 90-100% bound)
+    rate = 20 if emulated_cpu() else 100
+    c, cal = check(path, Profile(name="rate", rate_mbit=rate), "TCP goodput at the rate limit")
+    assert 0.9 * rate <= c.measured <= rate, c
 
 
 def test_engine_death_stops_traffic(tmp_path):

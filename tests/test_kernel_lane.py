@@ -60,32 +60,66 @@ def test_the_vm_has_no_network_but_loopback():
     assert r.returncode != 0 and ("unreachable" in r.stderr + r.stdout or "100% packet loss" in r.stdout)
 
 
+@pytest.mark.kernel
+def test_the_labs_guard_drops_offlab_traffic_on_this_kernel_too(lab_factory):
+    """The router namespace's guard (drop and count what is not addressed to the lab) on the lane's kernel:
+    with kernel tunnels loaded, a host's packets toward a non-lab address still never leave."""
+    lab = lab_factory(2)
+    before = lab.offlab_drops()
+    lab.hosts[0].run(["ping", "-c2", "-i0.05", "-W1", "192.0.2.1"], check=False)
+    assert lab.offlab_drops() >= before + 2
+
+
 KERNEL_DRIVERS = sorted(n for n, d in DRIVERS.items() if set(d.kernel_features) & set(kernel.LANE_FEATURES))
+
+
+MTU = 1360  # [fairness] tunnel_mtu, as tests/test_vpn_mtu.py uses for the other drivers
+
+
+def _count(lab, name: str, match: str) -> list[str]:
+    """An nftables counter of `match` on the router's forward hook (before the lab's own rules)."""
+    rules = f"table inet {name} {{\n chain c {{\n  type filter hook forward priority -10; policy accept;\n  {match} counter\n }}\n}}\n"
+    nft = ["ip", "netns", "exec", lab.router.netns, "nft"]
+    subprocess.run([*nft, "-f", "-"], input=rules, text=True, check=True)
+    return nft
 
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("vpn", KERNEL_DRIVERS)
-def test_encapsulation_is_on_the_underlay(vpn, lab_factory):
-    """Pings between two hosts' tunnel addresses cross the router as the driver's encapsulation (its
-    `wire` match, counted by an nftables rule on the router, both directions), and nothing of the tunnel
-    stays after teardown."""
+def test_kernel_driver_mesh(vpn, lab_factory):
+    """One bring-up per kernel driver (the lane's time is the budget), everything tests/test_vpn_mesh.py and
+    tests/test_vpn_mtu.py check for the other drivers, plus what the wire shows: a 3-host mesh where every
+    ordered pair answers, private keys 0600, the scenario's common tunnel MTU on the path to the peer, pings
+    between two hosts crossing the router as the driver's encapsulation (its `wire` match, both directions),
+    and nothing of the tunnel left after teardown."""
     cls = DRIVERS[vpn]
-    lab = lab_factory(2)
-    table = f"{lab.tag}wire"
-    nft = ["ip", "netns", "exec", lab.router.netns, "nft"]
-    rules = f"table inet {table} {{\n chain c {{\n  type filter hook forward priority -10; policy accept;\n  {cls.wire} counter\n }}\n}}\n"
-    subprocess.run([*nft, "-f", "-"], input=rules, text=True, check=True)
-    driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
+    lab = lab_factory(3)
+    nft = _count(lab, f"{lab.tag}wire", cls.wire)
+    mtu = MTU if cls.default_mtu else None  # ipsec-transport has no tunnel device: the underlay's MTU
+    driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir, mtu=mtu))
     driver.configure()
     mesh = Mesh(driver)
     try:
         mesh.start()
-        mesh.wait_ready(timeout=30)
-        h1, h2 = lab.hosts
-        before = _packets(nft, table)
+        mesh.wait_ready(timeout=60)
+        assert mesh.pairs_down() == []
+        for f in lab.run_dir.rglob("*"):
+            if f.is_file() and any(k in f.name for k in ("key", ".pem", "priv")) and "pub" not in f.name:
+                assert f.stat().st_mode & 0o077 == 0, f
+        h1, h2 = lab.hosts[0], lab.hosts[1]
+        if mtu:
+            route = h1.run(["ip", "-o", "route", "get", mesh.tunnel_ip(h2)]).stdout.split()
+            # a policy-based tunnel (ipsec-tunnel) has no device of its own: its MTU is on the route
+            got = int(route[route.index("mtu") + 1]) if "mtu" in route else int(
+                h1.run(["cat", f"/sys/class/net/{route[route.index('dev') + 1]}/mtu"]).stdout)  # fmt: skip
+            assert got == MTU, f"{vpn}: path MTU {got} ({' '.join(route)}), not the scenario's {MTU}"
+            assert (
+                driver.settings.get("mtu", MTU) == MTU
+            )  # as tests/test_vpn_mtu.py: where a driver records it
+        before = _packets(nft, f"{lab.tag}wire")
         r = h1.run(["ping", "-c", "20", "-i", "0.02", "-W", "2", mesh.tunnel_ip(h2)], check=False)
         assert " 0% packet loss" in r.stdout, r.stdout
-        assert _packets(nft, table) - before >= 40  # 20 requests + 20 replies, all encapsulated
+        assert _packets(nft, f"{lab.tag}wire") - before >= 40  # 20 requests + 20 replies, all encapsulated
     finally:
         mesh.stop()
     assert mesh.leftovers() == []
@@ -108,9 +142,7 @@ def test_ipsec_never_sends_cleartext(vpn, clear, lab_factory):
     cls = DRIVERS[vpn]
     lab = lab_factory(2)
     table = f"{lab.tag}clear"
-    nft = ["ip", "netns", "exec", lab.router.netns, "nft"]
-    rules = f"table inet {table} {{\n chain c {{\n  type filter hook forward priority -10; policy accept;\n  {clear} counter\n }}\n}}\n"
-    subprocess.run([*nft, "-f", "-"], input=rules, text=True, check=True)
+    nft = _count(lab, table, clear)
     driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
     driver.configure()
     mesh = Mesh(driver)
@@ -125,3 +157,25 @@ def test_ipsec_never_sends_cleartext(vpn, clear, lab_factory):
     finally:
         mesh.stop()
     assert mesh.leftovers() == []
+
+
+@pytest.mark.kernel
+def test_every_kernel_driver_is_available_on_a_full_kernel():
+    """Where the kernel has the modules, `tunnelbench list` shows each kernel driver available with a version
+    (on this machine's kernel: impossible here, with the module named)."""
+    states = {n: DRIVERS[n].availability() for n in KERNEL_DRIVERS}
+    assert {n: a.reason for n, a in states.items() if not a.ok} == {}
+    assert all(a.version for a in states.values()), states
+
+
+def test_kernel_drivers_name_the_missing_module_on_a_kernel_without_it():
+    have = kernel.features()
+    for n in KERNEL_DRIVERS:
+        lacking = [f for f in DRIVERS[n].kernel_features if have[f] is not None]
+        a = DRIVERS[n].availability()
+        if lacking:
+            assert (
+                a.state == "impossible here" and f"(module {kernel.FEATURES[lacking[0]][1]})" in a.reason
+            ), a
+        else:
+            assert a.ok, a

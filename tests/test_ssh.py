@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import lab_missing
+from conftest import emulated_cpu, lab_missing
 
 from tunnelbench.lab.journal import Journal, process_alive
 from tunnelbench.lab.netns import NetnsLab
@@ -492,13 +492,18 @@ def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None) -> Path:
     rtt = dict(db.execute('SELECT c.profile, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
                           "WHERE m.name = 'rtt_p50_ms'").fetchall())  # fmt: skip
     # 5 ms each way: the median RTT rises by about 10 ms (the native engine adds some 0.1 ms of its own)
-    assert 9.0 < rtt["d5"] - rtt["baseline"] < 12.5, rtt
+    slack = 1.0 if emulated_cpu() else 0.0  # the kernel lane under TCG: timers fire late (tests/conftest.py)
+    assert 9.0 < rtt["d5"] - rtt["baseline"] < 12.5 + slack, rtt
     env = dict(db.execute("SELECT key, value FROM environment").fetchall())
     cal = json.loads(env["calibration.d5"])
-    assert cal["backend"] in ("netem", "native", "netem-egress") and cal["ok"], cal
+    assert cal["backend"] in ("netem", "native", "netem-egress"), cal
+    timing = ("one-way delay mean", "ping RTT median")  # the calibration's own tolerance is ±0.25 ms
+    bad = [c for c in cal["checks"] if c["ok"] is False and (c["quantity"] not in timing or not slack)]
+    assert not bad, bad
     by_q = {c["quantity"]: c for c in cal["checks"]}
-    assert abs(by_q["one-way delay mean"]["measured"] - 5.0) < 0.5, by_q
-    assert abs(by_q["ping RTT median"]["measured"] - json.loads(env["calibration.base"])["rtt_ms"] - 10) < 1
+    assert abs(by_q["one-way delay mean"]["measured"] - 5.0) < 0.5 + slack, by_q
+    rtt_base = json.loads(env["calibration.base"])["rtt_ms"]
+    assert abs(by_q["ping RTT median"]["measured"] - rtt_base - 10) < 1 + slack, by_q
     db.close()
     tag = run_dir.name.split("-")[-1]
     for t in fx.targets:  # nothing of the impairment left: engine, iptables chain, qdiscs, probe files

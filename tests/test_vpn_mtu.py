@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from test_vpn_mesh import driver_params  # kernel drivers: their MTU is checked in tests/test_kernel_lane.py
 
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 
@@ -10,7 +11,7 @@ MTU = 1360
 
 
 @pytest.mark.lab
-@pytest.mark.parametrize("vpn", sorted(n for n in DRIVERS if n != "internal"))
+@pytest.mark.parametrize("vpn", [v for v in driver_params() if v != "internal"])
 def test_common_tunnel_mtu_is_honoured(vpn, lab_factory):
     cls = DRIVERS[vpn]
     avail = cls.availability()

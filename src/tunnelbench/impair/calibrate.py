@@ -140,7 +140,10 @@ def run_probe(
     dwork = dst.workdir / "impair" if dst.remote else workdir  # the receiver's files live on its host
     out = dwork / f"probe-{src.name}-{dst.name}-{stamp}.txt"
     idle = 2.0 + 2 * max_delay_s
-    total = count * interval_us / 1e6 + max_delay_s + idle + 5
+    stream = count * interval_us / 1e6 + max_delay_s + idle + 5
+    # the receiver's cap: the stream plus the sender's start-up (seconds of Python imports on a slow host);
+    # it matters only when nothing arrives, and then the receiver is ended as soon as the sender is done
+    total = stream + 60
     recv = dst.spawn([*probe_argv(dst), "recv", "--bind", dst.underlay_ip, "--port",
                       str(PROBE_PORT), "--out", str(out), "--idle-s", f"{idle:g}", "--total-s", f"{total:g}"],
                      label="probe-recv", log_path=dwork / f"probe-recv-{stamp}.log")  # fmt: skip
@@ -160,11 +163,13 @@ def run_probe(
         rt = ["chrt", "-f", "40"] if has_chrt else []
         src.run([*rt, *probe_argv(src), "send", "--to", dst.underlay_ip, "--port", str(PROBE_PORT),
                  "--count", str(count), "--interval-us", str(interval_us)], timeout=total + 10)  # fmt: skip
-        # a remote process has no exit status here (wait returns None): check it ended instead
-        if recv.wait(total + 10) is None and recv.alive():
-            raise RuntimeError("probe receiver did not finish")
+        # every datagram is sent: the receiver ends idle seconds after the last one; one that got none (total
+        # loss) is ended here, and writes what it has (nothing) on SIGTERM
+        recv.wait(max_delay_s + idle + 5)
     finally:
-        recv.stop(grace=1)
+        recv.stop(grace=5)
+    if not dst.exists(out):
+        raise RuntimeError(f"probe receiver wrote no results: {recv.log_tail(400)}")
     records = []
     socket_drops = 0
     for line in dst.read_file(out).decode().splitlines():

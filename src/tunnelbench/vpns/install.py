@@ -259,11 +259,13 @@ def _apt_install(packages: tuple[str, ...], log) -> None:
     if not need:
         return
     env = {"DEBIAN_FRONTEND": "noninteractive"}
-    p = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need],
+    # wait for another apt (set-up, unattended upgrades) instead of failing at once on its lock
+    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+    p = subprocess.run([*apt, "install", "-y", "-qq", "--no-install-recommends", *need],
                        env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     if p.returncode != 0:  # stale package lists on a fresh machine
-        _run(["apt-get", "update", "-qq"], env, log)
-        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need], env, log)
+        _run([*apt, "update", "-qq"], env, log)
+        _run([*apt, "install", "-y", "-qq", "--no-install-recommends", *need], env, log)
 
 
 def _go_proxy() -> str:

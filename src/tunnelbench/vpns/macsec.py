@@ -17,13 +17,14 @@ from tunnelbench.vpns.gretap import GreTap
 from tunnelbench.vpns.kernel_tunnel import KernelTunnel
 
 CIPHER = "gcm-aes-128"
+MACSEC_OVERHEAD = 32  # SecTAG with SCI (16) + ICV (16)
 
 
 class Macsec(KernelTunnel):
     name = "macsec"
     summary = "MACsec (802.1AE, GCM-AES-128, static keys) in the kernel, over a GREtap carrier per peer"
     kernel_features = ("gretap", "macsec")
-    default_mtu = 1430  # the carrier's 1462 - 32 (SecTAG with SCI 16 + ICV 16)
+    default_mtu = GreTap.default_mtu - MACSEC_OVERHEAD  # 1430: the carrier's own default, 1462
     l2 = True
     wire = GreTap.wire
     encrypted = True
@@ -48,7 +49,8 @@ class Macsec(KernelTunnel):
             carrier, dev = self.carrier_name(host, peer), self.link_name(host, peer)
             host.run(["ip", "link", "add", carrier, "address", self.mac(host),
                       *self.carrier.link_args(host, peer)])  # fmt: skip
-            host.run(["ip", "link", "set", carrier, "mtu", str(self.carrier.mtu), "up"])
+            # the carrier is sized for the MACsec device on it, whatever tunnel MTU the scenario asks for
+            host.run(["ip", "link", "set", carrier, "mtu", str(self.mtu + MACSEC_OVERHEAD), "up"])
             host.run(["ip", "link", "add", "link", carrier, dev, "type", "macsec", "port", "1", "cipher", CIPHER,
                       "encrypt", "on", "replay", "on", "window", "128"])  # fmt: skip
             lines += [f"macsec add {dev} tx sa 0 pn 1 on key 01 {self.keys[host.name]}",

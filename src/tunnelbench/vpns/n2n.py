@@ -44,9 +44,9 @@ class N2n(VpnDriver):
         return f"{v} (debian {deb})" if deb else v
 
     def configure(self) -> None:
-        self.key = secrets.token_hex(16)
+        self.community_key = secrets.token_hex(16)
         for h in self.spec.hosts:
-            h.write_file(self.host_dir(h) / "community.key", self.key + "\n", 0o600)
+            h.write_file(self.host_dir(h) / "community.key", self.community_key + "\n", 0o600)
 
     def mac(self, host: Host) -> str:
         i = self.index(host)
@@ -69,7 +69,7 @@ class N2n(VpnDriver):
         argv = [self.bin("edge"), "-d", ifname, "-a", self.tunnel_ip(host), "-s", "255.255.255.0",
                 "-c", self.community, "-l", f"{self.super_host.public_ip}:{SUPERNODE_PORT}",
                 "-m", self.mac(host), "-M", str(self.mtu), "-r"]  # fmt: skip
-        proc = host.spawn(argv, label="edge", log_path=d / "edge.log", env={"N2N_KEY": self.key})
+        proc = host.spawn(argv, label="edge", log_path=d / "edge.log", env={"N2N_KEY": self.community_key})
         self.procs[host.name].append(proc)
 
         def addressed() -> bool:
