@@ -151,3 +151,59 @@ def test_compare_real_runs_injected_rate_regression_and_same_configuration(tmp_p
     print(res.stdout)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "no significant regression" in res.stdout
+
+
+def _add_leak_cases(
+    run_dir: Path, vpn: str, passes: list[int], violations: int | None = None, check: str = "leak"
+) -> None:
+    """Pass/fail check cases (leak_pass, or acl_enforced with check="acl", per repetition) and a key-hygiene
+    record added to a synthetic run."""
+    from tunnelbench.store import DB_NAME, Store
+    from tunnelbench.workloads.base import Outcome, Sample
+
+    st = Store(run_dir / DB_NAME)
+    rid = run_dir.name
+    for rep, ok in enumerate(passes, start=1):
+        adir = run_dir / "cases" / vpn / "baseline" / check / f"r{rep}a0"
+        adir.mkdir(parents=True)
+        cid = st.start_case(rid, vpn, "baseline", check, check, {}, rep, 0, "h1", "h2", adir)
+        metric = "leak_pass" if check == "leak" else "acl_enforced"
+        st.finish_case(cid, "ok", Outcome(samples=[Sample(metric, float(ok), "bool"),
+                                                   Sample("leak_plaintext_frames", 0.0 if ok else 7.0, "frames")]))  # fmt: skip
+    if violations is not None:
+        bad = [{"path": "hosts/h1/fastvpn/private.key", "mode": "0644", "uid": 0, "why": "mode"}] * violations
+        st.set_env(rid, {f"keys.{vpn}": {"files_checked": 2, "violations": bad}})
+    st.close()
+
+
+def test_compare_gates_on_a_security_check_that_passed_in_a_and_fails_in_b(tmp_path):
+    a = make_run(tmp_path, "20260101-000000-tbaaaa", {"fastvpn": (500, 15)}, n=3, seed=1, extra_label=False)
+    b = make_run(tmp_path, "20260101-000001-tbbbbb", {"fastvpn": (500, 15)}, n=3, seed=2, extra_label=False)
+    same = make_run(
+        tmp_path, "20260101-000002-tbcccc", {"fastvpn": (500, 15)}, n=3, seed=3, extra_label=False
+    )
+    _add_leak_cases(a, "fastvpn", [1, 1, 1], violations=0)
+    _add_leak_cases(b, "fastvpn", [1, 0, 1], violations=0)  # one repetition leaked: a regression, n=3 or not
+    _add_leak_cases(same, "fastvpn", [1, 1, 1], violations=0)
+    cmp = compare_runs(load_run(a), load_run(b))
+    assert cmp.security_b == [("fastvpn", "baseline", "leak", "leak_pass")] and cmp.gate_failed
+    assert compare_runs(load_run(a), load_run(same)).security_b == []
+    assert compare_runs(load_run(b), load_run(a)).security_b == []  # failing in A, passing in B: fixed
+    res = tb("compare", str(a), str(b))
+    assert res.returncode == 1 and "SECURITY REGRESSION: leak_pass" in res.stdout, res.stdout + res.stderr
+    assert tb("compare", str(a), str(same)).returncode == 0
+    # key hygiene: no violation in A, one in B
+    c = make_run(tmp_path, "20260101-000003-tbdddd", {"fastvpn": (500, 15)}, n=3, seed=3, extra_label=False)
+    _add_leak_cases(c, "fastvpn", [1, 1, 1], violations=1)
+    assert compare_runs(load_run(a), load_run(c)).security_b == [("fastvpn", "", "", "key_hygiene")]
+
+
+def test_compare_gates_on_an_acl_that_stops_being_enforced(tmp_path):
+    a = make_run(tmp_path, "20260101-000000-tbaaaa", {"fastvpn": (500, 15)}, n=3, seed=1, extra_label=False)
+    b = make_run(tmp_path, "20260101-000001-tbbbbb", {"fastvpn": (500, 15)}, n=3, seed=2, extra_label=False)
+    _add_leak_cases(a, "fastvpn", [1, 1, 1], check="acl")
+    _add_leak_cases(b, "fastvpn", [1, 1, 0], check="acl")
+    assert compare_runs(load_run(a), load_run(b)).security_b == [
+        ("fastvpn", "baseline", "acl", "acl_enforced")
+    ]
+    assert compare_runs(load_run(a), load_run(a)).security_b == []

@@ -108,6 +108,7 @@ def test_option_defaults():
         "routines": 1,
         "cipher": "aes",
         "udp_socket_buffer": None,
+        "acl": "off",  # vpns/acl.py: no policy unless asked
     }
     assert Tinc.Options().model_dump() == {"mtu": None, "cipher": "blowfish", "digest": "sha1", "tinc_meta": "star",
                                            "udp_socket_buffer": None}  # fmt: skip
@@ -131,6 +132,7 @@ def test_nebula_routines_reach_the_config_and_settings(tmp_path):
         "routines": 4,
         "cipher": "aes",
         "udp_socket_buffer": 8_388_608,
+        "acl": "off",
     }
 
 

@@ -501,7 +501,14 @@ def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None) -> Path:
     bad = [c for c in cal["checks"] if c["ok"] is False and (c["quantity"] not in timing or not slack)]
     assert not bad, bad
     by_q = {c["quantity"]: c for c in cal["checks"]}
-    assert abs(by_q["one-way delay mean"]["measured"] - 5.0) < 0.5 + slack, by_q
+    delay = by_q["one-way delay mean"]
+    if slack:
+        # under TCG the emulated CPU stalls now and then (seen: mean 6.72 ms for 5 ms on a loaded host): the
+        # median shows the emulator's accuracy, the mean shows QEMU's (as tests/test_impair_lab.py)
+        p50 = float(delay["detail"].split("p50 ")[1].split(",")[0])
+        assert abs(p50 - 5.0) < 1.0, delay
+    else:
+        assert abs(delay["measured"] - 5.0) < 0.5, by_q
     rtt_base = json.loads(env["calibration.base"])["rtt_ms"]
     assert abs(by_q["ping RTT median"]["measured"] - rtt_base - 10) < 1 + slack, by_q
     db.close()

@@ -126,6 +126,11 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
     if not no_html:
         path = write_html(store, runner.run_id, summary, runner.run_dir / "report.html")
         err.print(f"report: {path}")
+    if runner.secrets.values:  # after the report: every output the run wrote is searched for its keys
+        from tunnelbench.security.keys import scan_line
+
+        line, style = scan_line(runner.scan_outputs())
+        console.print(Text(line, style=style))
     if code == 0 and res is not None and res.status != "ok":
         code = 1
     sys.exit(code)
@@ -646,7 +651,7 @@ def compare(run_a: str, run_b: str, results: Path, threshold: float, metrics: tu
     cmp = compare_runs(a, b, threshold, list(metrics) or None)
     if json_out:
         json_out.write_text(json.dumps(cmp.to_json(), indent=1) + "\n")
-    if not cmp.changes and not cmp.failed_b:
+    if not cmp.changes and not cmp.failed_b and not cmp.security_b:
         err.print(
             Text(
                 f"no matching (VPN, profile, workload, metric) between {a.run_id} and {b.run_id}", style="red"

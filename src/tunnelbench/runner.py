@@ -29,6 +29,7 @@ from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.monitor import Monitor
 from tunnelbench.scenario import Scenario
+from tunnelbench.security import keys
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.vpns import Mesh, MeshSpec
 from tunnelbench.vpns import resolve as resolve_driver
@@ -42,6 +43,10 @@ CASE_ERRORS = (Exception,)
 # a case whose engine used this much of its core (or dropped packets the profile did not ask for) ran at
 # the emulator's pace: its throughput is marked emulator-bound
 ENGINE_BOUND_CPU_PCT = 85.0
+
+
+# router drop counters (lab.offlab_drops) -> the environment key prefix of each VPN's share
+DROP_COUNTERS = {"offlab": "offlab_drops", "tunnel_leak": "tunnel_leak_drops"}
 
 
 def round_orders(vpns: list[str], rounds: int, seed: int) -> list[list[str]]:
@@ -97,7 +102,13 @@ class Runner:
         self.dead: set[str] = set()  # VPNs out of the run (unavailable, or never came up)
         self.seen: set[str] = set()  # VPNs whose mesh was tried at least once
         self.bringups: dict[str, int] = {}  # per VPN, how many times its mesh was brought up
+        self.drops: dict[str, dict[str, int]] = {}  # per VPN, the router's drops while its mesh was up
+        self.drops_before: dict[str, int] | None = None  # the router's counters when this session began
         self.drift: list[dict] = []
+        # key hygiene: per VPN its record (keys.<vpn>), and the secret values of every session, kept in memory
+        # until the outputs are scanned (scan_outputs): the report is written after run() returns
+        self.key_records: dict[str, dict] = {}
+        self.secrets = keys.Secrets()
         self.tuning_now: str | None = None  # the tuning applied in the hosts now; None = their own values
         self.tuning_saved: dict = {}
         self.tunings_recorded: set[str] = set()
@@ -190,6 +201,8 @@ class Runner:
         if self.mesh is not None:
             with contextlib.suppress(Exception):
                 self.mesh.stop()
+                self._keys_teardown(self.mesh.vpn, self.mesh.driver)
+                self._attribute_drops(self.mesh.vpn)  # a session cut short (interrupted) keeps its share
         if self.backend is not None:
             with contextlib.suppress(Exception):
                 self.backend.clear()
@@ -500,6 +513,7 @@ class Runner:
             description=f"{vpn}: bringing the mesh up" + (f" (round {reps[0]})" if len(reps) == 1 else ""),
         )
         t0 = time.monotonic()
+        self.drops_before = self._router_drops()
         try:
             driver = cls(spec)
             mesh = Mesh(driver)
@@ -540,6 +554,7 @@ class Runner:
                 f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s"
             )
             self._tax_check(vpn, mesh)
+            self._key_check(vpn, driver)
         try:
             for profile, tuning, label in conds:
                 wls = [wl for wl in self.workloads if only is None or (label, wl.label()) in only]
@@ -636,6 +651,8 @@ class Runner:
         t0 = time.monotonic()
         mesh.stop()
         self.mesh = None
+        self._attribute_drops(vpn)  # before a rebuild below: a new lab's counters start again at 0
+        self._keys_teardown(vpn, mesh.driver)
         left = mesh.leftovers()
         if left:
             # never let the next VPN start on a dirty host set: rebuild the lab from scratch
@@ -646,6 +663,67 @@ class Runner:
             self.lab.build()
             self.lab.wait_links()
         self._phase(vpn, "teardown", time.monotonic() - t0)
+
+    def _key_check(self, vpn: str, driver: VpnDriver) -> None:
+        """Once per VPN while its mesh is up: its secret files' mode, owner and place (keys.<vpn>)."""
+        t0 = time.monotonic()
+        try:
+            rec = keys.check(driver, self.run_dir)
+        except CASE_ERRORS as e:
+            rec = {"error": str(e), "files_checked": 0, "violations": []}
+        self.key_records[vpn] = {**rec, "removed": [], "kept": self.sc.run.keep_keys}
+        self.store.set_env(self.run_id, {f"keys.{vpn}": self.key_records[vpn]})
+        self._phase(vpn, "key_check", time.monotonic() - t0)
+        for v in rec["violations"]:
+            self._say(f"{vpn}: key hygiene: {v['path']}: {v['why']}", "red")
+
+    def _keys_teardown(self, vpn: str, driver: VpnDriver) -> None:
+        """After every session's stop (processes gone): its secret values into memory, its secret files removed
+        unless keep_keys. Each session has its own folders, so a later session of the VPN is not touched."""
+        try:
+            removed = keys.collect_and_remove(driver, self.secrets, self.sc.run.keep_keys, self.run_dir)
+        except CASE_ERRORS as e:
+            self._say(f"{vpn}: removing its keys failed: {e}", "red")
+            return
+        rec = self.key_records.setdefault(vpn, {"files_checked": 0, "violations": [], "removed": [],
+                                                "kept": self.sc.run.keep_keys})  # fmt: skip
+        rec["removed"] = [*rec.get("removed", []), *removed]
+        self.store.set_env(self.run_id, {f"keys.{vpn}": rec})
+
+    def scan_outputs(self) -> dict:
+        """After the report is written: search it, the store and the exports for every secret value of the run,
+        and store the result (`keys.scan`: outputs, counts, offsets; never a value). The report is not rewritten
+        with this result (a rewrite would need a rescan); `tunnelbench report` shows it later."""
+        from tunnelbench.store import DB_NAME, Store
+
+        result = keys.scan_outputs(self.run_dir, self.run_id, self.secrets.all())
+        st = Store(self.run_dir / DB_NAME)
+        try:
+            st.set_env(self.run_id, {"keys.scan": result})
+        finally:
+            st.close()
+        return result
+
+    def _router_drops(self) -> dict[str, int]:
+        """The router's drop counters: `offlab` (addressed outside the lab), `tunnel_leak` (to a tunnel range,
+        unencapsulated); -1 where the lab does not count one (an SSH lab has no `offlab`)."""
+        assert self.lab is not None
+        return {c: self.lab.offlab_drops(c) for c in DROP_COUNTERS}
+
+    def _attribute_drops(self, vpn: str) -> None:
+        """Give the router's drops since this session began to the VPN (its mesh was the only one up, from
+        before its start to after its stop): `offlab_drops.<vpn>`, `tunnel_leak_drops.<vpn>`, summed over its
+        sessions, so the shares add up to the run's total (`router.offlab_drops`)."""
+        before, self.drops_before = self.drops_before, None
+        if before is None:
+            return
+        now = self._router_drops()
+        share = self.drops.setdefault(vpn, {})
+        for counter, key in DROP_COUNTERS.items():
+            if before[counter] >= 0 and now[counter] >= 0:
+                share[key] = share.get(key, 0) + now[counter] - before[counter]
+        if share:
+            self.store.set_env(self.run_id, {f"{key}.{vpn}": n for key, n in share.items()})
 
     def _keep_logs(self, driver: VpnDriver, dest: Path) -> None:
         dest.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,11 @@ class RunCfg(Strict):
     target_ci_pct: float = Field(
         5.0, gt=0, le=100, description="adaptive repetitions: CI half-width goal, % of the mean"
     )
+    keep_keys: bool = Field(
+        False,
+        description="keep each VPN's private keys and the configs holding them in the run folder after its mesh "
+        "stops (default: removed at teardown; the key-hygiene check records what was removed)",
+    )
     order: Literal["interleaved", "block"] = Field(
         "interleaved",
         description="interleaved = repetition r of every (VPN, profile) before repetition r+1 of any, VPN order "

@@ -13,6 +13,7 @@ So a flag means "we are confident B is worse than A by more than the threshold",
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,10 @@ from tunnelbench.analysis.analyze import RATIO_UNITS, RunData, is_headline, metr
 from tunnelbench.analysis.stats import ALPHA, cliffs_delta, holm, mann_whitney, min_attainable_p, ratio_ci
 
 DEFAULT_THRESHOLD_PCT = 10.0
+# pass/fail security checks (metric -> its passing value): no distribution to test, a pass in A that fails in B
+# is a regression whatever the sample sizes
+# (revocation is not here: a "still reachable" case fails, and a group that fails in B gates as failed_b)
+SECURITY_CHECKS = {"leak_pass": 1.0, "acl_enforced": 1.0}
 
 
 @dataclass
@@ -66,10 +71,12 @@ class Comparison:
     underpowered: list[str]  # metrics whose family cannot reach significance with these sample sizes
     # groups measured in A that B ran but never completed (every attempt failed): the release broke them
     failed_b: list[tuple[str, str, str]] = field(default_factory=list)
+    # security checks that passed in A and fail in B: (vpn, profile, label, check); key hygiene is per VPN
+    security_b: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     @property
     def gate_failed(self) -> bool:
-        return bool(self.regressions or self.failed_b)
+        return bool(self.regressions or self.failed_b or self.security_b)
 
     @property
     def regressions(self) -> list[Change]:
@@ -81,7 +88,8 @@ class Comparison:
                 "changes": [c.to_json() for c in self.changes],
                 "only_a": [list(k) for k in self.only_a], "only_b": [list(k) for k in self.only_b],
                 "underpowered": self.underpowered,
-                "failed_b": [list(k) for k in self.failed_b]}  # fmt: skip
+                "failed_b": [list(k) for k in self.failed_b],
+                "security_b": [list(k) for k in self.security_b]}  # fmt: skip
 
 
 def _samples(run: RunData) -> tuple[dict[tuple[str, str, str, str], list[float]], dict[str, tuple[str, str]]]:
@@ -144,7 +152,36 @@ def compare_runs(a: RunData, b: RunData, threshold_pct: float = DEFAULT_THRESHOL
     ran_b = {(c.vpn, c.profile, c.label) for c in b.cases if c.status in ("ok", "failed")}
     failed_b = sorted(k for k in ga - gb if k in ran_b)
     return Comparison(a.run_id, b.run_id, threshold_pct, changes, sorted(ga - gb - set(failed_b)),
-                      sorted(gb - ga), underpowered, failed_b)  # fmt: skip
+                      sorted(gb - ga), underpowered, failed_b, _security_b(a, b, sa, sb, vpn_map))  # fmt: skip
+
+
+def _security_b(a: RunData, b: RunData, sa: dict, sb: dict, vpn_map: dict[str, str] | None) -> list:
+    """Pass/fail checks that passed in A (every repetition) and fail in B (any repetition): the leak check per
+    group, and key hygiene per VPN (no violation in A, some in B)."""
+    out = []
+    for k, xb in sb.items():
+        good = SECURITY_CHECKS.get(k[3])
+        xa = sa.get(k)
+        if good is not None and xa and all(x == good for x in xa) and any(x != good for x in xb):
+            out.append(k)
+    rename = vpn_map or {}
+    hyg_a = {rename.get(v, v): n for v, n in _key_violations(a).items()}
+    for vpn, n in _key_violations(b).items():
+        if n and hyg_a.get(vpn) == 0:
+            out.append((vpn, "", "", "key_hygiene"))
+    return sorted(out)
+
+
+def _key_violations(run: RunData) -> dict[str, int]:
+    """Per VPN, the key-hygiene violations its run recorded (environment keys.<vpn>)."""
+    out = {}
+    for k, v in run.env.items():
+        if k.startswith("keys.") and k != "keys.scan":
+            try:
+                out[k.removeprefix("keys.")] = len(json.loads(v).get("violations", []))
+            except (ValueError, AttributeError):
+                continue
+    return out
 
 
 def _verdict(c: Change, thr: float) -> str:

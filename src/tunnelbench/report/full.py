@@ -17,6 +17,8 @@ from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.report import plots
 from tunnelbench.report.fmt import num
+from tunnelbench.report.security import COLUMNS as SECURITY_COLUMNS
+from tunnelbench.report.security import key_scan, security_rows
 
 LOG_TAIL_LINES = 25
 MAX_LOG_FILES = 6
@@ -277,6 +279,7 @@ def build_context(a: Analysis) -> dict:
     n_min = min((g.desc.n for g in a.groups.values() if g.desc), default=0)
     return {
         "title": "tunnelbench " + (a.runs[0].run_id if len(a.runs) == 1 else f"{len(a.runs)} runs combined"),
+        "security": _security(a), "security_columns": SECURITY_COLUMNS,
         "runs": runs, "variants": a.variants, "profiles": a.profiles, "by_profile": dict(by_profile),
         "any_underpowered": any(f["underpowered"] for f in overview), "alpha": ALPHA, "n_min": n_min,
         "heatmaps": heatmaps, "scatter": scatter, "cdfs": cdfs, "tseries": tseries, "cpu": cpu,
@@ -287,6 +290,20 @@ def build_context(a: Analysis) -> dict:
 
 
 # -- HTML and Markdown -------------------------------------------------------------------------------------
+def _security(a: Analysis) -> list[dict]:
+    """Each run's Security rows (VPN named as its variant) and output key scan; runs without any check left out."""
+    out = []
+    for r in a.runs:
+        rows = [
+            {**row, "variant": a.variant_of.get((r.run_id, row["vpn"]), row["vpn"])}
+            for row in security_rows(r)
+        ]
+        scan = key_scan(r)
+        if rows or scan:
+            out.append({"run": r.run_id, "rows": rows, "scan": scan})
+    return out
+
+
 def render_report(a: Analysis) -> str:
     env = Environment(loader=PackageLoader("tunnelbench", "report/templates"), autoescape=select_autoescape())
     return env.get_template("report.html").render(**build_context(a))
@@ -349,6 +366,14 @@ def render_markdown(a: Analysis) -> str:
                 + (f" (seed {r.env['run.seed']})" if r.env.get("run.seed") else ""),
             ]
             lines += [f"- {x.strip()}" for x in facts]
+    for sec in _security(a):
+        lines += ["", f"### Security (run `{sec['run']}`)", "",
+                  "| VPN | version | " + " | ".join(SECURITY_COLUMNS) + " |", "|---|---|" + "---|" * len(SECURITY_COLUMNS)]  # fmt: skip
+        for row in sec["rows"]:
+            cells = [f"{v} ({e})" if e else v for v, e in row["cells"].values()]
+            lines.append(f"| {row['variant']} | {row['version']} | " + " | ".join(cells) + " |")
+        if sec["scan"]:
+            lines += ["", f"Key scan: {sec['scan'][0]}"]
     fails = [(r, c) for r in a.runs for c in r.cases if c.status not in ("ok", "running")]
     if fails:
         lines += ["", f"{len(fails)} case(s) failed or were skipped:"]

@@ -96,11 +96,44 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
     for line in facts_lines(emulator_facts(env, [dict(m) for m in store.metrics(run_id)])):
         style = "yellow" if ("(>10%)" in line or "emulator-bound" in line or "failed" in line) else ""
         console.print(Text(line, style=style))
+    print_security(store, run_id, console)
     drops = env.get("router.offlab_drops")
-    if drops not in (None, "0"):
-        console.print(
-            f"[yellow]router dropped {drops} packet(s) addressed outside the lab (VPNs probing the internet)[/]"
-        )
+    if drops not in (None, "0", "-1"):
+        per = ", ".join(f"{vpn} {n}" for vpn, n in drop_shares(env, "offlab_drops").items() if n)
+        console.print(Text(f"router dropped {drops} packet(s) addressed outside the lab (VPNs probing the "
+                           f"internet){'; per VPN: ' + per if per else ''}", style="yellow"))  # fmt: skip
+
+
+def print_security(store: Store, run_id: str, console: Console) -> None:
+    """The Security table (one row per VPN, one column per check) and the key-scan line, when the run has any."""
+    from tunnelbench.analysis.analyze import load_run
+    from tunnelbench.report.security import COLUMNS, key_scan, security_rows
+
+    run = load_run(store.path.parent, run_id)
+    try:
+        rows, scan = security_rows(run), key_scan(run)
+    finally:
+        run.store.close()
+    if rows:
+        t = Table(title="security", title_justify="left")
+        for col in ("VPN", "version", *COLUMNS):
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            cells = []
+            for col, (verdict, evidence) in r["cells"].items():
+                style = {"ok": "green", "bad": "red"}.get(r["tones"][col], "dim")
+                cells.append(
+                    Text(verdict, style=style) + (Text(f"\n{evidence}", style="dim") if evidence else "")
+                )
+            t.add_row(r["vpn"], r["version"], *cells)
+        console.print(t)
+    if scan:
+        console.print(Text(f"key scan: {scan[0]}", style="green" if scan[1] else "bold red"))
+
+
+def drop_shares(env: dict[str, str], key: str) -> dict[str, int]:
+    """Each VPN's share of a router drop counter (`offlab_drops.<vpn>`: while its mesh was up)."""
+    return {k.removeprefix(f"{key}."): int(v) for k, v in sorted(env.items()) if k.startswith(f"{key}.")}
 
 
 def print_comparison(cmp, console: Console, show_all: bool = False) -> None:
@@ -149,10 +182,13 @@ def print_comparison(cmp, console: Console, show_all: bool = False) -> None:
         console.print(
             f"[bold red]FAILED in B: {' · '.join(k)} was measured in A; every attempt in B failed[/]"
         )
+    for vpn, profile, label, check in cmp.security_b:
+        where = " · ".join(x for x in (vpn, profile, label) if x)
+        console.print(f"[bold red]SECURITY REGRESSION: {check} passed in A and fails in B ({where})[/]")
     n = len(cmp.regressions)
     if cmp.failed_b:
         console.print(f"[bold red]{len(cmp.failed_b)} case group(s) broken in B[/]")
     if n:
         console.print(f"[bold red]{n} significant regression(s) beyond {cmp.threshold_pct:g}%[/]")
-    elif not cmp.failed_b:
+    elif not cmp.failed_b and not cmp.security_b:
         console.print(f"[green]no significant regression beyond {cmp.threshold_pct:g}%[/]")

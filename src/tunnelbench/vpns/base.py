@@ -6,6 +6,7 @@ hands the mesh (hosts + tunnel addresses) to workloads."""
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import functools
 import os
 import platform
@@ -113,6 +114,8 @@ def option_problems(model: type[DriverOptions], data: Any, vpn: str) -> list[str
             if err["type"] == "extra_forbidden":
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
+                if key == "acl":  # vpns/acl.py: only drivers with acl_support declare it
+                    hint = f" ({vpn} has no access control in this lab: acl is not supported)"
                 out.append(f"{key}: unknown option{hint}; allowed: "
                            + (", ".join(allowed) if allowed else f"none ({vpn} has no options)"))  # fmt: skip
             else:
@@ -147,6 +150,14 @@ def _type_name(ann: Any, metadata: list) -> str:
     return f"{name} >= {lo}" if lo is not None else f"{name} <= {hi}" if hi is not None else name
 
 
+# names (fnmatch, case-insensitive) of files that hold a secret, in every driver's host folders: private keys
+# (WireGuard private.key, nebula/openvpn/openconnect host.key and ca.key, tinc rsa_key.priv, n2n community.key,
+# fastd secret.key.conf, tailscale/headscale *.key, authkey and tailscaled.state, macsec-keys.batch) and
+# innernet's invite.toml (it carries the peer's WireGuard private key). Public halves never match
+SECRET_PATTERNS = ("*.key", "*key*", "*.priv", "*secret*", "*private*", "*.state", "invite*.toml", "*psk*")
+PUBLIC_PATTERNS = ("*.pub", "*pub*", "*.crt", "*.csr", "*.log")
+
+
 # set while availability() asks a remote host for a driver's version: _first_line runs there
 _VERSION_HOST: ContextVar[Host | None] = ContextVar("_VERSION_HOST", default=None)
 
@@ -173,6 +184,9 @@ class VpnDriver(ABC):
     # seconds the tunnel needs after every pair answers before it runs at full speed (e.g. tinc's PMTU
     # discovery sends large packets over its TCP meta connection for ~5 s); the runner waits this out
     settle_s: ClassVar[float] = 0.0
+    # revocation (issue 14 item 4): the operator action revoke() takes to cut one host off, for the feature
+    # matrix; None = not implemented (the revoke workload reports the VPN as not supported)
+    revocation: ClassVar[str | None] = None
     # tunnel addresses: host i (1-based) gets TUNNEL_NET.i; above 253 hosts the net widens to a /16
     # (10.77.0.0/16, host i at 10.77.((i-1)//254).((i-1)%254+1): the first 254 keep their addresses)
     tunnel_prefix: ClassVar[str] = "10.77.0"
@@ -184,6 +198,9 @@ class VpnDriver(ABC):
     kernel_features: ClassVar[tuple[str, ...]] = ()
     # the driver's tunables (vpn_options.<name>), validated at scenario load and here; default: none
     Options: ClassVar[type[DriverOptions]] = DriverOptions
+    # file names beyond SECRET_PATTERNS that hold a secret: configs that embed a key, password or PSK
+    secret_patterns: ClassVar[tuple[str, ...]] = ()
+    acl_support: ClassVar[bool] = False  # vpn_options.<vpn>.acl (vpns/acl.py); False: "not supported"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -394,6 +411,35 @@ class VpnDriver(ABC):
             made.add((host.name, d))
         return d
 
+    def host_dirs(self) -> list[tuple[Host, Path]]:
+        """This session's folder of every host that has one (the mesh's hosts and a relay/infrastructure
+        host), without creating any."""
+        hosts = [*self.spec.hosts, *([self.spec.relay] if self.spec.relay is not None else [])]
+        out, seen = [], set()
+        for h in hosts:
+            d = h.workdir / (self.dirname() + (f"-{self.spec.session}" if self.spec.session else ""))
+            if h.name not in seen and h.exists(d):
+                seen.add(h.name)
+                out.append((h, d))
+        return out
+
+    def secret_files(self, host: Host) -> list[Path]:
+        """The files of this session on `host` holding a private key or a shared secret (or a config that
+        embeds one): SECRET_PATTERNS and the driver's `secret_patterns`, never a public half."""
+        pats = (*SECRET_PATTERNS, *self.secret_patterns)
+        out: list[Path] = []
+        for h, d in self.host_dirs():
+            if h is not host:
+                continue
+            found = host.run(["find", str(d), "(", "-type", "f", "-o", "-type", "l", ")"], check=False)
+            for line in found.stdout.splitlines():
+                name = Path(line).name.lower()
+                if any(fnmatch.fnmatch(name, p) for p in pats) and not any(
+                    fnmatch.fnmatch(name, p) for p in PUBLIC_PATTERNS if p not in self.secret_patterns
+                ):
+                    out.append(Path(line))
+        return sorted(out)
+
     def ifname(self, host: Host) -> str:
         """Tunnel interface name, unique on the whole machine (some VPNs keep sockets per name in /var/run)."""
         return f"{self.spec.tag}v{self.index(host)}"
@@ -413,6 +459,11 @@ class VpnDriver(ABC):
         self.stopped[host.name] += self.procs[host.name]
         self.procs[host.name] = []
         self.after_stop(host)
+
+    def revoke(self, host: Host) -> str:
+        """Cut `host` off the running mesh the way the VPN's operator would (`revocation`), leaving its
+        daemons running; returns what was done. Restarting the mesh (stop, start every host) undoes it."""
+        raise NotImplementedError(f"{self.name}: revocation not supported")
 
     def after_stop(self, host: Host) -> None:  # noqa: B027 (optional hook)
         """Remove what the daemon leaves behind on exit (sockets, interfaces)."""

@@ -32,6 +32,7 @@ class EasyTier(VpnDriver):
     # encryption (it subtracts them from whatever `flags.mtu` says, so the driver sets the MTU itself)
     default_mtu = 1360
     Options = TunnelOptions  # vpn_options: mtu
+    secret_patterns = ("easytier.toml",)  # holds the network secret
     paths = frozenset({"direct", "relay", "nat"})
 
     def __init__(self, spec):

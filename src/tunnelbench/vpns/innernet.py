@@ -40,6 +40,8 @@ class Innernet(VpnDriver):
     Options = TunnelOptions  # vpn_options: mtu
     settle_s = 1.0
     paths = frozenset({"direct"})
+    # the WireGuard private key lives in the interface config innernet writes (etc/<network>.conf)
+    secret_patterns = ("*.conf",)
     paths_why = {"relay": "innernet has no relay: peers need direct UDP to each other",
                  "nat": "not probed here yet: NAT traversal needs the server to learn endpoints (innernet >= 1.5)"}  # fmt: skip
 

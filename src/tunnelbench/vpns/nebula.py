@@ -12,20 +12,34 @@ address, so all tunnels are direct (a real full mesh: the lighthouse relays noth
 all traffic by default: the config allows any inbound/outbound so the firewall does not skew results
 (its conntrack still runs, as in every real deployment).
 
+ACL (vpn_options.nebula.acl, vpns/acl.py): each certificate carries its policy role as a group (`nebula-cert sign
+-groups tb-client|tb-server|tb-isolated`); under "isolate" only the server's `firewall.inbound` has a rule
+(from group tb-client, any port and proto), so the client gets replies through conntrack and the isolated
+hosts are dropped everywhere; the test-only control keeps the groups and allows any inbound.
+
 PKI: the CA lives on host 1 (ca.key 0600). Each host makes its own key pair with `nebula-cert keygen`
 (the private key never leaves its host); host 1 signs the public key with the host's 10.77.0.i/24.
 Nebula assigns the address from the certificate and the MTU from the config to the tun device itself.
-The config is written as JSON, which is valid YAML."""
+The config is written as JSON, which is valid YAML.
+
+Revocation: the operator puts the revoked host's certificate fingerprint (`nebula-cert print -json`) into
+`pki.blocklist` of every other host and sends their nebula a SIGHUP. The reload rebuilds the CA pool with the
+blocklist (pki.go reloadCAPool); the connection manager re-verifies each tunnel's remote certificate on its
+traffic check (`timers.connection_alive_interval`, 5 s) and closes one that is blocklisted, and handshakes
+with that certificate are refused from then on. Configs are rendered at start; a start of the whole mesh (no
+nebula running anywhere) forgets the blocklist, so the revoked host rejoins."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.acl import NOT_APPLIED, OFF, AclMode, acl_option, acl_policy, may_open
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
 from tunnelbench.vpns.install import Apt, GoModule
 
@@ -46,6 +60,8 @@ class Nebula(VpnDriver):
     # relay / nat paths: the relay host is lighthouse and relay (am_relay); the others use it as their
     # relay when no direct tunnel can be made (UDP blocked, or NATs that do not punch)
     paths = frozenset({"direct", "relay", "nat"})
+    acl_support = True
+    revocation = "certificate fingerprint into `pki.blocklist` on every other host, then SIGHUP their nebula"
 
     class Options(TunnelOptions):
         routines: int = Field(1, ge=1, le=256, description="top-level `routines`: tun/UDP reader pairs "
@@ -57,6 +73,7 @@ class Nebula(VpnDriver):
             "listen.read_buffer and listen.write_buffer (set with SO_RCVBUFFORCE/SO_SNDBUFFORCE, "
             "so net.core.rmem_max/wmem_max do not cap them)"
         )
+        acl: AclMode = acl_option()
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -72,6 +89,21 @@ class Nebula(VpnDriver):
             "routines": self.options.routines,
             "udp_socket_buffer": self.options.udp_socket_buffer or "OS default",
         }
+        self.blocked: dict[str, str] = {}  # revoked host name -> its certificate fingerprint
+        acl = self.options.acl
+        self.acl = None if acl == OFF else acl_policy(spec, acl)
+        if self.acl is not None:
+            self.settings["firewall"] = (
+                "inbound on the server only from group tb-client (any port/proto), none elsewhere; conntrack "
+                "passes replies"
+                if self.acl.enforced
+                else "allow any in/out (groups in the certificates: "
+                f"{NOT_APPLIED}, the policy is not enforced)"
+            )
+            self.settings["acl"] = self.acl.record("certificate groups tb-<role> + firewall.inbound")
+
+    def peers(self, host: Host) -> list[Host]:
+        return may_open(self.acl, host, super().peers(host))
 
     @classmethod
     def version(cls) -> str:
@@ -110,11 +142,21 @@ class Nebula(VpnDriver):
             signer.write_file(pub_at_ca, h.read_file(d / "host.pub"), 0o644)
             crt_at_ca = ca / f"{h.name}.crt"
             signer.run([cert, "sign", "-ca-crt", str(ca / "ca.crt"), "-ca-key", str(ca / "ca.key"),
-                        "-name", h.name, ip_flag, f"{self.tunnel_ip(h)}/{self.tunnel_prefixlen}",
+                        "-name", h.name, ip_flag, f"{self.tunnel_ip(h)}/{self.tunnel_prefixlen}", *self._groups(h),
                         "-in-pub", str(pub_at_ca), "-out-crt", str(crt_at_ca)])  # fmt: skip
             h.write_file(d / "host.crt", signer.read_file(crt_at_ca), 0o600)
             h.write_file(d / "ca.crt", ca_crt, 0o644)
-            h.write_file(self._config_path(h), json.dumps(self._config(h), indent=2) + "\n", 0o600)
+            self._write_config(h)
+
+    def _groups(self, host: Host) -> list[str]:
+        return ["-groups", f"tb-{self.acl.role(host)}"] if self.acl is not None else []
+
+    def _inbound(self, host: Host) -> list[dict]:
+        """firewall.inbound: any without an enforced policy; the server admits the client's group only, and every
+        other host admits nothing (replies to its own flows pass through conntrack, not a rule)."""
+        if self.acl is None or not self.acl.enforced:
+            return [{"port": "any", "proto": "any", "host": "any"}]
+        return [{"port": "any", "proto": "any", "group": "tb-client"}] if host is self.acl.server else []
 
     def _config(self, host: Host) -> dict:
         d = self.host_dir(host)
@@ -122,11 +164,18 @@ class Nebula(VpnDriver):
         lighthouse = self.spec.relay if relayed else self.spec.hosts[0]
         am_lighthouse = host is lighthouse
         anyrule = [{"port": "any", "proto": "any", "host": "any"}]
+        blocklist = [fp for name, fp in self.blocked.items() if name != host.name]
         listen: dict = {"host": "0.0.0.0", "port": LISTEN_PORT}
         if self.options.udp_socket_buffer:
             listen["read_buffer"] = listen["write_buffer"] = self.options.udp_socket_buffer
         return {
-            "pki": {"ca": str(d / "ca.crt"), "cert": str(d / "host.crt"), "key": str(d / "host.key")},
+            "pki": {
+                "ca": str(d / "ca.crt"),
+                "cert": str(d / "host.crt"),
+                "key": str(d / "host.key"),
+                # only while a host is revoked: the config stays as before otherwise
+                **({"blocklist": blocklist} if blocklist else {}),
+            },
             "static_host_map": {
                 self.tunnel_ip(p): [f"{p.public_ip}:{LISTEN_PORT}"]
                 for p in self.spec.hosts
@@ -158,13 +207,39 @@ class Nebula(VpnDriver):
             "firewall": {
                 "conntrack": {"tcp_timeout": "12m", "udp_timeout": "3m", "default_timeout": "10m"},
                 "outbound": anyrule,
-                "inbound": anyrule,
+                "inbound": self._inbound(host),
             },
         }
+
+    def _write_config(self, host: Host) -> None:
+        host.write_file(self._config_path(host), json.dumps(self._config(host), indent=2) + "\n", 0o600)
+
+    # -- revocation --------------------------------------------------------------------------------
+    def fingerprint(self, host: Host) -> str:
+        crt = self.host_dir(host) / "host.crt"
+        certs = json.loads(host.run([self.bin("nebula-cert"), "print", "-json", "-path", str(crt)]).stdout)
+        return (certs[0] if isinstance(certs, list) else certs)["fingerprint"]  # 1.11 prints a list
+
+    def revoke(self, host: Host) -> str:
+        """Blocklist the host's certificate on every other host and SIGHUP their nebula: the reload takes the new
+        blocklist, and the next tunnel check closes the tunnel to it. Its own nebula keeps running."""
+        self.blocked[host.name] = fp = self.fingerprint(host)
+        others = [h for h in self.spec.hosts if h is not host]
+        for h in others:
+            self._write_config(h)
+            daemons = [p for p in self.procs[h.name] if p.label == "nebula" and p.alive()]
+            if not daemons:
+                raise RuntimeError(f"{self.name}: no running nebula on {h.name} to reload")
+            for p in daemons:  # only the daemon we started, by its PID
+                h.signal(p.pid, signal.SIGHUP)
+        return f"pki.blocklist += {fp} ({host.name}), SIGHUP on {', '.join(h.name for h in others)}"
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self, host: Host) -> None:
         d = self.host_dir(host)
+        if not any(self.procs[h.name] for h in self.spec.hosts):
+            self.blocked.clear()  # a start of the whole mesh: a revoked host is welcome again
+        self._write_config(host)
         proc = host.spawn([self.bin("nebula"), "-config", str(self._config_path(host))], label="nebula",
                           log_path=d / "daemon.log")  # fmt: skip
         self.procs[host.name].append(proc)

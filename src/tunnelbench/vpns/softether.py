@@ -41,6 +41,7 @@ class SoftEther(VpnDriver):
     installs = (Apt(("softether-vpnserver", "softether-vpnclient", "softether-vpncmd")),)
     default_mtu = 1500  # the tap devices' default; SoftEther fragments inside its TLS stream
     Options = TunnelOptions  # vpn_options: mtu
+    secret_patterns = ("*.cmds",)  # vpncmd scripts hold the account passwords
     settle_s = 2.0
     paths = frozenset({"direct", "relay", "nat"})
 

@@ -51,6 +51,7 @@ class StrongSwan(VpnDriver):
             )
         ),
     )
+    secret_patterns = ("swanctl.conf",)  # its secrets section holds the PSKs
     default_mtu = 1400  # kernel-libipsec's tun device MTU (charon.plugins.kernel-libipsec.mtu default)
     paths = frozenset({"direct"})
     paths_why = {

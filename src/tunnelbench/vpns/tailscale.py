@@ -19,7 +19,16 @@ A new node takes ~7 s to its first direct ping (the first disco handshake is ret
 
 Paths: direct (peers find each other's underlay endpoints); relay (UDP blocked between peers: all
 their traffic goes over DERP on the infrastructure host, TCP 8443); nat (peers behind their own NATs
-learn their public endpoints by STUN and punch through; DERP carries traffic until then)."""
+learn their public endpoints by STUN and punch through; DERP carries traffic until then).
+
+ACL (vpn_options.tailscale.acl, vpns/acl.py): a Headscale policy file (`policy.mode: file`, `policy.path`)
+written before Headscale starts. Each host joins with a reusable pre-auth key tagged with its policy role
+(`preauthkeys create --tags tag:tb-client|tb-server|tb-isolated`): tags are fixed before a node exists and
+survive a rejoin, where tailnet IPs (a "hosts" alias) depend on join order and change when a revoked node
+comes back. Under "isolate" the only rule is tag:tb-client -> tag:tb-server:* (TCP, UDP, ICMP); tailscaled's
+own packet filter enforces it (the netfilter mode does not matter) and Headscale does not even send the
+isolated host its peers. The test-only control keeps the tags and accepts * -> *:*. The control server is
+reached over the underlay, never the tailnet, so no host is exempt."""
 
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ import re
 from pathlib import Path
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.acl import OFF, AclMode, AclPolicy, acl_option, acl_policy, may_open
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import GoModule
 
@@ -49,15 +59,21 @@ class Tailscale(VpnDriver):
     binaries = ("tailscaled", "tailscale", "derper", "headscale")
     installs = (TS, HS)
     default_mtu = 1280  # tailscaled's tun MTU
-    Options = TunnelOptions  # vpn_options: mtu
+
+    class Options(TunnelOptions):
+        acl: AclMode = acl_option()
+
     settle_s = 1.0
     paths = frozenset({"direct", "relay", "nat"})
+    revocation = "`headscale nodes delete -i <id>` on the control server"
+    acl_support = True
 
     def __init__(self, spec):
         super().__init__(spec)
         self.infra = spec.relay or spec.hosts[-1]
         self.addrs: dict[str, str] = {}
         self.certname: str | None = None
+        self.revoked: set[str] = set()  # hosts whose node was deleted: they rejoin as a new node
         self.settings = {
             "mode": "full mesh of WireGuard peers, control by Headscale, DERP relay on the infrastructure host",
             "infrastructure_host": self.infra.name,
@@ -68,6 +84,33 @@ class Tailscale(VpnDriver):
             "tailnet": "100.64.0.0/10",
             "port": TS_PORT,
         }
+        acl = self.options.acl
+        self.acl: AclPolicy | None = None if acl == OFF else acl_policy(spec, acl)
+        if self.acl is not None:
+            self.settings["acl"] = self.acl.record(
+                "Headscale policy file: tagged pre-auth keys (tag:tb-<role>), acls tag:tb-client -> tag:tb-server:*"
+                if self.acl.enforced
+                else "Headscale policy file: tagged pre-auth keys (tag:tb-<role>), acls * -> *:* (not enforced)"
+            )
+
+    def peers(self, host: Host) -> list[Host]:
+        return may_open(self.acl, host, super().peers(host))
+
+    def _tag(self, host: Host) -> str:
+        assert self.acl is not None
+        return f"tag:tb-{self.acl.role(host)}"
+
+    def _policy(self) -> dict:
+        """Headscale's policy (HuJSON; plain JSON is valid). The tags have no owners: only the admin (the
+        CLI making the tagged pre-auth keys) may assign them, and no node can advertise them itself."""
+        assert self.acl is not None
+        tags = {f"tag:tb-{role}": [] for role in ("client", "server", "isolated")}
+        rule = (
+            {"action": "accept", "src": ["tag:tb-client"], "dst": ["tag:tb-server:*"]}
+            if self.acl.enforced
+            else {"action": "accept", "src": ["*"], "dst": ["*:*"]}
+        )
+        return {"tagOwners": tags, "acls": [rule]}
 
     @classmethod
     def version(cls) -> str:
@@ -129,6 +172,9 @@ class Tailscale(VpnDriver):
             },  # fmt: skip
             "policy": {"mode": "file", "path": ""},
         }
+        if self.acl is not None:
+            self.infra.write_file(d / "policy.json", json.dumps(self._policy(), indent=2) + "\n", 0o600)
+            hs["policy"] = {"mode": "file", "path": str(d / "policy.json")}
         self.infra.write_file(d / "headscale.yaml", json.dumps(hs, indent=2) + "\n", 0o600)
 
     def _derp_map(self) -> str:
@@ -184,18 +230,44 @@ class Tailscale(VpnDriver):
             h.run([*hsctl, "users", "create", "tunnelbench"])
             users = json.loads(h.run([*hsctl, "users", "list", "-o", "json"]).stdout)
         uid = next(str(u["id"]) for u in users if u["name"] == "tunnelbench")
-        out = h.run(
-            [*hsctl, "preauthkeys", "create", "-u", uid, "--reusable", "-e", "2h", "-o", "json"]
-        ).stdout
-        key = json.loads(out)["key"]
+        keys: dict[str, str] = {}  # owner (user id or tag) -> key
         for host in self.spec.hosts:
-            host.write_file(self.host_dir(host) / "authkey", key + "\n", 0o600)
+            # under a policy each role gets its own tagged key (a tagged node belongs to no user)
+            owner = ["--tags", self._tag(host)] if self.acl is not None else ["-u", uid]
+            if owner[1] not in keys:
+                out = h.run(
+                    [*hsctl, "preauthkeys", "create", *owner, "--reusable", "-e", "2h", "-o", "json"]
+                ).stdout
+                keys[owner[1]] = json.loads(out)["key"]
+            host.write_file(self.host_dir(host) / "authkey", keys[owner[1]] + "\n", 0o600)
+
+    # -- revocation --------------------------------------------------------------------------------
+    def _hsctl(self) -> list[str]:
+        return [self.bin("headscale"), "-c", str(self._infra_dir() / "headscale.yaml"), "--force"]
+
+    def revoke(self, host: Host) -> str:
+        """Delete the host's node on Headscale, what an operator does to remove a machine for good (`nodes
+        expire` only forces a re-login, and the host still holds the reusable pre-auth key). Headscale then
+        pushes the other nodes a netmap without it, and they drop its WireGuard peer."""
+        ip = self.addrs[host.name]
+        nodes = (
+            json.loads(self.infra.run([*self._hsctl(), "nodes", "list", "-o", "json"]).stdout or "null") or []
+        )
+        ids = [str(n["id"]) for n in nodes if ip in (n.get("ip_addresses") or [])]
+        if len(ids) != 1:
+            raise RuntimeError(f"{self.name}: {len(ids)} Headscale nodes hold {ip} ({host.name})")
+        self.infra.run([*self._hsctl(), "nodes", "delete", "-i", ids[0]])
+        self.revoked.add(host.name)
+        return f"headscale nodes delete -i {ids[0]} ({host.name}, {ip})"
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self, host: Host) -> None:
         if not self._infra_running():
             self._start_infra()
         d = self.host_dir(host)
+        if host.name in self.revoked:  # its node key is gone from Headscale: join again as a new node
+            host.run(["rm", "-rf", str(d / "state")])
+            self.revoked.discard(host.name)
         sock = self._sock(host)
         host.mkdir(SOCK_DIR)
         if host.journal:

@@ -34,6 +34,7 @@ class VpnCloud(VpnDriver):
     installs = (Crate("vpncloud", VERSION, ("vpncloud",)),)
     default_mtu = 1427  # what vpncloud 2.3.0 sets on its tun device itself over a 1500-byte IPv4 underlay
     Options = TunnelOptions  # vpn_options: mtu
+    secret_patterns = ("vpncloud.yaml",)  # holds the crypto password
     paths = frozenset({"direct"})
     paths_why = {
         "relay": "vpncloud has no relay: peers never forward traffic for each other",

@@ -77,6 +77,7 @@ class WireguardGo(VpnDriver):
         "nat": "WireGuard has no NAT traversal: peers behind different NATs cannot reach each other",
     }
     default_mtu = 1420
+    revocation = "`wg set <if> peer <pubkey> remove` on every other host"
 
     class Options(TunnelOptions):
         offloads: bool = Field(
@@ -131,6 +132,15 @@ class WireguardGo(VpnDriver):
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
         if isinstance(self.options, WireguardGo.Options):
             self._record_offloads(host, ifname)
+
+    def revoke(self, host: Host) -> str:
+        """WireGuard has no control plane: the operator deletes the peer's public key on every other host.
+        start() configures every peer again, so a mesh restart undoes it."""
+        pub = self.keys[host.name][1]
+        others = [h for h in self.spec.hosts if h is not host and host in self.peers(h)]
+        for h in others:
+            h.run(["wg", "set", self.ifname(h), "peer", pub, "remove"])
+        return f"wg set <if> peer {pub} remove on {', '.join(h.name for h in others)}"
 
     def _spawn_daemon(self, host: Host, ifname: str, d: Path):
         # -f keeps it in the foreground so the PID we hold is the daemon's

@@ -51,6 +51,7 @@ class Yggdrasil(VpnDriver):
     debian_installs = (Apt(("yggdrasil",), ("yggdrasil",)),)
     default_mtu = 65535  # Yggdrasil's default IfMTU
     Options = TunnelOptions  # vpn_options: mtu
+    secret_patterns = ("yggdrasil.conf",)  # holds PrivateKey
     paths = frozenset({"direct", "relay", "nat"})
 
     def __init__(self, spec):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from tunnelbench.workloads.acl import Acl
 from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Workload, WorkloadError
 from tunnelbench.workloads.connect import Connect
 from tunnelbench.workloads.http_api import HttpApi
 from tunnelbench.workloads.http_download import HttpDownload
 from tunnelbench.workloads.latency_load import LatencyLoad
+from tunnelbench.workloads.leak import Leak
 from tunnelbench.workloads.many_clients import ManyClients
 from tunnelbench.workloads.multihost import Multihost
 from tunnelbench.workloads.overhead import Overhead
 from tunnelbench.workloads.ping import Ping
 from tunnelbench.workloads.resilience import Resilience
+from tunnelbench.workloads.revoke import Revoke
 from tunnelbench.workloads.streaming import Streaming
 from tunnelbench.workloads.tcp import Tcp
 from tunnelbench.workloads.udp import Udp
@@ -31,6 +34,9 @@ WORKLOADS: dict[str, type[Workload]] = {
         ManyClients,
         Streaming,
         Resilience,
+        Leak,
+        Acl,
+        Revoke,
     )
 }
 

@@ -1,0 +1,1 @@
+"""Security conformance checks that are not workloads: key hygiene (keys.py)."""

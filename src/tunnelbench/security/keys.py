@@ -1,0 +1,201 @@
+"""Key hygiene (security, issue 14 item 5): every file a driver declares secret (`VpnDriver.secret_files`) is
+mode 0600 or stricter, owned by root and inside the run folder while the mesh is up; it is removed when the
+mesh session stops (unless `[run] keep_keys`); and no secret value it held appears in the run's outputs
+(report.html, report.md, the SQLite store, the CSV/JSON exports).
+
+Secret values live only in memory (a `Secrets` set) between a session's teardown and the scan at the end of the
+run: nothing here ever writes one, and a scan result names the output and offset of a hit, never the value."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import VpnDriver
+
+MIN_SECRET = 12  # shorter values (ports, "true", key ids) would match by chance
+PEM = re.compile(rb"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY)-----(.*?)-----END \1-----", re.S)
+# key = value / key: "value" / key value / /PASSWORD:value, for names that say "secret"
+KV = re.compile(
+    rb"(?i)(?:secret|password|passwd|psk|private[-_ ]?key|privatekey)[\"']?\s*(?:[:=]\s*|\s+)[\"']?"
+    rb"(?:0x)?([A-Za-z0-9+/=_.~-]{%d,})" % MIN_SECRET
+)
+TOKEN = re.compile(rb"[A-Za-z0-9+/=_-]{32,}")  # long random-looking runs: state files, key batches
+
+
+@dataclass
+class Secrets:
+    """The secret values of a run, per VPN (in memory only)."""
+
+    values: dict[str, set[bytes]] = field(default_factory=dict)
+
+    def add(self, vpn: str, found: set[bytes]) -> None:
+        self.values.setdefault(vpn, set()).update(found)
+
+    def all(self) -> set[bytes]:
+        return {v for vs in self.values.values() for v in vs}
+
+
+def secret_values(data: bytes, workdir: Path | None = None) -> set[bytes]:
+    """The secret values in one secret file: PEM private key bodies (as printed, joined, and each line),
+    key = value secrets, the whole content of a one-token file, else long random-looking tokens; each
+    base64 32/64-byte key also as hex and each such hex key also as base64 (tools print either)."""
+    out: set[bytes] = set()
+    for m in PEM.finditer(data):
+        body = m.group(2).strip()
+        out.add(m.group(0))
+        out.add(b"".join(body.split()))
+        out.update(line for line in body.split() if len(line) >= MIN_SECRET)
+    text = PEM.sub(b"", data)
+    # a value that is a path into the host's folder is a reference to a key file, not a key
+    here = str(workdir).encode() if workdir else b"\0"
+    out.update(v for v in KV.findall(text) if not v.startswith((b"/", here)))
+    stripped = text.strip()
+    if stripped and len(stripped.split()) == 1 and len(stripped) >= MIN_SECRET:
+        out.add(stripped)
+    if not out:
+        # a path is a run of word characters and slashes too: base64 without + or = that holds a / is one
+        out.update(t for t in TOKEN.findall(text) if b"/" not in t or b"+" in t or b"=" in t)
+    for v in list(out):
+        out.update(_other_forms(v))
+    return {v for v in out if len(v) >= MIN_SECRET}
+
+
+def _other_forms(v: bytes) -> set[bytes]:
+    if re.fullmatch(rb"[0-9a-fA-F]{64}|[0-9a-fA-F]{128}", v):
+        return {base64.b64encode(bytes.fromhex(v.decode()))}
+    try:
+        raw = base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError):
+        return set()
+    return {raw.hex().encode()} if len(raw) in (32, 64) else set()
+
+
+def _stat(host: Host, files: list[Path]) -> list[tuple[Path, int, int, str]]:
+    """(path, mode, uid, resolved path) of each file, in one or two commands per host."""
+    st = host.run(["stat", "-L", "-c", "%a\t%u\t%n", *map(str, files)], check=False).stdout.splitlines()
+    real = host.run(["readlink", "-f", *map(str, files)], check=False).stdout.splitlines()
+    out = []
+    for line, r in zip(st, real, strict=False):
+        mode, uid, name = line.split("\t", 2)
+        out.append((Path(name), int(mode, 8), int(uid), r))
+    return out
+
+
+def check(driver: VpnDriver, run_dir: Path) -> dict:
+    """The key-hygiene record of a mesh that is up: every secret file's mode (no group/other bits), owner
+    (uid 0) and place (inside the run folder: the host's own folder for an SSH host)."""
+    files: list[str] = []
+    violations: list[dict] = []
+    for host, _d in driver.host_dirs():
+        paths = driver.secret_files(host)
+        if not paths:
+            continue
+        root = str(host.workdir if host.remote else run_dir.resolve())
+        for path, mode, uid, real in _stat(host, paths):
+            shown = _shown(host, path, run_dir)
+            files.append(shown)
+            why = []
+            if mode & 0o077:
+                why.append(f"mode {mode:04o} (group/other bits)")
+            if uid != 0:
+                why.append(f"owner uid {uid}, not root")
+            if not (real + "/").startswith(root.rstrip("/") + "/"):
+                why.append(f"outside the run folder ({real})")
+            if why:
+                violations.append({"path": shown, "mode": f"{mode:04o}", "uid": uid, "why": "; ".join(why)})
+    return {"files_checked": len(files), "files": files, "violations": violations}
+
+
+def collect_and_remove(driver: VpnDriver, secrets: Secrets, keep: bool, run_dir: Path) -> list[str]:
+    """After a mesh session's stop: read every secret value into `secrets` (memory only), then remove the
+    secret files unless `keep`. Only this session's folders are touched: a later session of the same VPN gets
+    fresh ones (MeshSpec.session). Returns the removed files."""
+    removed: list[str] = []
+    for host, d in driver.host_dirs():
+        for path in driver.secret_files(host):
+            try:
+                secrets.add(driver.key, secret_values(host.read_file(path), d))
+            except OSError:
+                continue
+            if not keep:
+                host.remove(path)
+                removed.append(_shown(host, path, run_dir))
+    return removed
+
+
+def _shown(host: Host, path: Path, run_dir: Path) -> str:
+    if host.remote:
+        return f"{host.name}:{path}"
+    try:
+        return str(path.resolve().relative_to(run_dir.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _find_all(name: str, data: bytes, secrets: set[bytes], hits: list[dict]) -> None:
+    for s in secrets:
+        at = data.find(s)
+        if at >= 0:
+            hits.append({"output": name, "offset": at, "length": len(s)})
+
+
+def sqlite_bytes(db: Path) -> tuple[bytes, bytes]:
+    """The store's raw file after a WAL checkpoint (the WAL too, if any is left), and a logical dump: a value
+    longer than a page is split over overflow pages in the file, whole in the dump."""
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        dump = "\n".join(con.iterdump()).encode()
+    finally:
+        con.close()
+    raw = db.read_bytes()
+    wal = db.with_name(db.name + "-wal")
+    if wal.exists():
+        raw += wal.read_bytes()
+    return raw, dump
+
+
+def scan_outputs(run_dir: Path, run_id: str, secrets: set[bytes], extra: list[Path] | None = None) -> dict:
+    """Search report.html, report.md, the SQLite store and the run's CSV and JSON exports (rendered here as
+    `tunnelbench export` would) for every secret value. The result names outputs and offsets, never values."""
+    from tunnelbench.analysis.analyze import load_run
+    from tunnelbench.report.export import metric_rows, to_csv, to_json
+    from tunnelbench.store import DB_NAME
+
+    hits: list[dict] = []
+    scanned: list[str] = []
+    for p in [run_dir / "report.html", run_dir / "report.md", *(extra or [])]:
+        if p.exists():
+            scanned.append(p.name)
+            _find_all(p.name, p.read_bytes(), secrets, hits)
+    raw, dump = sqlite_bytes(run_dir / DB_NAME)
+    _find_all(DB_NAME, raw, secrets, hits)
+    _find_all(f"{DB_NAME} (dump)", dump, secrets, hits)
+    run = load_run(run_dir, run_id)
+    try:
+        _find_all("export.csv", to_csv(metric_rows(run)).encode(), secrets, hits)
+        _find_all("export.json", to_json(run, series=True).encode(), secrets, hits)
+    finally:
+        run.store.close()
+    scanned += [DB_NAME, "export.csv", "export.json"]
+    return {"outputs": scanned, "secrets": len(secrets), "hits": hits}
+
+
+def scan_line(result: dict) -> tuple[str, str]:
+    """The terminal line of a scan result and its style."""
+    if not result.get("secrets"):
+        return (
+            "key scan: no key material was collected (no secret files, or keys kept off the scan)",
+            "yellow",
+        )
+    n, outs = result["secrets"], len(result["outputs"])
+    if not result["hits"]:
+        return f"key scan: no key material in the outputs ({n} secret values, {outs} outputs)", "green"
+    where = ", ".join(f"{h['output']} @{h['offset']}" for h in result["hits"][:8])
+    return f"key scan: KEY MATERIAL FOUND in the outputs: {where}", "bold red"

@@ -1,0 +1,135 @@
+"""ACL isolation (issue 14 item 3): the policy as a driver option, its rendering, and the `acl` check against a
+real mesh, where the enforced policy must pass and the test-only unenforced one must fail."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from test_driver_options import hosts
+
+from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
+from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.acl import ISOLATE, NOT_APPLIED
+from tunnelbench.vpns.nebula import Nebula
+from tunnelbench.vpns.tailscale import Tailscale
+from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
+from tunnelbench.workloads.acl import Acl, AclParams
+
+ACL_VPNS = ["nebula", "tailscale"]  # drivers with acl_support that this file brings up
+
+
+def nebula(tmp_path: Path, acl: str, n: int = 3) -> Nebula:
+    return Nebula(MeshSpec(hosts=hosts(tmp_path, n), tag="tbacl", workdir=tmp_path, options={"acl": acl}))
+
+
+def ctx_for(mesh: Mesh, tmp_path: Path, lab: object = None) -> CaseContext:
+    h = mesh.hosts
+    return CaseContext(mesh, h[0], h[1], tmp_path, time.monotonic() + 120, {"lab": lab})
+
+
+# -- the option: declared by drivers with ACLs, refused by the others --------------------------------
+def test_a_driver_without_acls_refuses_the_option_naming_the_field():
+    assert not DRIVERS["wireguard-go"].acl_support and DRIVERS["nebula"].acl_support
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario({"vpns": ["wireguard-go"], "workloads": [{"name": "acl"}],
+                        "vpn_options": {"wireguard-go": {"acl": "isolate"}}}, "t.toml")  # fmt: skip
+    assert "vpn_options.wireguard-go.acl: unknown option (wireguard-go has no access control" in str(e.value)
+    parse_scenario({"vpns": ["nebula"], "workloads": [{"name": "acl"}],
+                    "vpn_options": {"nebula": {"acl": "isolate"}}}, "t.toml")  # fmt: skip
+    with pytest.raises(ScenarioError, match="vpn_options.nebula.acl:"):
+        parse_scenario({"vpns": ["nebula"], "workloads": [{"name": "tcp"}],
+                        "vpn_options": {"nebula": {"acl": "on"}}}, "t.toml")  # fmt: skip
+
+
+def test_the_built_in_scenario_loads():
+    sc, _ = load_scenario(Path("security-acl"))
+    assert [w.name for w in sc.workloads] == ["acl"] and "nebula" in sc.vpns
+    assert sc.vpn_options["nebula"]["acl"] == ISOLATE
+    assert "tailscale" in sc.vpns and sc.vpn_options["tailscale"]["acl"] == ISOLATE
+    assert "acl" in WORKLOADS
+
+
+# -- rendering, no lab -------------------------------------------------------------------------------
+def test_nebula_isolate_renders_groups_and_inbound_rules(tmp_path):
+    d = nebula(tmp_path, ISOLATE)
+    h1, h2, h3 = d.spec.hosts
+    assert d._groups(h1) == ["-groups", "tb-client"] and d._groups(h3) == ["-groups", "tb-isolated"]
+    assert d._config(h2)["firewall"]["inbound"] == [{"port": "any", "proto": "any", "group": "tb-client"}]
+    assert d._config(h1)["firewall"]["inbound"] == [] and d._config(h3)["firewall"]["inbound"] == []
+    assert d.settings["acl"]["allow"] == [["h1", "h2"]] and d.settings["acl"]["isolated"] == ["h3"]
+    # readiness probes only the allowed flow
+    assert [p.name for p in d.peers(h1)] == ["h2"] and d.peers(h2) == [] and d.peers(h3) == []
+
+
+def test_nebula_unenforced_control_keeps_the_groups_but_allows_any(tmp_path):
+    d = nebula(tmp_path, NOT_APPLIED)
+    h1, h2, h3 = d.spec.hosts
+    assert d._groups(h3) == ["-groups", "tb-isolated"]
+    for h in (h1, h2, h3):
+        assert d._config(h)["firewall"]["inbound"] == [{"port": "any", "proto": "any", "host": "any"}]
+    assert d.settings["acl"]["enforced"] is False
+    off = nebula(tmp_path / "off", "off")
+    assert off._groups(h1) == [] and "acl" not in off.settings and len(off.peers(off.spec.hosts[0])) == 2
+
+
+def test_tailscale_policy_tags_the_roles_and_allows_client_to_server_only(tmp_path):
+    d = Tailscale(MeshSpec(hosts=hosts(tmp_path, 3), tag="tbacl", workdir=tmp_path, options={"acl": ISOLATE}))
+    h1, h2, h3 = d.spec.hosts
+    assert [d._tag(h) for h in (h1, h2, h3)] == ["tag:tb-client", "tag:tb-server", "tag:tb-isolated"]
+    pol = d._policy()
+    assert set(pol["tagOwners"]) == {"tag:tb-client", "tag:tb-server", "tag:tb-isolated"}
+    assert pol["acls"] == [{"action": "accept", "src": ["tag:tb-client"], "dst": ["tag:tb-server:*"]}]
+    assert [p.name for p in d.peers(h1)] == ["h2"] and d.peers(h3) == []
+    assert d.settings["acl"]["enforced"] is True and d.settings["acl"]["isolated"] == ["h3"]
+    ctl = Tailscale(
+        MeshSpec(hosts=hosts(tmp_path / "c", 3), tag="tbacl", workdir=tmp_path, options={"acl": NOT_APPLIED})
+    )
+    assert ctl._policy()["acls"] == [{"action": "accept", "src": ["*"], "dst": ["*:*"]}]
+    assert ctl.settings["acl"]["enforced"] is False
+
+
+def test_the_check_refuses_an_unapplied_policy_and_a_two_host_lab(tmp_path):
+    wl = Acl(AclParams())
+    with pytest.raises(WorkloadError, match=r"policy not applied: set vpn_options.nebula.acl = 'isolate'"):
+        wl.run(ctx_for(Mesh(nebula(tmp_path, "off")), tmp_path))
+    with pytest.raises(WorkloadError, match=r"\[lab\] hosts >= 3"):
+        wl.run(ctx_for(Mesh(nebula(tmp_path / "two", ISOLATE, n=2)), tmp_path))
+
+
+# -- the check on a real mesh --------------------------------------------------------------------------
+@pytest.mark.lab
+@pytest.mark.parametrize("mode", [ISOLATE, NOT_APPLIED])
+@pytest.mark.parametrize("vpn", ACL_VPNS)
+def test_acl_check_passes_the_policy_and_fails_the_unenforced_control(vpn, mode, lab_factory):
+    cls = DRIVERS[vpn]
+    avail = cls.availability()
+    if not avail.ok:
+        pytest.skip(f"{vpn}: {avail.reason}")
+    lab = lab_factory(3)
+    driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir, options={"acl": mode}))
+    driver.configure()
+    mesh = Mesh(driver)
+    adir = lab.run_dir / "case"
+    adir.mkdir()
+    try:
+        mesh.start()
+        mesh.wait_ready(timeout=30)
+        t0 = time.monotonic()
+        out = Acl(AclParams()).run(ctx_for(mesh, adir, lab))
+        took = time.monotonic() - t0
+    finally:
+        mesh.stop()
+    got = {s.name: s.value for s in out.samples}
+    flows = json.loads((adir / "acl.json").read_text())["flows"]
+    print(f"{vpn} acl={mode}: {got} in {took:.1f} s")
+    assert got["acl_allowed_ok"] == 1, flows  # the tunnel carries the allowed flows either way
+    if mode == ISOLATE:
+        assert got["acl_enforced"] == 1 and got["acl_denied_blocked"] == 1, flows
+    else:  # the control: the same groups, nothing enforced, so isolated hosts get through
+        assert got["acl_enforced"] == 0 and got["acl_denied_blocked"] < 1, flows
+        assert any(f["worked"] and not f["expected"] for f in flows)
+    assert got["acl_flows"] == 6  # h1 -> h2 and h3 -> {h2, h1}, each icmp and tcp
+    assert mesh.leftovers() == []
