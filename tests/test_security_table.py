@@ -21,7 +21,8 @@ STILL = "WorkloadError: still reachable 31.0 s after revocation (cap 30 s): last
 # vpn -> (workload, status, error, metrics) per case, one repetition each unless retried
 CASES: dict[str, list[tuple[str, str, str | None, dict[str, float]]]] = {
     "nebula": [("acl", "ok", None, {"acl_enforced": 1, "acl_denied_blocked": 1, "acl_allowed_ok": 1}),
-               ("revoke", "ok", None, {"revocation_s": 0.42})],
+               ("revoke", "ok", None, {"revocation_s": 0.42}),
+               ("leak", "ok", None, {"leak_pass": 0, "leak_plaintext_frames": 3})],  # a leak in the same row
     "tailscale": [("acl", "ok", None, {"acl_enforced": 0, "acl_denied_blocked": 0.5, "acl_allowed_ok": 1}),
                   ("revoke", "failed", STILL, {})],
     "wireguard-go": [("acl", "failed", "WorkloadError: wireguard-go has no access control in this lab", {}),
@@ -57,6 +58,10 @@ def test_acl_and_revocation_cells(tmp_path):
     assert neb["ACL"] == ("enforced (1/1)", "denied flows blocked 100%, allowed flows ok 100% (worst case); "
                           "cases/nebula/baseline/acl/r1a0/acl.json")  # fmt: skip
     assert neb["revocation"] == ("cut off in 0.4 s", "worst of 1 case(s); cases/nebula/baseline/revoke/r1a1")
+    assert neb["plaintext leak"] == (
+        "fail (1/1)",
+        "3 plaintext frame(s) matched; cases/nebula/baseline/leak/r1a2/leak.json",
+    )
     assert ts["ACL"][0] == "NOT enforced (1/1)" and "denied flows blocked 50%" in ts["ACL"][1]
     assert ts["revocation"] == ("still reachable (1/1)", STILL.removeprefix("WorkloadError: "))
     assert wg["ACL"] == NOT_SUPPORTED and wg["revocation"][0] == "cut off in 1.2 s"  # acl_support False

@@ -39,14 +39,12 @@ def security_rows(run: RunData) -> list[dict]:
             per[c.vpn][m["name"]].append((m["value"], c.artifact_dir))
     ran = {c.workload for c in run.cases}
     done = {(c.vpn, c.profile, c.label, c.repetition) for c in ok.values()}
-    failed: dict[str, dict[str, list[str]]] = defaultdict(
-        lambda: defaultdict(list)
-    )  # vpn -> workload -> errors
-    for (
-        c
-    ) in run.cases:  # failed attempts whose repetition never succeeded (a retry that passed supersedes them)
+    # vpn -> workload -> errors of failed attempts whose repetition never succeeded (a passing retry
+    # supersedes them)
+    errors: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for c in run.cases:
         if c.status != "ok" and c.error and (c.vpn, c.profile, c.label, c.repetition) not in done:
-            failed[c.vpn][c.workload].append(c.error.strip().splitlines()[0].removeprefix("WorkloadError: "))
+            errors[c.vpn][c.workload].append(c.error.strip().splitlines()[0].removeprefix("WorkloadError: "))
     rows = []
     for v in run.vpns:
         vpn = v["name"]
@@ -89,9 +87,9 @@ def security_rows(run: RunData) -> list[dict]:
             )
             cells["key hygiene"] = (verdict, ev)
         driver = DRIVERS.get(vpn)
-        cells["ACL"] = _acl(run, got, failed[vpn]["acl"], driver is not None and not driver.acl_support)
+        cells["ACL"] = _acl(run, got, errors[vpn]["acl"], driver is not None and not driver.acl_support)
         cells["revocation"] = _revocation(
-            run, got, failed[vpn]["revoke"], driver is not None and driver.revocation is None
+            run, got, errors[vpn]["revoke"], driver is not None and driver.revocation is None
         )
         shown = [
             c
