@@ -1,8 +1,44 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine of this kind (Debian 12, root): system packages, the Python
-# environment in .venv, and the native impairment engine. Fast when everything is already there.
+# environment in .venv, the VPNs built from module registries, and the native impairment engine. Fast when
+# everything is already there. One line per step with its duration; what apt, pip, go and cargo print goes
+# to a log file (named at the end, and its tail shown when a step fails). TB_SETUP_VERBOSE=1 shows it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+LOG_DIR="${TB_SETUP_LOG_DIR:-/var/log/tunnelbench}"
+mkdir -p "$LOG_DIR"
+LOG="$LOG_DIR/setup-$(date +%Y%m%d-%H%M%S)-$$.log"
+: >"$LOG"
+T_SETUP=$SECONDS
+
+# step NAME FUNCTION: run FUNCTION (in a subshell with errexit on: a failing command inside ends the step)
+# with its output in the log; one line with the outcome (`note TEXT` sets it) and the duration
+NOTE_FILE="$LOG.note"
+note() { echo "$*" >"$NOTE_FILE"; }
+step() {
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  echo "== $name" >>"$LOG"
+  : >"$NOTE_FILE"
+  set +e
+  if [ -n "${TB_SETUP_VERBOSE:-}" ]; then
+    (set -e; "$@") 2>&1 | tee -a "$LOG" >&2
+    rc=${PIPESTATUS[0]}
+  else
+    (set -e; "$@") >>"$LOG" 2>&1
+    rc=$?
+  fi
+  set -e
+  if ((rc)); then
+    echo "setup: $name FAILED (exit $rc, $((SECONDS - t0)) s); the step's last lines (all in $LOG):" >&2
+    awk -v m="== $name" '$0 == m {f = 1} f' "$LOG" | tail -n 40 | sed 's/^/  | /' >&2
+    return $rc
+  fi
+  local what
+  what=$(cat "$NOTE_FILE" 2>/dev/null || true)
+  echo "setup: $name: ${what:-ok} ($((SECONDS - t0)) s)" >&2
+}
 
 # Lab tools and the Debian VPNs (versions are fixed by the release and are recorded with every result by
 # the drivers and `tunnelbench doctor`). wireguard-go, nebula and yggdrasil default to newer upstream
@@ -15,47 +51,82 @@ APT_PACKAGES=(
   nginx curl rist-tools  # workloads: http_download/http_api/many_clients (nginx, curl), streaming (RIST)
   chromium
 )
-need=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if ((${#need[@]})); then
-  echo "setup: installing ${need[*]}" >&2
+apt_packages() {
+  local need=() p
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+  done
+  if ((${#need[@]} == 0)); then
+    note "all ${#APT_PACKAGES[@]} installed"
+    return 0
+  fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get -o DPkg::Lock::Timeout=600 update -qq
-  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}"
+  note "installed ${#need[@]}: ${need[*]}"
+}
+step "Debian packages" apt_packages
 
 # Python >= 3.11 environment with tunnelbench installed editable, plus test tools.
-if [ ! -x .venv/bin/tunnelbench ] || [ pyproject.toml -nt .venv/.installed ]; then
-  echo "setup: creating the Python environment in .venv" >&2
+python_env() {
+  if [ -x .venv/bin/tunnelbench ] && [ ! pyproject.toml -nt .venv/.installed ]; then
+    note "up to date"
+    return 0
+  fi
   python3 -m venv .venv
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test]'
+  .venv/bin/pip install --upgrade pip
+  .venv/bin/pip install -e '.[test]'
   touch .venv/.installed
-fi
+  note "installed ($(.venv/bin/python --version))"
+}
+step "Python environment (.venv)" python_env
 
 # hey, the HTTP load generator of the http_api workload (Go module proxy, pinned; not packaged by Debian).
 HEY_VERSION=v0.1.5
-if ! command -v hey >/dev/null && command -v go >/dev/null; then
-  echo "setup: go install github.com/rakyll/hey@${HEY_VERSION}" >&2
-  GOBIN=/usr/local/bin go install "github.com/rakyll/hey@${HEY_VERSION}"
-fi
+hey_tool() {
+  if command -v hey >/dev/null; then
+    note "present"
+  elif command -v go >/dev/null; then
+    GOBIN=/usr/local/bin go install "github.com/rakyll/hey@${HEY_VERSION}"
+    note "built ${HEY_VERSION}"
+  else
+    note "skipped: no Go toolchain (the http_api workload will say so)"
+  fi
+}
+step "hey ${HEY_VERSION}" hey_tool
 
 # VPNs built from the Go module proxy and crates.io at pinned versions, into the install cache
 # (/var/cache/tunnelbench/<name>-<version>, TUNNELBENCH_CACHE overrides): cached builds are skipped, so
 # only a fresh machine pays for them (about 25 min on 2 cores, see the README). SKIP_VPN_BUILDS=1 skips
 # them all (scripts/bench then builds only the default scenario's: `tunnelbench install --for-scenario default`).
+vpn_builds() {
+  local out="$LOG.install" rc=0
+  COLUMNS=160 .venv/bin/tunnelbench install all >"$out" 2>&1 || rc=$?
+  cat "$out"
+  # the outcome line: how many builds were cached, built, impossible here or failed
+  note "$(grep -o '│ \(cached\|built\|installed\|impossible here\|failed[^│]*\) ' "$out" | sed 's/ *$//' | sort \
+    | uniq -c | awk '{c=$1; $1=""; sub(/^ │ /, ""); printf "%s%d %s", (n++ ? ", " : ""), c, $0}')"
+  rm -f "$out"
+  return $rc
+}
 if [ -z "${SKIP_VPN_BUILDS:-}" ]; then
   # a user's set-up goes on without a VPN whose build failed (that VPN is then skipped as unavailable,
   # with the reason); CI must not: its tests would skip instead of running
-  if ! .venv/bin/tunnelbench install all; then
-    echo "setup: some VPN installs failed (see the table above and /var/cache/tunnelbench/logs/)" >&2
+  if ! step "VPN builds (tunnelbench install all)" vpn_builds; then
+    echo "setup: some VPN installs failed (per-VPN logs in /var/cache/tunnelbench/logs/)" >&2
     [ -z "${CI:-}" ] || exit 1
   fi
 fi
 
 # The native impairment engine (Rust), used where the kernel has no netem.
-if [ -f native/impaird/Cargo.toml ] && command -v cargo >/dev/null; then
-  (cd native/impaird && cargo build --release --quiet)
-fi
+native_engine() {
+  if [ ! -f native/impaird/Cargo.toml ] || ! command -v cargo >/dev/null; then
+    note "skipped: no cargo (kernels with netem do not need it)"
+    return 0
+  fi
+  (cd native/impaird && cargo build --release)
+}
+step "native engine (cargo build --release)" native_engine
+
+rm -f "$NOTE_FILE"
+echo "setup: done in $((SECONDS - T_SETUP)) s; log: $LOG" >&2

@@ -17,6 +17,8 @@ from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.report import plots
 from tunnelbench.report.fmt import num
+from tunnelbench.report.headline import CAPTION
+from tunnelbench.report.headline import build as build_headline
 from tunnelbench.report.security import COLUMNS as SECURITY_COLUMNS
 from tunnelbench.report.security import key_scan, security_rows
 
@@ -278,6 +280,7 @@ def build_context(a: Analysis) -> dict:
                            "value": num(d.value), "ci": ci(d.lo, d.hi), "n": d.n, "note": d.note} for d in ds]  # fmt: skip
     n_min = min((g.desc.n for g in a.groups.values() if g.desc), default=0)
     return {
+        "headline": headline_ctx(a),
         "title": "tunnelbench " + (a.runs[0].run_id if len(a.runs) == 1 else f"{len(a.runs)} runs combined"),
         "security": _security(a), "security_columns": SECURITY_COLUMNS,
         "runs": runs, "variants": a.variants, "profiles": a.profiles, "by_profile": dict(by_profile),
@@ -287,6 +290,18 @@ def build_context(a: Analysis) -> dict:
         "stats_rows": stats_rows, "features": _features(a), "rounds": _rounds(a),
         "generated": _ts(dt.datetime.now(dt.UTC).timestamp()),
     }  # fmt: skip
+
+
+def headline_ctx(a: Analysis) -> dict:
+    """The same headline as the terminal's (report/headline.py), as plain values for the template."""
+    h = build_headline(a)
+    tables = []
+    for t in h.tables:
+        tables.append({"profile": t.profile, "columns": [c.title.split("\n") for c in t.columns],
+                       "rows": [{"variant": r.variant, "version": r.version, "baseline": r.baseline,
+                                 "cells": [(r.cells[c.label].text, r.cells[c.label].tier) if c.label in r.cells
+                                           else ("–", None) for c in t.columns]} for r in t.rows]})  # fmt: skip
+    return {"tables": tables, "findings": h.findings, "caption": CAPTION}
 
 
 # -- HTML and Markdown -------------------------------------------------------------------------------------
@@ -328,6 +343,16 @@ def render_markdown(a: Analysis) -> str:
         lines.append(f"**tunnelbench run `{r.run_id}`** — scenario `{r.scenario_name}`, status {r.run['status']}, "
                      f"{_ts(r.run['started'])}; {vers}; kernel {r.env.get('kernel', '?')}, "
                      f"{r.env.get('cpu_count', '?')} CPUs ({r.env.get('cpu_model', '?')})")  # fmt: skip
+    hd = headline_ctx(a)
+    for t in hd["tables"]:
+        lines += ["", f"**Headline** (profile `{t['profile']}`)", "",
+                  "| VPN | " + " | ".join(" ".join(c) for c in t["columns"]) + " |",
+                  "|---|" + "---:|" * len(t["columns"])]  # fmt: skip
+        for r in t["rows"]:
+            name = r["variant"] + (" (no VPN)" if r["baseline"] else "") + (f" {r['version']}" if r["version"] else "")
+            lines.append(f"| {name} | " + " | ".join(text for text, _ in r["cells"]) + " |")
+    if hd["tables"]:
+        lines += ["", hd["caption"], ""] + [f"- {text}" for text, _ in hd["findings"]]
     lines.append("")
     lines.append(f"Median over repetitions with bootstrap 95% CI; × internal = ratio of medians to the no-VPN "
                  f"baseline with CI; tiers split only where every pair across the cut differs "

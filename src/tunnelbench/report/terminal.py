@@ -11,6 +11,8 @@ from rich.text import Text
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.summary import Summary, headline_rows
 from tunnelbench.report.fmt import num, spread
+from tunnelbench.report.headline import CAPTION, Headline
+from tunnelbench.report.headline import build as build_headline
 from tunnelbench.store import Store
 from tunnelbench.vpns import DRIVERS
 from tunnelbench.vpns.impossible import IMPOSSIBLE
@@ -55,36 +57,70 @@ def summary_table(summary: Summary, order: list[str], versions: dict[str, str]) 
     return t
 
 
-def print_summary(store: Store, run_id: str, summary: Summary, console: Console) -> None:
+def headline_tables(h: Headline) -> list[Table]:
+    """The headline as rich tables: a row per VPN (version dimmed below), a column per headline metric."""
+    out = []
+    multi = len({t.profile for t in h.tables}) > 1
+    for t in h.tables:
+        title = "headline" + (f" · profile {t.profile}" if multi or t.profile != "baseline" else "")
+        tab = Table(title=title, title_justify="left", caption=CAPTION, caption_justify="left")
+        tab.add_column("VPN", overflow="fold")
+        for c in t.columns:
+            tab.add_column(c.title, justify="right")
+        for r in t.rows:
+            name = Text(
+                r.variant + (" (no VPN)" if r.baseline else ""), style="dim" if r.baseline else "bold"
+            )
+            if r.version:
+                name.append(f"\n{r.version}", style="dim")
+            cells = []
+            for c in t.columns:
+                cell = r.cells.get(c.label)
+                style = "green" if cell is not None and cell.tier == 1 and not r.baseline else ""
+                cells.append(Text(cell.text if cell else "–", style=style))
+            tab.add_row(name, *cells)
+        out.append(tab)
+    return out
+
+
+def print_headline(h: Headline, console: Console) -> None:
+    for t in headline_tables(h):
+        console.print(t)
+    for text, tone in h.findings:
+        console.print(Text(text, style={"ok": "green", "warn": "yellow", "bad": "bold red"}.get(tone, "")))
+
+
+def print_summary(store: Store, run_id: str, summary: Summary, console: Console, full: bool = False) -> None:
+    """The run's headline and findings; with `full`, every headline metric per VPN and workload as well."""
+    from tunnelbench.analysis.analyze import analyze, load_run
+
+    run = load_run(store.path.parent, run_id)
+    try:
+        print_headline(build_headline(analyze([run])), console)
+    finally:
+        run.store.close()
     versions = {v["name"]: v["version"] for v in store.vpns(run_id)}
-    console.print(summary_table(summary, vpn_order(store, run_id), versions))
-    for vpn, why in summary.skipped.items():
-        console.print(f"[yellow]{vpn}: {why}[/]")
+    if full:
+        console.print(summary_table(summary, vpn_order(store, run_id), versions))
+    else:
+        console.print(Text(f"every headline metric per workload: tunnelbench report --full {run_id}", style="dim"))
     if set(versions) >= set(DRIVERS):  # a `--vpn all` run: name the VPNs that have no driver here, and why
         for imp in IMPOSSIBLE.values():
-            console.print(f"[yellow]{imp.name}: impossible here: {imp.reason}[/]")
-    failed = {k: v for k, v in summary.failures.items() if k[0] not in summary.skipped}
-    for (vpn, profile, label), n in failed.items():
-        console.print(f"[red]{vpn} {label} ({profile}): {n} failed attempt(s); errors in the report[/]")
+            console.print(Text(f"{imp.name}: impossible here: {imp.reason}", style="yellow"))
     ph = store.phases(run_id)
     wall = ph.get("wall")
     if wall:
         measure = ph.get("measure", 0.0)
-        other = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(ph.items()) if k not in ("wall", "measure"))
+        other = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(ph.items(), key=lambda kv: -kv[1])
+                          if k not in ("wall", "measure") and v >= 0.5)  # fmt: skip
         console.print(f"wall {wall:.0f} s; measuring {measure:.0f} s ({100 * measure / wall:.0f}%); {other}")
     env = store.env(run_id)
-    for key, raw in sorted(env.items()):
-        if key.startswith("calibration.") and key != "calibration.base":
-            cal = json.loads(raw)
-            status = "[green]within tolerance[/]" if cal.get("ok") else "[bold red]OUT OF TOLERANCE[/]"
-            bad = "; ".join(
-                f"{c['quantity']} measured {num(c['measured'])} vs configured {num(c['configured'])} {c['unit']}"
-                for c in cal.get("checks", [])
-                if c.get("ok") is False
-            )
-            console.print(
-                f"profile {cal.get('profile')} ({cal.get('backend')}): {status}" + (f": {bad}" if bad else "")
-            )
+    cals = [json.loads(raw) for key, raw in sorted(env.items())
+            if key.startswith("calibration.") and key != "calibration.base"]  # fmt: skip
+    good = [c for c in cals if c.get("ok")]
+    if good:
+        console.print(Text(f"calibration: {', '.join(str(c.get('profile')) for c in good)} within tolerance "
+                           f"({good[0].get('backend')})", style="green"))  # fmt: skip
     tot = store.metric_totals(run_id, ("engine_overflow_drops", "engine_kernel_drops", "engine_realtime"))
     queue, kernel = (tot.get(n, (0.0, 0))[0] for n in ("engine_overflow_drops", "engine_kernel_drops"))
     if queue or kernel:
@@ -96,7 +132,7 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
     for line in facts_lines(emulator_facts(env, [dict(m) for m in store.metrics(run_id)])):
         style = "yellow" if ("(>10%)" in line or "emulator-bound" in line or "failed" in line) else ""
         console.print(Text(line, style=style))
-    print_security(store, run_id, console)
+    print_security(store, run_id, console, full)
     drops = env.get("router.offlab_drops")
     if drops not in (None, "0", "-1"):
         per = ", ".join(f"{vpn} {n}" for vpn, n in drop_shares(env, "offlab_drops").items() if n)
@@ -104,17 +140,20 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console)
                            f"internet){'; per VPN: ' + per if per else ''}", style="yellow"))  # fmt: skip
 
 
-def print_security(store: Store, run_id: str, console: Console) -> None:
-    """The Security table (one row per VPN, one column per check) and the key-scan line, when the run has any."""
+def print_security(store: Store, run_id: str, console: Console, full: bool = False) -> None:
+    """The Security table (one row per VPN, one column per check) and the key-scan line, when the run has any.
+    A run without a leak, ACL or revocation case gets two summary lines instead (the table in --full)."""
     from tunnelbench.analysis.analyze import load_run
-    from tunnelbench.report.security import COLUMNS, key_scan, security_rows
+    from tunnelbench.report.security import COLUMNS, key_scan, security_rows, tone
 
     run = load_run(store.path.parent, run_id)
     try:
         rows, scan = security_rows(run), key_scan(run)
     finally:
         run.store.close()
-    if rows:
+    checked = ("plaintext leak", "relay", "ACL", "revocation")
+    ran = any(r["cells"][c][0] not in ("not run", "not supported") for r in rows for c in checked)
+    if rows and (ran or full):
         t = Table(title="security", title_justify="left")
         for col in ("VPN", "version", *COLUMNS):
             t.add_column(col, overflow="fold")
@@ -127,6 +166,16 @@ def print_security(store: Store, run_id: str, console: Console) -> None:
                 )
             t.add_row(r["vpn"], r["version"], *cells)
         console.print(t)
+    elif rows:
+        for col in ("off-lab drops", "key hygiene"):
+            by: dict[str, list[str]] = {}
+            for r in rows:
+                by.setdefault(r["cells"][col][0], []).append(r["vpn"])
+            parts = [f"{verdict} ({', '.join(vpns)})" for verdict, vpns in sorted(by.items())]
+            bad = any(tone(v) == "bad" for v in by)
+            console.print(Text(f"security · {col}: {'; '.join(parts)}", style="bold red" if bad else ""))
+        console.print(Text("security · leak, ACL, revocation: not in this scenario (`tunnelbench run security`)",
+                           style="dim"))  # fmt: skip
     if scan:
         console.print(Text(f"key scan: {scan[0]}", style="green" if scan[1] else "bold red"))
 

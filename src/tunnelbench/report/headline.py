@@ -1,0 +1,223 @@
+"""The headline of a run: per profile one compact table (a row per VPN with its version, a column per
+workload's first headline metric: median, significance tier, ratio to the no-VPN baseline), then one line per
+finding: who leads each column and whether the design can tell it from the next VPN, failed cases, skipped
+VPNs, underpowered metrics, calibration out of tolerance. The terminal, the HTML report and the Markdown
+summary all show this same content; every per-metric row is in `tunnelbench report --full`."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from tunnelbench.analysis.analyze import BASELINE, Analysis, Family
+from tunnelbench.analysis.stats import ALPHA, Tiering, tiers
+from tunnelbench.report.fmt import num
+from tunnelbench.workloads import WORKLOADS
+
+MAX_COLUMNS = 5  # metric columns per table: 5 of ~17 characters plus the VPN column fit 120 columns
+UNIT_SUFFIXES = ("_mbps", "_ms", "_s", "_pct")
+CAPTION = (
+    "median over repetitions (T = significance tier, 1 = best; one tier = no significant difference, "
+    f"Mann-Whitney U, Holm, α = {ALPHA}); × = median / no-VPN baseline (CI in the report)"
+)
+
+
+@dataclass
+class Column:
+    label: str
+    workload: str
+    metric: str
+    unit: str
+    better: str
+    family: Family
+    tiering: Tiering | None = None  # among the VPNs only: the baseline is the reference, not a contender
+
+    @property
+    def short(self) -> str:
+        """The metric without its unit suffix (goodput_mbps -> goodput)."""
+        short = self.metric
+        for s in UNIT_SUFFIXES:
+            short = short.removesuffix(s)
+        return short
+
+    @property
+    def where(self) -> str:
+        """The column in a sentence: "tcp goodput", "connect" (not "connect connect")."""
+        return self.label if self.short == self.label else f"{self.label} {self.short}"
+
+    @property
+    def title(self) -> str:
+        arrow = {"higher": " ↑", "lower": " ↓"}.get(self.better, "")
+        return f"{self.label}\n{self.short} {self.unit}{arrow}".rstrip()
+
+
+@dataclass
+class Cell:
+    median: float
+    unit: str
+    n: int
+    tier: int | None  # None: one VPN only, or no better direction
+    ratio: float | None
+
+    @property
+    def text(self) -> str:
+        extra = [f"T{self.tier}"] if self.tier is not None else []
+        if self.ratio is not None and not math.isnan(self.ratio):
+            extra.append(f"{self.ratio:.2g}×")
+        return num(self.median, self.unit) + (f" ({', '.join(extra)})" if extra else "")
+
+
+@dataclass
+class Row:
+    variant: str
+    version: str
+    baseline: bool
+    cells: dict[str, Cell]  # column label -> cell
+
+
+@dataclass
+class Table:
+    profile: str
+    columns: list[Column]
+    rows: list[Row]
+
+
+@dataclass
+class Headline:
+    tables: list[Table] = field(default_factory=list)
+    findings: list[tuple[str, str]] = field(default_factory=list)  # (text, tone: ok | warn | bad | "")
+
+
+def short_version(v: str | None) -> str:
+    """A version without its provenance note ("1.11.1 (go proxy)" -> "1.11.1")."""
+    return (v or "").split(" (", 1)[0]
+
+
+def _columns(a: Analysis, profile: str) -> list[Column]:
+    out = []
+    for label in a.labels:
+        fams = [f for f in a.families if f.profile == profile and f.label == label]
+        if not fams:
+            continue
+        wl = WORKLOADS.get(fams[0].workload)
+        if wl is None or not wl.headline:
+            continue
+        for metric in wl.headline:  # the first headline metric this label has values for
+            f = next((x for x in fams if x.metric == metric), None)
+            if f is not None:
+                out.append(Column(label, f.workload, metric, f.unit, f.better, f))
+                break
+    return out
+
+
+def _cell(c: Column, variant: str) -> Cell | None:
+    g = c.family.groups.get(variant)
+    if g is None or g.desc is None:
+        return None
+    tier = c.tiering.tier.get(variant) if c.tiering else None
+    return Cell(g.desc.median, c.unit, g.desc.n, tier, g.ratio[0] if g.ratio else None)
+
+
+def _sort_key(col: Column | None, variant: str) -> tuple:
+    if col is None:
+        return (0, 0.0)
+    g = col.family.groups.get(variant)
+    if g is None or g.desc is None:
+        return (1, 0.0)
+    return (0, -g.desc.median if col.better == "higher" else g.desc.median)
+
+
+def build(a: Analysis) -> Headline:
+    h = Headline()
+    for profile in a.profiles:
+        cols = _columns(a, profile)
+        if not cols:
+            continue
+        variants = [v for v in a.variants if any(v in c.family.groups for c in cols)]
+        base = [v for v in variants if v.split(" ")[0] == BASELINE]
+        others = sorted((v for v in variants if v not in base), key=lambda v: _sort_key(cols[0], v))
+        for c in cols:
+            vpns = {v: g.values for v, g in c.family.groups.items() if v not in base and g.values}
+            if len(vpns) > 1 and c.better != "none":
+                c.tiering = tiers(vpns, c.better)  # type: ignore[arg-type]
+        rows = []
+        for v in base + others:
+            run = a.run_of(v)
+            vpn = next((vpn for (rid, vpn), var in a.variant_of.items() if var == v and rid == run.run_id), v)
+            cells = {c.label: cell for c in cols if (cell := _cell(c, v)) is not None}
+            rows.append(Row(v, short_version(run.version(vpn)), v in base, cells))
+        for i in range(0, len(cols), MAX_COLUMNS):
+            h.tables.append(Table(profile, cols[i : i + MAX_COLUMNS], rows))
+        multi = len(a.profiles) > 1
+        for c in cols:
+            line = _leader(c, multi)
+            if line:
+                h.findings.append(line)
+        under = [c.where for c in cols if c.family.underpowered]
+        if under:
+            n = min(
+                c.family.groups[v].desc.n for c in cols for v in c.family.groups if c.family.groups[v].desc
+            )  # type: ignore[union-attr]
+            h.findings.append((f"{profile}: underpowered (n = {n} per VPN: no pair can reach p < {ALPHA} after "
+                               f"Holm): {', '.join(under)}; use more repetitions", "warn"))  # fmt: skip
+    h.findings += _problems(a)
+    return h
+
+
+def _leader(c: Column, multi_profile: bool) -> tuple[str, str] | None:
+    """Who leads a column among the VPNs (the baseline is the reference, not a contender), by how much, and
+    whether the design separates it from the runner-up."""
+    f, t = c.family, c.tiering
+    if t is None:
+        return None
+    best, second = t.order[0], t.order[1]
+    gb, gs = f.groups[best], f.groups[second]
+    assert gb.desc is not None and gs.desc is not None
+    where = c.where + (f" @ {f.profile}" if multi_profile else "")
+    pair = next((p for p in t.pairs if {p.a, p.b} == {best, second}), None)
+    p_txt = f"p = {pair.p_holm:.2g}, Holm" if pair and not math.isnan(pair.p_holm) else "no test"
+    mb, ms = gb.desc.median, gs.desc.median
+    base = ""
+    if gb.ratio and not math.isnan(gb.ratio[0]):
+        base = f"; {gb.ratio[0]:.2g}× no-VPN [{gb.ratio[1]:.2g}–{gb.ratio[2]:.2g}]"
+    if pair is not None and pair.significant:
+        if ms and mb and max(mb / ms, ms / mb) >= 1.5:
+            by = f"{max(mb / ms, ms / mb):.2g}× {second}'s {num(ms, c.unit)}"
+        else:
+            by = (
+                f"{100 * (mb - ms) / abs(ms):+.1f}% vs {second}'s {num(ms, c.unit)}" if ms else f"vs {second}"
+            )
+        return f"{where}: {best} leads at {num(mb, c.unit)} {c.unit}, {by} ({p_txt}){base}", "ok"
+    ties = [v for v in t.order if t.tier[v] == t.tier[best]][1:]
+    return (
+        f"{where}: {best} {num(mb, c.unit)} {c.unit}, not separable from {', '.join(ties)} ({p_txt} vs {second})",
+        "",
+    )
+
+
+def _problems(a: Analysis) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for r in a.runs:
+        failed: dict[tuple[str, str, str], int] = {}
+        for c in r.cases:
+            if c.status in ("failed", "interrupted", "error"):
+                k = (a.variant_of.get((r.run_id, c.vpn), c.vpn), c.profile, c.label)
+                failed[k] = failed.get(k, 0) + 1
+        for (v, p, lb), n in failed.items():
+            out.append((f"{v} {lb} @ {p}: {n} failed attempt(s); errors in the report", "bad"))
+        for v in r.vpns:
+            if v["status"] != "ok":
+                out.append((f"{v['name']}: {v['status']}: {v['reason']}", "warn"))
+        for key, raw in sorted(r.env.items()):
+            if not key.startswith("calibration.") or key == "calibration.base":
+                continue
+            try:
+                cal = json.loads(raw)
+            except (TypeError, ValueError):
+                continue
+            if isinstance(cal, dict) and cal.get("ok") is False:
+                bad = "; ".join(f"{x.get('quantity')} {num(x.get('measured'))} vs {num(x.get('configured'))} "
+                                f"{x.get('unit', '')}".rstrip() for x in cal.get("checks", []) if x.get("ok") is False)  # fmt: skip
+                out.append((f"calibration of profile {cal.get('profile')} OUT OF TOLERANCE: {bad}", "bad"))
+    return out

@@ -1,0 +1,151 @@
+"""The headline (report/headline.py): one row per VPN, one column per workload's first headline metric, tiers
+among the VPNs only, the leader line and the findings, on a hand-made store whose answers are known; the
+rendered terminal text fits 120 columns and prints bracketed text as it is."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.analysis.summary import summarize
+from tunnelbench.report.headline import build
+from tunnelbench.report.terminal import print_summary
+from tunnelbench.store import DB_NAME, Store
+from tunnelbench.workloads.base import Outcome, Sample
+
+RUN = "20260101-000000-tbhead"
+VERSIONS = {
+    "internal": "linux 6.1.0-test",
+    "fastvpn": "2.0 [dev] (go proxy v0.0.0-20260522210424-ecfc5a8d5446)",
+    "midvpn": "1.4.2 (debian 1.4.2-1)",
+    "slowvpn": "0.9",
+}
+# label -> (workload, metric, unit, per-VPN base value, step per repetition); medians are base + 3.5 * step
+COLUMNS = {
+    "tcp": ("tcp", "goodput_mbps", "Mbit/s", {"internal": 1000, "fastvpn": 500, "midvpn": 300, "slowvpn": 301}, 2),
+    "tcp-p4": ("tcp", "goodput_mbps", "Mbit/s", {"internal": 2000, "fastvpn": 900, "midvpn": 400, "slowvpn": 200}, 2),
+    "udp-100M": ("udp", "goodput_mbps", "Mbit/s", {"internal": 100, "fastvpn": 99, "midvpn": 98, "slowvpn": 97}, 0.01),
+    "ping": ("ping", "rtt_p50_ms", "ms", {"internal": 0.05, "fastvpn": 0.3, "midvpn": 0.31, "slowvpn": 0.9}, 0.01),
+    "connect": ("connect", "connect_s", "s", {"internal": 0.005, "fastvpn": 0.1, "midvpn": 0.3, "slowvpn": 0.2}, 0.001),
+}  # fmt: skip
+N = 8
+
+
+def make_store(
+    root: Path, extra_label: bool = False, fail: bool = False, bad_calibration: bool = False
+) -> Path:
+    run_dir = root / RUN
+    run_dir.mkdir(parents=True)
+    st = Store(run_dir / DB_NAME)
+    st.begin_run(RUN, "tbhead", 'name = "hand-made"\n', "0.1.0")
+    if bad_calibration:
+        st.set_env(RUN, {"calibration.lossy": {"profile": "lossy", "backend": "netem", "ok": False, "checks": [
+            {"quantity": "loss", "unit": "%", "configured": 1.0, "measured": 9.5, "ok": False}]}})  # fmt: skip
+    cols = dict(COLUMNS)
+    if extra_label:  # a sixth column: the headline splits into two tables
+        cols["tcp-p8"] = ("tcp", "goodput_mbps", "Mbit/s", {v: b["tcp"] for v, b in _bases().items()}, 2)
+    for vpn, version in VERSIONS.items():
+        st.set_vpn(RUN, vpn, version, "ok")
+        for label, (wl, metric, unit, base, step) in cols.items():
+            for rep in range(1, N + 1):
+                adir = run_dir / "cases" / vpn / label / f"r{rep}"
+                adir.mkdir(parents=True)
+                cid = st.start_case(RUN, vpn, "baseline", wl, label, {}, rep, 0, "h1", "h2", adir)
+                st.finish_case(
+                    cid, "ok", Outcome(samples=[Sample(metric, base[vpn] + (rep - 1) * step, unit)])
+                )
+    if fail:
+        adir = run_dir / "cases" / "slowvpn" / "tcp" / "r8a1"
+        adir.mkdir(parents=True)
+        cid = st.start_case(RUN, "slowvpn", "baseline", "tcp", "tcp", {}, N, 1, "h1", "h2", adir)
+        st.finish_case(cid, "failed", error="WorkloadError: iperf3 timed out")
+    st.end_run(RUN, "ok")
+    st.close()
+    return run_dir
+
+
+def _bases() -> dict[str, dict[str, float]]:
+    return {v: {lb: c[3][v] for lb, c in COLUMNS.items()} for v in VERSIONS}
+
+
+def test_rows_columns_tiers_and_ratios_match_the_hand_made_values(tmp_path):
+    h = build(analyze([load_run(make_store(tmp_path))]))
+    (t,) = h.tables
+    assert [c.label for c in t.columns] == list(COLUMNS)
+    assert [(c.metric, c.unit) for c in t.columns] == [(c[1], c[2]) for c in COLUMNS.values()]
+    # the baseline first, then by the first column's median, best first: fastvpn 507, slowvpn 308, midvpn 307
+    assert [r.variant for r in t.rows] == ["internal", "fastvpn", "slowvpn", "midvpn"]
+    assert t.rows[0].baseline and not any(r.baseline for r in t.rows[1:])
+    assert [r.version for r in t.rows] == ["linux 6.1.0-test", "2.0 [dev]", "0.9", "1.4.2"]
+    cells = {r.variant: r.cells for r in t.rows}
+    assert cells["fastvpn"]["tcp"].median == 507.0 and cells["internal"]["tcp"].median == 1007.0
+    assert abs(cells["fastvpn"]["tcp"].ratio - 507 / 1007) < 1e-9
+    # tiers among the VPNs only: fastvpn alone on top (8 vs 8 disjoint samples), slowvpn and midvpn overlap
+    assert cells["internal"]["tcp"].tier is None
+    assert (cells["fastvpn"]["tcp"].tier, cells["slowvpn"]["tcp"].tier, cells["midvpn"]["tcp"].tier) == (
+        1,
+        2,
+        2,
+    )
+    assert cells["fastvpn"]["tcp"].text == "507 (T1, 0.5×)"
+    # lower is better for connect: fastvpn 0.1035 < slowvpn 0.2035 < midvpn 0.3035, all disjoint
+    assert [cells[v]["connect"].tier for v in ("fastvpn", "slowvpn", "midvpn")] == [1, 2, 3]
+
+
+def test_findings_name_the_leader_the_ties_and_the_problems(tmp_path):
+    h = build(analyze([load_run(make_store(tmp_path, fail=True, bad_calibration=True))]))
+    text = [t for t, _ in h.findings]
+    lead = next(t for t in text if t.startswith("tcp goodput:"))
+    # 507 / 308 = 1.65 (medians, independent of the tool): "1.6× slowvpn's 308"
+    assert "fastvpn leads at 507 Mbit/s, 1.6× slowvpn's 308" in lead, lead
+    tie = next(t for t in text if t.startswith("ping rtt_p50:"))  # 0.335 vs 0.345 with overlapping samples
+    assert "fastvpn 0.335 ms, not separable from midvpn" in tie, tie
+    assert any("slowvpn tcp @ baseline: 1 failed attempt(s)" in t for t in text), text
+    assert any("profile lossy OUT OF TOLERANCE: loss 9.50 vs 1.00 %" in t for t in text), text
+
+
+def test_terminal_headline_fits_120_columns_and_keeps_brackets(tmp_path):
+    for extra in (False, True):
+        run_dir = make_store(tmp_path / str(extra), extra_label=extra)
+        buf = io.StringIO()
+        console = Console(file=buf, width=120, record=True, color_system=None)
+        store = Store.open_run_dir(run_dir)
+        print_summary(store, RUN, summarize(store, RUN), console)
+        store.close()
+        out = buf.getvalue()
+        lines = out.splitlines()
+        assert max(len(x) for x in lines) <= 120, max(lines, key=len)
+        assert "2.0 [dev]" in out  # a version with brackets is printed as it is, not read as markup
+        assert sum(x.startswith("headline") for x in lines) == (2 if extra else 1), out
+        assert "tunnelbench report --full " + RUN in out
+        # the per-metric table is only in --full
+        assert "median over repetitions" in out and "min–max" not in out
+        vpn_rows = [x for x in lines if re.match(r"│ (internal|fastvpn|midvpn|slowvpn)\b", x)]
+        assert len(vpn_rows) == (8 if extra else 4), out
+
+
+def test_full_adds_the_per_metric_table(tmp_path):
+    run_dir = make_store(tmp_path)
+    buf = io.StringIO()
+    store = Store.open_run_dir(run_dir)
+    print_summary(store, RUN, summarize(store, RUN), Console(file=buf, width=200), full=True)
+    store.close()
+    assert "min–max" in buf.getvalue()
+
+
+def test_html_and_markdown_reports_open_with_the_same_headline(tmp_path):
+    from tunnelbench.report.full import write_report
+
+    run_dir = make_store(tmp_path)
+    html = write_report([run_dir], tmp_path / "r.html", tmp_path / "r.md")
+    page = (tmp_path / "r.html").read_text()
+    assert page.index('id="headline"') < page.index('id="overview"')
+    assert '<td class="ok">507 (T1, 0.5×)</td>' in page
+    assert "2.0 [dev]" in page
+    md = (tmp_path / "r.md").read_text()
+    assert "| fastvpn 2.0 [dev] | 507 (T1, 0.5×) |" in md, md[:2000]
+    assert html.runs
