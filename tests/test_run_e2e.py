@@ -80,9 +80,17 @@ def journal_state(run_dir: Path) -> tuple[list[str], list[dict]]:
 def test_small_run_prints_summary_and_stores_everything(tmp_path):
     scen = tmp_path / "s.toml"
     scen.write_text(SCENARIO.format(reps=2, dur=1))
-    res = tb("run", str(scen), "--results", str(tmp_path / "results"))
+    import os
+
+    res = tb("run", str(scen), "--results", str(tmp_path / "results"), env={**os.environ, "COLUMNS": "120"})
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "goodput_mbps" in res.stdout and "wireguard-go" in res.stdout and "rtt_p50_ms" in res.stdout
+    # the headline: a row per VPN, a column per workload (tcp goodput, ping rtt_p50), within 120 columns
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("headline"), res.stdout
+    assert "goodput Mbit/s" in res.stdout and "rtt_p50 ms" in res.stdout, res.stdout
+    assert any(x.startswith("│ wireguard-go ") for x in lines), res.stdout
+    assert max(len(x) for x in lines) <= 120, res.stdout
+    assert "goodput_mbps" not in res.stdout  # the per-metric table is in `report --full`
     (run_dir,) = (tmp_path / "results").iterdir()
     db = sqlite3.connect(run_dir / "results.sqlite")
     assert db.execute("SELECT status FROM run").fetchone()[0] == "ok"
@@ -99,8 +107,8 @@ def test_small_run_prints_summary_and_stores_everything(tmp_path):
     netns, procs = journal_state(run_dir)
     assert netns and not any(netns_exists(n) for n in netns)
     assert all(not process_alive(p["pid"], p["start"]) for p in procs)
-    rep = tb("report", str(run_dir))
-    assert rep.returncode == 0 and "goodput_mbps" in rep.stdout
+    rep = tb("report", "--full", str(run_dir), env={**os.environ, "COLUMNS": "200"})
+    assert rep.returncode == 0 and "goodput_mbps" in rep.stdout and "retransmit_rate" in rep.stdout
 
 
 def test_sigkill_mid_case_then_clean_leaves_nothing_and_keeps_results(tmp_path):
@@ -146,7 +154,7 @@ def test_signal_tears_down_and_keeps_finished_cases(tmp_path, sig):
     db = sqlite3.connect(run_dir / "results.sqlite")
     assert db.execute("SELECT status FROM run").fetchone()[0] == "interrupted"
     assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 3 * 2 + 1
-    assert "goodput_mbps" in out  # the summary of what was measured is still printed
+    assert "goodput Mbit/s" in out  # the headline of what was measured is still printed
 
 
 ADAPTIVE = """

@@ -14,8 +14,10 @@ from rich.text import Text
 from tunnelbench import __version__
 
 # tables are wide: keep them readable when piped or in CI logs (rich assumes 80 columns off a terminal)
-console = Console() if sys.stdout.isatty() else Console(width=160)
-err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
+# a pipe or a log file gets 160 columns (rich's 80 would fold every table), unless COLUMNS says otherwise
+_wide = not os.environ.get("COLUMNS", "").isdigit()
+console = Console() if sys.stdout.isatty() or not _wide else Console(width=160)
+err = Console(stderr=True) if sys.stderr.isatty() or not _wide else Console(stderr=True, width=160)
 
 
 def _need_root() -> None:
@@ -63,28 +65,43 @@ def main() -> None:
               help="run on the real hosts of this Ansible-style YAML inventory over SSH (lab.backend = ssh)")  # fmt: skip
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True,
               help="with --inventory: do not verify SSH host keys (only on a lab network you fully control)")  # fmt: skip
+@click.option("--resume", "resume_ref", metavar="RUN",
+              help="continue a killed or interrupted run (its id or folder) in its folder: same scenario, seed and "
+                   "round order; cases already ok are kept, unfinished ones measured again")  # fmt: skip
 def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...],
-        results: Path | None, no_html: bool, inventory: Path | None = None, insecure: bool = False) -> None:  # fmt: skip
+        results: Path | None, no_html: bool, inventory: Path | None = None, insecure: bool = False,
+        resume_ref: str | None = None) -> None:  # fmt: skip
     """Run a scenario (the built-in default when none is given) and print the summary."""
-    from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
+    from tunnelbench.runner import ResumeError, load_resume
+    from tunnelbench.scenario import ScenarioError, load_scenario
 
+    plan = None
     try:
-        sc, text = load_scenario(scenario)
-        if vpns or repetitions or profiles or inventory or insecure:
-            import tomllib
-
-            data = tomllib.loads(text)
-            if inventory:
-                data.setdefault("lab", {}).update(backend="ssh", inventory=str(inventory.resolve()))
-            if insecure:
-                data.setdefault("lab", {})["insecure_no_host_key_check"] = True
-            if vpns:
-                data["vpns"] = [v for arg in vpns for v in arg.split(",")]
-            if repetitions:
-                data.setdefault("run", {})["repetitions"] = repetitions
-            if profiles:
-                data["profiles"] = [p for arg in profiles for p in arg.split(",")]
-            sc = parse_scenario(data, f"{scenario or 'default scenario'} with command-line overrides")
+        if resume_ref is not None:
+            given = [name for name, v in (("SCENARIO", scenario), ("--vpn", vpns), ("--repetitions", repetitions),
+                     ("--profile", profiles), ("--inventory", inventory), ("--insecure-no-host-key-check", insecure))
+                     if v]  # fmt: skip
+            if given:
+                raise click.UsageError(f"--resume continues a run with the scenario and options it started with; "
+                                       f"it cannot be combined with {', '.join(given)}")  # fmt: skip
+            try:
+                plan = load_resume(_find_run(resume_ref, results or Path("results")))
+            except ResumeError as e:
+                err.print(Text(f"cannot resume: {e}", style="red"))
+                sys.exit(2)
+            text, overrides = plan.text, plan.overrides
+            sc = _with_overrides(text, overrides, f"run {plan.run_id}'s scenario.toml")
+        else:
+            sc, text = load_scenario(scenario)
+            # kept in the run (run.overrides) so --resume parses the same scenario again
+            overrides = {k: v for k, v in {
+                "inventory": str(inventory.resolve()) if inventory else None, "insecure": insecure,
+                "vpns": [v for arg in vpns for v in arg.split(",")], "repetitions": repetitions,
+                "profiles": [p for arg in profiles for p in arg.split(",")]}.items() if v}  # fmt: skip
+        if overrides and plan is None:
+            sc = _with_overrides(
+                text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
+            )
             text = _dump_toml_note(text, vpns, repetitions, profiles)
             if inventory:
                 text = (
@@ -101,12 +118,19 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
     from tunnelbench.runner import Interrupted, Runner
     from tunnelbench.store import DB_NAME, Store
 
-    runner = Runner(sc, text, err, results)
-    err.print(f"run {runner.run_id} -> {runner.run_dir}")
+    try:
+        runner = Runner(sc, text, err, results, overrides=overrides, resume=plan)
+    except ResumeError as e:
+        err.print(Text(f"cannot resume: {e}", style="red"))
+        sys.exit(2)
+    err.print(Text(f"{'resuming run' if plan else 'run'} {runner.run_id} -> {runner.run_dir}"))
     code = 0
     res = None
     try:
         res = runner.run()
+    except ResumeError as e:  # raised before the run is reopened: nothing to summarize
+        err.print(Text(f"cannot resume: {e}", style="red"))
+        sys.exit(2)
     except (Interrupted, KeyboardInterrupt):
         code = 130
     except Exception as e:  # the run is torn down and stored; say what broke, keep the traceback
@@ -134,6 +158,26 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
     if code == 0 and res is not None and res.status != "ok":
         code = 1
     sys.exit(code)
+
+
+def _with_overrides(text: str, overrides: dict, source: str):
+    """The scenario of `text` with the command-line overrides of `run` (as kept in run.overrides)."""
+    import tomllib
+
+    from tunnelbench.scenario import parse_scenario
+
+    data = tomllib.loads(text)
+    if overrides.get("inventory"):
+        data.setdefault("lab", {}).update(backend="ssh", inventory=overrides["inventory"])
+    if overrides.get("insecure"):
+        data.setdefault("lab", {})["insecure_no_host_key_check"] = True
+    if overrides.get("vpns"):
+        data["vpns"] = overrides["vpns"]
+    if overrides.get("repetitions"):
+        data.setdefault("run", {})["repetitions"] = overrides["repetitions"]
+    if overrides.get("profiles"):
+        data["profiles"] = overrides["profiles"]
+    return parse_scenario(data, source)
 
 
 def _dump_toml_note(
@@ -433,6 +477,68 @@ def clean(force: bool, inventory: Path | None = None, insecure: bool = False) ->
 
 
 @main.command()
+@click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--vpn", default="internal", show_default=True,
+              help="the VPN whose mesh to bring up (NAME, NAME@debian, NAME@X.Y.Z); internal = no VPN")  # fmt: skip
+@click.option("--profile", "-p", default="baseline", show_default=True, help="impairment profile on the path")
+@click.option("--hosts", type=click.IntRange(min=2), help="override lab.hosts")
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path),
+              help="folder for the lab's configs, keys and logs (default: the scenario's results_dir)")  # fmt: skip
+def up(scenario: Path | None, vpn: str, profile: str, hosts: int | None, results: Path | None) -> None:
+    """Build the lab and one VPN's mesh and keep them up (until `tunnelbench down`)."""
+    _need_root()
+    from tunnelbench import interactive
+
+    try:
+        lab = interactive.up(scenario, vpn, profile, hosts, results, say=lambda m: err.print(Text(m)))
+    except interactive.UpError as e:
+        err.print(Text(str(e), style="red"))
+        sys.exit(e.code)
+    except KeyboardInterrupt:
+        err.print(Text("interrupted: the lab was torn down", style="yellow"))
+        sys.exit(130)
+    interactive.print_up(lab, console)
+
+
+@main.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--lab", "lab_ref", metavar="RUN_ID", help="which lab, when more than one is up")
+@click.argument("host")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def exec_(lab_ref: str | None, host: str, cmd: tuple[str, ...]) -> None:
+    """Run CMD in HOST's namespace of the lab that is up (default: a shell): `exec h1 -- ping -c1 10.77.0.2`."""
+    _need_root()
+    from tunnelbench import interactive
+
+    if cmd[:1] == ("--",):  # click keeps the separator once the host argument ended option parsing
+        cmd = cmd[1:]
+    try:
+        interactive.exec_in(host, cmd, lab_ref)
+    except interactive.UpError as e:
+        err.print(Text(str(e), style="red"))
+        sys.exit(e.code)
+
+
+@main.command()
+@click.argument("run_id", required=False)
+def down(run_id: str | None) -> None:
+    """Tear down the lab `tunnelbench up` made: verified VPN teardown, namespaces deleted, journal ended."""
+    _need_root()
+    from tunnelbench import interactive
+
+    try:
+        rep = interactive.down(run_id)
+    except interactive.UpError as e:
+        err.print(Text(str(e), style="red"))
+        sys.exit(e.code)
+    console.print(Text(f"lab {rep.run_id} down"))
+    for x in rep.lines:
+        console.print(Text(x))
+    for x in rep.problems:
+        err.print(Text(f"problem: {x}", style="red"))
+    sys.exit(1 if rep.problems else 0)
+
+
+@main.command()
 @click.argument("vpns", nargs=-1)
 @click.option("--for-scenario", "for_scenario", metavar="SCENARIO",
               help="install what this scenario (a file or a built-in name, e.g. default) runs, nothing else")  # fmt: skip
@@ -603,8 +709,11 @@ def list_() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Markdown summary (default: the HTML path with .md)",
 )
-def report(run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: Path | None) -> None:
-    """Print the summary of stored run(s) and write the self-contained HTML report and a Markdown summary
+@click.option("--full", is_flag=True, help="also print every headline metric per VPN and workload, and the "
+              "whole Security table")  # fmt: skip
+def report(run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: Path | None,
+           full: bool = False) -> None:  # fmt: skip
+    """Print the headline of stored run(s) and write the self-contained HTML report and a Markdown summary
     (newest run when none is given). Several runs are combined into one report, e.g. two releases of a VPN."""
     from tunnelbench.analysis.summary import summarize
     from tunnelbench.report.full import write_report
@@ -615,7 +724,7 @@ def report(run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: P
     for run_dir in run_dirs:
         store = Store.open_run_dir(run_dir)
         run_id = store.run_row()["id"]
-        print_summary(store, run_id, summarize(store, run_id), console)
+        print_summary(store, run_id, summarize(store, run_id), console, full=full)
         store.close()
     default = run_dirs[-1] / ("report.html" if len(run_dirs) == 1 else "report-combined.html")
     path = out or default
@@ -660,6 +769,41 @@ def compare(run_a: str, run_b: str, results: Path, threshold: float, metrics: tu
         sys.exit(2)
     print_comparison(cmp, console, show_all)
     sys.exit(1 if cmp.gate_failed else 0)
+
+
+@main.command()
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+              show_default=True)  # fmt: skip
+@click.option("--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or a comma list)")
+@click.option("--metric", "metrics", multiple=True,
+              help="only these metrics (repeat; compared and gated as compare --metric); default: headline")  # fmt: skip
+@click.option("--threshold", type=float, default=10.0, show_default=True,
+              help="flag changes whose whole 95% CI is beyond this many percent (as compare)")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="HTML file (default RESULTS/history.html)")  # fmt: skip
+def history(results: Path, vpns: tuple[str, ...], metrics: tuple[str, ...], threshold: float,
+            out: Path | None) -> None:  # fmt: skip
+    """The trend of every VPN across all stored runs: an offline HTML page (each headline metric over time
+    with its CI, the changes compare flags between consecutive runs) and the latest vs previous run per VPN."""
+    from tunnelbench.report import history as hist
+
+    runs, skipped = hist.collect_runs(results)
+    for d, why in skipped:
+        err.print(Text(f"skipped {d}: {why}", style="yellow"))
+    if not runs:
+        raise click.UsageError(f"no readable runs under {results}/ (use --results DIR)")
+    names = [x.strip() for v in vpns for x in v.split(",") if x.strip()]
+    try:
+        h = hist.build_history(runs, names or None, list(metrics) or None, threshold, skipped)
+        for name in names:
+            if name not in h.vpns:
+                what = ", ".join(metrics) or "headline"
+                err.print(Text(f"no {what} metric of VPN {name!r} in any run", style="yellow"))
+        hist.print_history(h, console)
+        path = hist.write_history(h, out or results / "history.html")
+    finally:
+        hist.close_runs(runs)
+    err.print(Text(f"history: {path}"))
 
 
 @main.command()

@@ -6,7 +6,10 @@ retried (daemon logs kept) and never stops the run. Every finished case is commi
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import random
+import re
 import shutil
 import signal
 import time
@@ -25,7 +28,7 @@ from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
 from tunnelbench.lab import Lab, make_lab, sysctl
 from tunnelbench.lab.host import abort_running
-from tunnelbench.lab.journal import Journal
+from tunnelbench.lab.journal import Journal, run_leftovers
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.monitor import Monitor
 from tunnelbench.scenario import Scenario
@@ -66,6 +69,65 @@ def _safe(name: str) -> str:
     return name.replace("/", "_")
 
 
+def scenario_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ResumeError(Exception):
+    """A run that cannot be resumed; the message names the problem and what to do."""
+
+
+@dataclass
+class ResumePlan:
+    """A killed or interrupted run to continue: its folder, identity and the scenario it started with."""
+
+    run_id: str
+    run_dir: Path
+    tag: str
+    text: str  # scenario.toml as run (its sha256 checked against the one recorded at the start)
+    overrides: dict  # the command-line overrides it ran with (run.overrides)
+    status: str  # the run's status before this resume
+
+
+def load_resume(run_dir: Path) -> ResumePlan:
+    """Check that a run folder holds a run that can be continued; ResumeError says why not."""
+    db = run_dir / DB_NAME
+    if not db.exists():
+        raise ResumeError(f"{run_dir} is not a run folder (no {DB_NAME})")
+    st = Store(db)
+    try:
+        rows = st.runs()
+        if len(rows) != 1:
+            raise ResumeError(f"{db} holds {len(rows)} runs; a run folder holds one")
+        run = rows[0]
+        env = st.env(run["id"])
+    finally:
+        st.close()
+    run_id = run["id"]
+    if run["status"] == "ok":
+        ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["ended"] or 0))
+        raise ResumeError(f"run {run_id} finished ok ({ended}): there is nothing to resume; start a new run")
+    owner = run_leftovers(run_id, run_dir)
+    if owner.owner_alive():
+        raise ResumeError(f"run {run_id} is still running (pid {owner.owner_pid}): only a killed or interrupted "
+                          f"run can be resumed; stop it first (Ctrl-C, or kill -TERM {owner.owner_pid})")  # fmt: skip
+    recorded = env.get("run.scenario_sha256")
+    if recorded is None:
+        raise ResumeError(f"run {run_id} recorded no scenario hash (run.scenario_sha256): it was made by a "
+                          "tunnelbench without --resume and cannot be resumed; start a new run")  # fmt: skip
+    path = run_dir / "scenario.toml"
+    text = path.read_text() if path.exists() else run["scenario"]  # the store keeps the same text
+    now = scenario_sha256(text)
+    if now != recorded:
+        raise ResumeError(
+            f"{path} changed since run {run_id} started (sha256 {now[:16]}…, recorded {recorded[:16]}…): "
+            "a resumed run must measure the scenario it started with. Restore the file (the original text is in "
+            f"{db}, table run, column scenario) to resume, or start a new run with the edited file"
+        )
+    return ResumePlan(run_id, run_dir.absolute(), run["tag"], text,
+                      json.loads(env.get("run.overrides", "{}")), run["status"])  # fmt: skip
+
+
 class Interrupted(BaseException):  # not an Exception: no case handler may swallow it
     """SIGTERM/SIGINT/SIGHUP: stop measuring, tear down, keep what is stored."""
 
@@ -84,15 +146,22 @@ def _raise_interrupted(signum, _frame):
 
 class Runner:
     def __init__(self, scenario: Scenario, scenario_toml: str, console: Console | None = None,
-                 results_root: Path | None = None, profile: str | None = None):  # fmt: skip
+                 results_root: Path | None = None, profile: str | None = None, overrides: dict | None = None,
+                 resume: ResumePlan | None = None):  # fmt: skip
         self.sc = scenario
         self.toml = scenario_toml
         self.console = console or Console(stderr=True)
-        self.tag = new_tag()
-        self.run_id = new_run_id(self.tag)
-        # absolute: daemons resolve config paths against their own cwd or config dir (fastd includes,
-        # swanctl and SoftEther inside a mount namespace), so a relative --results broke them
-        self.run_dir = (results_root or Path(scenario.run.results_dir)).absolute() / self.run_id
+        self.overrides = overrides or {}
+        self.resume = resume
+        # resumed: the same id, folder and tag (the killed lab is removed before the new one is built)
+        if resume is not None:
+            self.tag, self.run_id, self.run_dir = resume.tag, resume.run_id, resume.run_dir
+        else:
+            self.tag = new_tag()
+            self.run_id = new_run_id(self.tag)
+            # absolute: daemons resolve config paths against their own cwd or config dir (fastd includes,
+            # swanctl and SoftEther inside a mount namespace), so a relative --results broke them
+            self.run_dir = (results_root or Path(scenario.run.results_dir)).absolute() / self.run_id
         self.workloads: list[Workload] = scenario.build_workloads()
         self.lab: Lab | None = None
         self.mesh: Mesh | None = None
@@ -115,6 +184,15 @@ class Runner:
         self.placement: placement.Placement | None = None
         self.seed = 0
         self.t_start = time.monotonic()
+        # resume: cases already ok, (vpn, condition label, workload label, rep); the killed run's seed and orders
+        self.done: set[tuple[str, str, str, int]] = set()
+        self.prior_seed: int | None = None
+        self.prior_orders: list[list[str]] | None = None
+        self.session_prefix = ""  # a resumed process's mesh sessions get their own folders
+        self.free_progress = 0  # progress advanced without measuring (cases already ok): not in the ETA
+        self.router_base: dict[str, int] = {}  # router drops counted by earlier processes of the run
+        if resume is not None:
+            self._check_resume()
 
     # -- helpers -----------------------------------------------------------------------------------
     def _phase(self, vpn: str | None, phase: str, seconds: float) -> None:
@@ -129,6 +207,124 @@ class Runner:
     def _case_timeout(self, wl: Workload) -> float:
         return self.sc.run.case_timeout_s or (wl.expected_seconds() * 2 + 30)
 
+    # -- resume ------------------------------------------------------------------------------------
+    def _check_resume(self) -> None:
+        """Before anything changes: the killed run's seed must give back its stored round orders."""
+        st = Store(self.run_dir / DB_NAME)
+        try:
+            env = st.env(self.run_id)
+        finally:
+            st.close()
+        if "run.seed" in env:
+            self.prior_seed = int(json.loads(env["run.seed"]))
+        if "run.round_orders" in env:
+            self.prior_orders = json.loads(env["run.round_orders"])
+        if (
+            self.prior_seed is not None
+            and self.prior_orders is not None
+            and self.sc.run.order == "interleaved"
+        ):
+            again = round_orders(self.sc.vpns, self.sc.run.repetitions, self.prior_seed)
+            if self.prior_orders[: len(again)] != again:
+                raise ResumeError(f"run {self.run_id}: seed {self.prior_seed} no longer gives the stored round "
+                                  f"orders ({self.prior_orders} vs {again}); this tunnelbench plans rounds "
+                                  "differently, so the run cannot be continued: start a new run")  # fmt: skip
+
+    def _undo_leftovers(self) -> None:
+        """Remove what the killed process left (namespaces, daemons, files) from its journal, as `clean` does,
+        so resume works straight after a SIGKILL."""
+        from tunnelbench.lab.clean import clean_run
+
+        left = run_leftovers(self.run_id, self.run_dir)
+        if left.owner_alive():  # checked by load_resume too; a second resume may have started meanwhile
+            raise ResumeError(f"run {self.run_id} is running again (pid {left.owner_pid})")
+        inv = None
+        if self.sc.lab.backend == "ssh" and any(e.get("backend") == "ssh" for e in left.entries):
+            from tunnelbench.lab.inventory import load_inventory
+
+            assert self.sc.lab.inventory is not None
+            inv = load_inventory(self.sc.lab.inventory)
+            if self.sc.lab.insecure_no_host_key_check:
+                inv.insecure()
+        rep = clean_run(left, inv)
+        if rep.removed:
+            self._say(f"removed what the interrupted run left: {', '.join(rep.removed)}", "yellow")
+        if rep.problems or rep.skipped:
+            raise ResumeError("the interrupted run's leftovers could not all be removed: "
+                              + "; ".join(rep.problems + rep.skipped) + "; fix that (or run `tunnelbench clean`), "
+                              "then resume")  # fmt: skip
+
+    def _reopen(self) -> None:
+        """Resume bookkeeping: drop the cases the killed process never finished, remember those already ok, and
+        carry over what earlier processes recorded (drift, drops, key records), so run totals keep adding up."""
+        assert self.resume is not None
+        st = self.store
+        env = st.env(self.run_id)
+        discarded = st.discard_unfinished(self.run_id)
+        self.done = st.done_cases(self.run_id)
+        resumed = json.loads(env.get("run.resumed", "[]"))
+        resumed.append({"at": time.time(), "previous_status": self.resume.status, "cases_ok": len(self.done),
+                        "discarded": discarded, "tunnelbench_version": __version__})  # fmt: skip
+        st.set_env(self.run_id, {"run.resumed": resumed})
+        st.reopen_run(self.run_id)
+        self.session_prefix = f"r{len(resumed)}"
+        self.drift = json.loads(env.get("drift.reference", "[]"))
+        for v in st.vpns(self.run_id):
+            (self.seen if v["status"] == "ok" else self.dead).add(v["name"])  # out of the run stays out
+        for k, val in env.items():
+            if k.startswith("keys.") and k != "keys.scan":
+                self.key_records[k[len("keys.") :]] = json.loads(val)
+        for counter, key in DROP_COUNTERS.items():
+            shares = {k[len(key) + 1 :]: int(v) for k, v in env.items() if k.startswith(f"{key}.")}
+            for vpn, n in shares.items():
+                self.drops.setdefault(vpn, {})[key] = n
+            # a killed process never stored the router's total: its VPNs' shares stand for it
+            total = int(env.get(f"router.{key}", sum(shares.values())))
+            self.router_base[counter] = max(total, 0)
+        self._say(f"resume {len(resumed)} of this run (it was left {self.resume.status}): {len(self.done)} "
+                  f"cases already ok are kept, {len(discarded)} unfinished case(s) discarded and measured again",
+                  "yellow")  # fmt: skip
+
+    def _is_done(self, vpn: str, label: str, wl: Workload, rep: int) -> bool:
+        return (vpn, label, wl.label(), rep) in self.done
+
+    def _session_needed(self, vpn: str, reps: list[int], only: set[tuple[str, str]] | None,
+                        adaptive: bool = False) -> bool:  # fmt: skip
+        """Has a session of this VPN anything left to measure? (A resumed run does not bring up a VPN whose
+        cases of the round are all ok.)"""
+        if not self.done:
+            return True
+        for _p, _t, label in self._conditions():
+            for wl in self.workloads:
+                if only is not None and (label, wl.label()) not in only:
+                    continue
+                if any(not self._is_done(vpn, label, wl, rep) for rep in reps):
+                    return True
+        cfg = self.sc.run
+        if adaptive and cfg.max_repetitions and cfg.max_repetitions > cfg.repetitions:
+            # block order's adaptive repetitions, planned as _adaptive_reps plans them
+            for _p, _t, label in self._conditions():
+                pending = [wl for wl in self.workloads if wl.headline]
+                for rep in range(max(reps) + 1, cfg.max_repetitions + 1):
+                    pending = [wl for wl in pending if not self._precise(vpn, label, wl, rep)]
+                    if any(not self._is_done(vpn, label, wl, rep) for wl in pending):
+                        return True
+        return False
+
+    def _skip_done(self, n: int) -> None:
+        """Advance the progress bar over cases a resumed run keeps."""
+        assert self.progress is not None
+        self.progress.advance(self.task, n)
+        self.free_progress += n
+
+    def _first_attempt(self, vpn: str, profile: str, wl: Workload, rep: int) -> int:
+        """A resumed case's attempts continue after the killed process's (their artifact folders are kept)."""
+        if self.resume is None:
+            return 0
+        d = self.run_dir / "cases" / vpn / profile / wl.label()
+        used = [int(m.group(1)) for p in d.glob(f"r{rep}a*") if (m := re.fullmatch(rf"r{rep}a(\d+)", p.name))]
+        return max(used, default=-1) + 1
+
     def preflight(self) -> None:
         if self.sc.lab.backend == "ssh":
             return  # the tools must be on the hosts: SshLab.build checks them there
@@ -142,10 +338,19 @@ class Runner:
         self.preflight()
         t_start = self.t_start = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "scenario.toml").write_text(self.toml)
+        if self.resume is None or not (self.run_dir / "scenario.toml").exists():
+            (self.run_dir / "scenario.toml").write_text(self.toml)
+        if self.resume is not None:
+            self._undo_leftovers()  # before registering: it unregisters the killed process
         self.store = Store(self.run_dir / DB_NAME)
         self.journal = Journal(self.run_dir, self.run_id)
-        self.store.begin_run(self.run_id, self.tag, self.toml, __version__)
+        if self.resume is None:
+            self.store.begin_run(self.run_id, self.tag, self.toml, __version__)
+            # what --resume checks and re-applies: the text as run, and the overrides parsed into it
+            self.store.set_env(self.run_id, {"run.scenario_sha256": scenario_sha256(self.toml),
+                                             "run.overrides": self.overrides})  # fmt: skip
+        else:
+            self._reopen()
         old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
         status = "failed"
         try:
@@ -207,13 +412,20 @@ class Runner:
             with contextlib.suppress(Exception):
                 self.backend.clear()
         if self.lab is not None:
-            self.store.set_env(self.run_id, {"router.offlab_drops": self.lab.offlab_drops(),
-                                             "router.tunnel_leak_drops": self.lab.offlab_drops("tunnel_leak")})  # fmt: skip
+            self.store.set_env(
+                self.run_id, {f"router.{key}": self._router_total(c) for c, key in DROP_COUNTERS.items()}
+            )
             problems = self.lab.destroy()
             for p in problems:
                 self._say(f"teardown problem: {p}", "red")
         self.journal.end()
         self._phase(None, "lab_teardown", time.monotonic() - t0)
+
+    def _router_total(self, counter: str) -> int:
+        """The router's drops over the whole run: this lab's counter plus what earlier processes counted."""
+        assert self.lab is not None
+        now = self.lab.offlab_drops(counter)
+        return now if now < 0 else now + self.router_base.get(counter, 0)
 
     def _run_vpns(self) -> None:
         assert self.lab is not None
@@ -226,21 +438,38 @@ class Runner:
         with Progress(*cols, console=self.console, transient=False) as progress:
             self.progress, self.task = progress, progress.add_task("starting", total=total)
             self._prepare_impairment(client, server, progress, self.task)  # places CPUs before calibrating
-            self.seed = (
-                self.sc.run.seed if self.sc.run.seed is not None else random.SystemRandom().randrange(2**31)
-            )
+            if self.prior_seed is not None:  # resumed: the same plan as the killed process
+                self.seed = self.prior_seed
+            else:
+                self.seed = (
+                    self.sc.run.seed
+                    if self.sc.run.seed is not None
+                    else random.SystemRandom().randrange(2**31)
+                )
             reps = self.sc.run.repetitions
             self.store.set_env(self.run_id, {"run.order": self.sc.run.order, "run.seed": self.seed})
+            per_round = len(conds) * len(self.workloads)
+            for vpn in self.sc.vpns:
+                if vpn in self.dead:  # out of the run before a resume: its cases were counted as skipped
+                    self._skip_done(per_round * reps)
             if self.sc.run.order == "block":
                 for vpn in self.sc.vpns:
+                    if vpn in self.dead:
+                        continue
+                    if not self._session_needed(vpn, list(range(1, reps + 1)), None, adaptive=True):
+                        self._skip_done(per_round * reps)
+                        continue
                     self._drift_reference(f"before {vpn}")
                     self._vpn_session(vpn, list(range(1, reps + 1)), None, adaptive=True)
             else:
                 orders = round_orders(self.sc.vpns, reps, self.seed)
                 self.store.set_env(self.run_id, {"run.round_orders": orders})
                 for r, order in enumerate(orders, start=1):
-                    self._drift_reference(f"round {r}")
-                    for vpn in order:
+                    todo = [v for v in order if v not in self.dead and self._session_needed(v, [r], None)]
+                    self._skip_done(per_round * sum(v not in self.dead and v not in todo for v in order))
+                    if todo:
+                        self._drift_reference(f"round {r}")
+                    for vpn in todo:
                         if vpn not in self.dead:
                             self._vpn_session(vpn, [r], None)
                 self._adaptive_rounds(orders)
@@ -265,16 +494,25 @@ class Runner:
                     continue
                 for _p, _t, label in self._conditions():
                     for wl in self.workloads:
-                        if wl.headline and not self._precise(vpn, label, wl):
+                        if wl.headline and not self._precise(vpn, label, wl, r):
                             pending.setdefault(vpn, set()).add((label, wl.label()))
             if not pending:
                 return
             order = [v for v in self.sc.vpns if v in pending]
             rng.shuffle(order)
             orders.append(order)
+            if (
+                self.prior_orders is not None
+                and len(self.prior_orders) >= r
+                and self.prior_orders[r - 1] != order
+            ):
+                self._say(f"adaptive round {r}: order {order} differs from the interrupted run's "
+                          f"{self.prior_orders[r - 1]}", "yellow")  # fmt: skip
             self.store.set_env(self.run_id, {"run.round_orders": orders})
-            self._drift_reference(f"round {r} (adaptive)")
-            for vpn in order:
+            todo = [v for v in order if self._session_needed(v, [r], pending[v])]
+            if todo:
+                self._drift_reference(f"round {r} (adaptive)")
+            for vpn in todo:
                 self._vpn_session(vpn, [r], pending[vpn])
 
     # -- impairment --------------------------------------------------------------------------------
@@ -505,7 +743,8 @@ class Runner:
                         mtu=self.sc.fairness.tunnel_mtu, options=self._vpn_options(vpn),
                         path=self.sc.lab.path, relay=getattr(self.lab, "relay", None),
                         topology=self.sc.lab.topology, hub=self.server,
-                        session="" if first else f"s{self.bringups.get(vpn, 0) + 1}")  # fmt: skip
+                        session="" if first and not self.session_prefix
+                        else f"{self.session_prefix}s{self.bringups.get(vpn, 0) + 1}")  # fmt: skip
         self.bringups[vpn] = self.bringups.get(vpn, 0) + 1
         mesh: Mesh | None = None
         progress.update(
@@ -543,9 +782,10 @@ class Runner:
                 for _p, _t, label in conds:
                     for rep in reps:
                         for wl in self.workloads:
-                            self.store.record_skip(
-                                self.run_id, vpn, label, wl.name, wl.label(), f"round {rep}: {reason}"
-                            )
+                            if not self._is_done(vpn, label, wl, rep):
+                                self.store.record_skip(
+                                    self.run_id, vpn, label, wl.name, wl.label(), f"round {rep}: {reason}"
+                                )
                 progress.advance(task, n_cases)
             return
         self.store.set_vpn(self.run_id, vpn, avail.version, "ok", "", self._vpn_settings(driver))
@@ -560,16 +800,23 @@ class Runner:
                 wls = [wl for wl in self.workloads if only is None or (label, wl.label()) in only]
                 if not wls:
                     continue
+                if all(self._is_done(vpn, label, wl, rep) for rep in reps for wl in wls) and not adaptive:
+                    self._skip_done(len(reps) * len(wls) if only is None else 0)
+                    continue  # resumed: this condition's cases are all ok
                 why = self._apply_condition(profile, tuning, mesh)
                 if why:
                     self._say(f"{vpn}: {why}", "red")
-                    for _rep in reps:
+                    for rep in reps:
                         for wl in wls:
-                            self.store.record_skip(self.run_id, vpn, label, wl.name, wl.label(), why)
+                            if not self._is_done(vpn, label, wl, rep):
+                                self.store.record_skip(self.run_id, vpn, label, wl.name, wl.label(), why)
                     progress.advance(task, len(reps) * len(wls) if only is None else 0)
                     continue
                 for rep in reps:
                     for wl in wls:
+                        if self._is_done(vpn, label, wl, rep):  # resumed: kept from the interrupted run
+                            self._skip_done(1 if only is None else 0)
+                            continue
                         progress.update(
                             task, description=f"{vpn} · {label} · {wl.label()} · rep {rep}{self._eta()}"
                         )
@@ -598,11 +845,12 @@ class Runner:
         return per_round * (len(reps) + max(later, 0))
 
     def _eta(self) -> str:
-        done = self.progress.tasks[0].completed if self.progress else 0
+        completed = self.progress.tasks[0].completed if self.progress else 0
         total = self.progress.tasks[0].total if self.progress else 0
-        if not done or not total:
+        done = completed - self.free_progress  # measured by this process (kept cases took no time)
+        if done <= 0 or not total:
             return ""
-        left = (time.monotonic() - self.t_start) / done * (total - done)
+        left = (time.monotonic() - self.t_start) / done * (total - completed)
         return f" · ~{left / 60:.0f} min left" if left >= 60 else f" · ~{left:.0f} s left"
 
     def _adaptive_reps(self, mesh: Mesh, label: str, last: int) -> None:
@@ -612,22 +860,25 @@ class Runner:
             return
         pending = [wl for wl in self.workloads if wl.headline]
         for rep in range(last + 1, cfg.max_repetitions + 1):
-            pending = [wl for wl in pending if not self._precise(mesh.vpn, label, wl)]
+            pending = [wl for wl in pending if not self._precise(mesh.vpn, label, wl, rep)]
             if not pending:
                 return
             for wl in pending:
+                if self._is_done(mesh.vpn, label, wl, rep):
+                    continue
                 assert self.progress is not None
                 self.progress.update(
                     self.task, description=f"{mesh.vpn} · {label} · {wl.label()} · rep {rep} (adaptive)"
                 )
                 self._run_case(mesh, wl, label, rep, self.client, self.server)
 
-    def _precise(self, vpn: str, profile: str, wl: Workload) -> bool:
+    def _precise(self, vpn: str, profile: str, wl: Workload, before_rep: int) -> bool:
         """Is the 95% bootstrap CI of the mean of the workload's first headline metric within
-        target_ci_pct of the mean (over this run's successful repetitions)?"""
+        target_ci_pct of the mean (over this run's successful repetitions before `before_rep`, the one being
+        planned: a resumed run plans as the interrupted one did)?"""
         from tunnelbench.analysis.stats import describe
 
-        values = self.store.case_values(self.run_id, vpn, profile, wl.label(), wl.headline[0])
+        values = self.store.case_values(self.run_id, vpn, profile, wl.label(), wl.headline[0], before_rep)
         if len(values) < 2:
             return False
         d = describe(values)
@@ -734,7 +985,8 @@ class Runner:
     def _run_case(
         self, mesh: Mesh, wl: Workload, profile: str, rep: int, client, server, settle: bool = True
     ) -> None:
-        for attempt in range(self.sc.run.retries + 1):
+        first = self._first_attempt(mesh.vpn, profile, wl, rep)
+        for attempt in range(first, first + self.sc.run.retries + 1):
             adir = self.run_dir / "cases" / mesh.vpn / profile / wl.label() / f"r{rep}a{attempt}"
             adir.mkdir(parents=True, exist_ok=True)
             cid = self.store.start_case(self.run_id, mesh.vpn, profile, wl.name, wl.label(),

@@ -91,6 +91,33 @@ class Store:
         )
         self.db.commit()
 
+    def reopen_run(self, run_id: str) -> None:
+        """A resumed run is running again (its start time is kept; `ended` is set anew at its end)."""
+        self.db.execute("UPDATE run SET ended=NULL, status='running' WHERE id=?", (run_id,))
+        self.db.commit()
+
+    def discard_unfinished(self, run_id: str) -> list[str]:
+        """Delete the cases a killed or interrupted process left `running` or `interrupted` (they are measured
+        again on resume, so each case is counted once); returns what was discarded, for the record."""
+        rows = self.db.execute(
+            'SELECT id, vpn, profile, label, repetition, attempt, status FROM "case" WHERE run_id=? '
+            "AND status IN ('running', 'interrupted') ORDER BY id",
+            (run_id,),
+        ).fetchall()
+        ids = [(r[0],) for r in rows]
+        with self.db:
+            for table, col in (("metric", "case_id"), ("series", "case_id"), ('"case"', "id")):
+                self.db.executemany(f"DELETE FROM {table} WHERE {col}=?", ids)
+        return [f"{vpn} · {profile} · {label} · rep {rep} attempt {att + 1} ({st})"
+                for _id, vpn, profile, label, rep, att, st in rows]  # fmt: skip
+
+    def done_cases(self, run_id: str) -> set[tuple[str, str, str, int]]:
+        """(vpn, condition label, workload label, repetition) of every case that finished ok."""
+        rows = self.db.execute(
+            "SELECT vpn, profile, label, repetition FROM \"case\" WHERE run_id=? AND status='ok'", (run_id,)
+        )
+        return {tuple(r) for r in rows}  # plain tuples whatever row_factory an earlier read left set
+
     def end_run(self, run_id: str, status: str) -> None:
         self.db.execute("UPDATE run SET ended=?, status=? WHERE id=?", (time.time(), status, run_id))
         self.db.commit()
@@ -186,12 +213,16 @@ class Store:
             d["params"] = json.loads(d["params"] or "{}")
             yield CaseRow(**d)
 
-    def case_values(self, run_id: str, vpn: str, profile: str, label: str, name: str) -> list[float]:
-        """One case-level metric of every successful case of a (VPN, profile, workload label) group."""
+    def case_values(self, run_id: str, vpn: str, profile: str, label: str, name: str,
+                    below_rep: int | None = None) -> list[float]:  # fmt: skip
+        """One case-level metric of every successful case of a (VPN, profile, workload label) group; with
+        `below_rep`, only repetitions before it (what a run knew when it planned that repetition: a resumed
+        run plans the same adaptive repetitions as the killed one)."""
         return [v for (v,) in self.db.execute(
             'SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.run_id = ? AND c.vpn = ? '
-            "AND c.profile = ? AND c.label = ? AND c.status = 'ok' AND m.name = ? AND m.host IS NULL",
-            (run_id, vpn, profile, label, name))]  # fmt: skip
+            "AND c.profile = ? AND c.label = ? AND c.status = 'ok' AND m.name = ? AND m.host IS NULL "
+            "AND c.repetition < ?",
+            (run_id, vpn, profile, label, name, 2**31 if below_rep is None else below_rep))]  # fmt: skip
 
     def metric_totals(self, run_id: str, names: tuple[str, ...]) -> dict[str, tuple[float, int]]:
         """(sum, count) of each named metric over the run's cases (any host)."""

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunnelbench.lab.journal import REGISTRY, Leftovers, process_alive, registered_runs
+from tunnelbench.lab.journal import Leftovers, process_alive, registered_runs, registry_files
 from tunnelbench.lab.netns import destroy_netns, netns_exists
 from tunnelbench.lab.tags import TAG_PREFIX
 
@@ -71,7 +71,8 @@ def clean_run(run: Leftovers, inventory=None) -> CleanReport:
     if not rep.problems and not rep.skipped:
         with contextlib.suppress(OSError), open(run.run_dir / "journal.jsonl", "a") as f:
             f.write('{"kind": "end", "by": "clean"}\n')
-        (REGISTRY / run.run_id).unlink(missing_ok=True)
+        for f in registry_files(run.run_id):  # the registration and the journal copy
+            f.unlink(missing_ok=True)
     return rep
 
 

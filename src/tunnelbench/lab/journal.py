@@ -1,7 +1,10 @@
 """On-disk journal of everything a run creates, so `tunnelbench clean` can undo a SIGKILLed run.
 
 Each run appends JSON lines to ``<run_dir>/journal.jsonl`` (fsynced per entry) and registers itself in
-``/run/tunnelbench/<run_id>`` (tmpfs: namespaces and processes do not survive a reboot either).
+``/run/tunnelbench/<run_id>`` (tmpfs: namespaces and processes do not survive a reboot either), keeping a copy of
+its entries in ``/run/tunnelbench/<run_id>.jsonl`` so `clean` can undo it even when the results folder was deleted.
+A resumed run appends to the same journal after `clean` has undone the killed process's entries; an "end" closes
+everything before it.
 Entries:
   {"kind": "netns", "name": ...}                              a namespace we created
   {"kind": "process", "pid": ..., "start": ..., "argv": [...]} a process we started (start = /proc start ticks)
@@ -45,6 +48,12 @@ def process_alive(pid: int, start: int | None) -> bool:
     return fields[0] != "Z" and (start is None or int(fields[19]) == start)
 
 
+def registry_files(run_id: str) -> tuple[Path, Path]:
+    """A run's registration (run folder, owner PID) and the copy of its journal entries, under REGISTRY
+    (read at call time: tests point the module's REGISTRY at a private folder)."""
+    return REGISTRY / run_id, REGISTRY / f"{run_id}.jsonl"
+
+
 def entry_key(entry: dict) -> str:
     return json.dumps({k: v for k, v in entry.items() if k != "argv"}, sort_keys=True)
 
@@ -56,7 +65,8 @@ class Journal:
         self._lock = threading.Lock()
         run_dir.mkdir(parents=True, exist_ok=True)
         REGISTRY.mkdir(parents=True, exist_ok=True)
-        self.registry_file = REGISTRY / run_id
+        # the copy is appended to, never truncated: entries a failed clean left open stay findable
+        self.registry_file, self.copy_path = registry_files(run_id)
         self.registry_file.write_text(
             json.dumps(
                 {
@@ -69,10 +79,12 @@ class Journal:
 
     def _append(self, entry: dict) -> None:
         line = json.dumps(entry) + "\n"
-        with self._lock, open(self.path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        with self._lock:
+            for path in (self.copy_path, self.path):  # the copy first: it survives the results folder
+                with open(path, "a") as f:
+                    f.write(line)
+                    f.flush()
+                    os.fsync(f.fileno())
 
     def add(self, entry: dict) -> dict:
         """Record any entry (the SSH lab adds "backend", "host" and "address" to its entries)."""
@@ -100,6 +112,7 @@ class Journal:
     def end(self) -> None:
         self._append({"kind": "end"})
         self.registry_file.unlink(missing_ok=True)
+        self.copy_path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -111,7 +124,8 @@ class Leftovers:
     entries: list[dict]
 
     def owner_alive(self) -> bool:
-        return self.owner_pid is not None and proc_start_ticks(self.owner_pid) == self.owner_start
+        # a zombie (killed, not yet reaped by its parent) owns nothing any more: clean may undo its run
+        return self.owner_pid is not None and process_alive(self.owner_pid, self.owner_start)
 
 
 def read_open_entries(journal_path: Path) -> list[dict]:
@@ -128,20 +142,40 @@ def read_open_entries(journal_path: Path) -> list[dict]:
             continue  # torn last line after a SIGKILL
         if e["kind"] == "release":
             created.pop(json.dumps(e["ref"], sort_keys=True), None)
-        elif e["kind"] != "end":
+        elif e["kind"] == "end":
+            created.clear()  # teardown or clean undid everything before (a resumed run journals after it)
+        else:
             created[entry_key(e)] = e
     return list(created.values())
+
+
+def _leftovers(run_id: str, info: dict) -> Leftovers:
+    run_dir = Path(info["run_dir"])
+    _, copy = registry_files(run_id)
+    # the copy holds every entry since the run registered; the run folder's journal is read for runs made
+    # before copies were kept
+    entries = read_open_entries(copy if copy.exists() else run_dir / "journal.jsonl")
+    return Leftovers(run_id, run_dir, info.get("pid"), info.get("start"), entries)
 
 
 def registered_runs() -> Iterator[Leftovers]:
     if not REGISTRY.is_dir():
         return
     for f in sorted(REGISTRY.iterdir()):
+        if f.suffix == ".jsonl":
+            continue
         try:
             info = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        run_dir = Path(info["run_dir"])
-        yield Leftovers(
-            f.name, run_dir, info.get("pid"), info.get("start"), read_open_entries(run_dir / "journal.jsonl")
-        )
+        yield _leftovers(f.name, info)
+
+
+def run_leftovers(run_id: str, run_dir: Path) -> Leftovers:
+    """What one run left behind: from its registration if it has one (owner PID included), else from the
+    journal in its folder (no owner: a run that unregistered or predates this machine's boot)."""
+    reg, _ = registry_files(run_id)
+    try:
+        return _leftovers(run_id, json.loads(reg.read_text()))
+    except (OSError, json.JSONDecodeError):
+        return Leftovers(run_id, run_dir, None, None, read_open_entries(run_dir / "journal.jsonl"))

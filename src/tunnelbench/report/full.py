@@ -349,7 +349,11 @@ def render_markdown(a: Analysis) -> str:
                   "| VPN | " + " | ".join(" ".join(c) for c in t["columns"]) + " |",
                   "|---|" + "---:|" * len(t["columns"])]  # fmt: skip
         for r in t["rows"]:
-            name = r["variant"] + (" (no VPN)" if r["baseline"] else "") + (f" {r['version']}" if r["version"] else "")
+            name = (
+                r["variant"]
+                + (" (no VPN)" if r["baseline"] else "")
+                + (f" {r['version']}" if r["version"] else "")
+            )
             lines.append(f"| {name} | " + " | ".join(text for text, _ in r["cells"]) + " |")
     if hd["tables"]:
         lines += ["", hd["caption"], ""] + [f"- {text}" for text, _ in hd["findings"]]

@@ -103,7 +103,9 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console,
     if full:
         console.print(summary_table(summary, vpn_order(store, run_id), versions))
     else:
-        console.print(Text(f"every headline metric per workload: tunnelbench report --full {run_id}", style="dim"))
+        console.print(
+            Text(f"every headline metric per workload: tunnelbench report --full {run_id}", style="dim")
+        )
     if set(versions) >= set(DRIVERS):  # a `--vpn all` run: name the VPNs that have no driver here, and why
         for imp in IMPOSSIBLE.values():
             console.print(Text(f"{imp.name}: impossible here: {imp.reason}", style="yellow"))
