@@ -149,3 +149,16 @@ def test_html_and_markdown_reports_open_with_the_same_headline(tmp_path):
     md = (tmp_path / "r.md").read_text()
     assert "| fastvpn 2.0 [dev] | 507 (T1, 0.5×) |" in md, md[:2000]
     assert html.runs
+
+
+def test_a_resumed_run_says_so(tmp_path):
+    run_dir = make_store(tmp_path)
+    st = Store(run_dir / DB_NAME)
+    st.set_env(RUN, {"run.resumed": [{"at": 1767225600.0, "previous_status": "running", "cases_ok": 17,
+                                      "discarded": ["fastvpn · baseline · tcp · rep 3 attempt 1 (running)"]}]})  # fmt: skip
+    st.close()
+    text = [t for t, _ in build(analyze([load_run(run_dir)])).findings]
+    assert (
+        f"run {RUN} was resumed at 2026-01-01 00:00:00 UTC after it ended running: 17 finished case(s) kept, "
+        "1 unfinished one(s) measured again" in text
+    ), text

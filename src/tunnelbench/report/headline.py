@@ -6,6 +6,7 @@ summary all show this same content; every per-metric row is in `tunnelbench repo
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from dataclasses import dataclass, field
@@ -199,6 +200,15 @@ def _leader(c: Column, multi_profile: bool) -> tuple[str, str] | None:
 def _problems(a: Analysis) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for r in a.runs:
+        try:
+            resumed = json.loads(r.env.get("run.resumed", "[]"))
+        except ValueError:
+            resumed = []
+        for x in resumed:  # measured across processes: the reader should know it was interrupted
+            at = dt.datetime.fromtimestamp(x.get("at", 0), dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            out.append((f"run {r.run_id} was resumed at {at} after it ended {x.get('previous_status')}: "
+                        f"{x.get('cases_ok')} finished case(s) kept, {len(x.get('discarded') or [])} "
+                        "unfinished one(s) measured again", "warn"))  # fmt: skip
         failed: dict[tuple[str, str, str], int] = {}
         for c in r.cases:
             if c.status in ("failed", "interrupted", "error"):
