@@ -316,3 +316,14 @@ def test_sigkill_mid_case_then_resume_finishes_every_case_once_in_the_same_round
         print(f"resume took {resume_s:.1f} s for {sum(todo.values())} sessions")
     finally:
         tb(["clean"], reg, timeout=120)  # private registry: only this test's run
+
+
+def test_eta_counts_only_the_cases_this_process_measured():
+    from tunnelbench.runner import eta_text
+
+    assert eta_text(10.0, 0, 90) == ""  # nothing measured yet: no estimate
+    assert eta_text(100.0, 10, 90) == " · ~13 min left"  # 10 s per case, 80 to go: 800 s
+    assert eta_text(30.0, 10, 12) == " · ~6 s left"  # 3 s per case, 2 to go
+    # resumed with 40 cases kept: 10 measured in 100 s, 40 to go -> 400 s, not 100/50*40 = 80 s
+    assert eta_text(100.0, 50, 90, free=40) == " · ~7 min left"
+    assert eta_text(100.0, 40, 90, free=40) == ""

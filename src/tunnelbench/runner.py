@@ -64,6 +64,16 @@ def round_orders(vpns: list[str], rounds: int, seed: int) -> list[list[str]]:
     return out
 
 
+def eta_text(elapsed_s: float, completed: float, total: float | None, free: float = 0) -> str:
+    """The progress line's estimate of the time left: this process's seconds per case it measured (`free`
+    cases, kept from before a resume, took none) times the cases still to come; "" before the first case."""
+    done = completed - free
+    if done <= 0 or not total:
+        return ""
+    left = elapsed_s / done * max(total - completed, 0)
+    return f" · ~{left / 60:.0f} min left" if left >= 60 else f" · ~{left:.0f} s left"
+
+
 def _safe(name: str) -> str:
     """A VPN key as a folder name."""
     return name.replace("/", "_")
@@ -847,11 +857,7 @@ class Runner:
     def _eta(self) -> str:
         completed = self.progress.tasks[0].completed if self.progress else 0
         total = self.progress.tasks[0].total if self.progress else 0
-        done = completed - self.free_progress  # measured by this process (kept cases took no time)
-        if done <= 0 or not total:
-            return ""
-        left = (time.monotonic() - self.t_start) / done * (total - completed)
-        return f" · ~{left / 60:.0f} min left" if left >= 60 else f" · ~{left:.0f} s left"
+        return eta_text(time.monotonic() - self.t_start, completed, total, self.free_progress)
 
     def _adaptive_reps(self, mesh: Mesh, label: str, last: int) -> None:
         """Block order's adaptive repetitions: repeat each workload whose headline metric is not precise enough."""
