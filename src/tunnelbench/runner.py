@@ -26,7 +26,7 @@ from tunnelbench.impair import tax
 from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend, make_backend
 from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
-from tunnelbench.lab import Lab, make_lab, sysctl
+from tunnelbench.lab import Lab, counters, make_lab, pathcheck, sysctl
 from tunnelbench.lab.host import abort_running
 from tunnelbench.lab.journal import Journal, run_leftovers
 from tunnelbench.lab.tags import new_run_id, new_tag
@@ -193,6 +193,7 @@ class Runner:
         self.tunings_recorded: set[str] = set()
         self.placement: placement.Placement | None = None
         self.seed = 0
+        self.path_watch: pathcheck.PathWatch | None = None
         self.t_start = time.monotonic()
         # resume: cases already ok, (vpn, condition label, workload label, rep); the killed run's seed and orders
         self.done: set[tuple[str, str, str, int]] = set()
@@ -442,6 +443,13 @@ class Runner:
         client = next(h for h in self.lab.hosts if h.name == self.sc.lab.client)
         server = next(h for h in self.lab.hosts if h.name == self.sc.lab.server)
         self.client, self.server = client, server
+        if self.sc.lab.backend == "netns":  # the lab's router forwards every underlay byte
+            self.path_watch = pathcheck.PathWatch(self.lab, client, server)
+            if self.sc.lab.plant_fault == "udp-blocked":  # the path check's negative control
+                self.lab.block_udp_pair(client, server)  # type: ignore[attr-defined]
+                self.store.set_env(self.run_id, {"lab.plant_fault": "udp-blocked"})
+                self._say("plant_fault: UDP between the client and the server is dropped at the router "
+                          "(a test-only negative control of the path check)", "yellow")  # fmt: skip
         conds = self._conditions()
         total = len(conds) * len(self.sc.vpns) * self.sc.run.repetitions * len(self.workloads)
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -1007,6 +1015,9 @@ class Runner:
                 if client.remote:  # SSH: the targets' machine CPU, not the controller's
                     mon.machines = [h for h in self._lab_hosts() if h.remote]
                 eng0 = self._engine_stats()
+                kern_hosts = [client, server, getattr(self.lab, "router", None)]
+                kern0 = counters.sample(kern_hosts)  # kernel drop counters (lab/counters.py)
+                path0 = self.path_watch.read() if self.path_watch is not None else None
                 try:
                     with mon:
                         out: Outcome = wl.run(ctx)
@@ -1015,7 +1026,11 @@ class Runner:
                         raise ImpairError(mon.unhealthy)
                 mon.add_to(out)
                 self._add_engine_stats(out, eng0, self._engine_stats())
+                for name, n, unit, host in counters.deltas(kern0, counters.sample(kern_hosts)):
+                    out.add(name, n, unit, host)
                 self._check_path()
+                if path0 is not None:
+                    self._confirm_path(path0, out, client, server, judge=not wl.moves_path())
                 dead = [f"{h}/{p.label}" for h, ps in mesh.daemons().items() for p in ps if not p.alive()]
                 if dead:
                     raise WorkloadError(f"VPN daemon(s) died during the case: {', '.join(dead)}")
@@ -1034,7 +1049,9 @@ class Runner:
             except CASE_ERRORS as e:
                 (adir / "error.txt").write_text(traceback.format_exc())
                 self._keep_logs(mesh.driver, adir / "daemon-logs")
-                self.store.finish_case(cid, "failed", error=f"{type(e).__name__}: {e}"[:2000])
+                # a case on the wrong path keeps the path share it saw (failed cases never count as results)
+                self.store.finish_case(cid, "failed", getattr(e, "outcome", None),
+                                       error=f"{type(e).__name__}: {e}"[:2000])  # fmt: skip
                 self._phase(mesh.vpn, "failed_case", time.monotonic() - t0)
                 self._say(
                     f"{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400], "red"
@@ -1078,6 +1095,24 @@ class Runner:
     def _lab_hosts(self) -> list:
         assert self.lab is not None
         return list(self.lab.all_hosts()) if hasattr(self.lab, "all_hosts") else list(self.lab.hosts)
+
+    def _confirm_path(self, before: dict[str, int], out: Outcome, client, server, judge: bool = True) -> None:
+        """Store the share of the case's underlay bytes that went straight between client and server, and fail
+        the case when that is not the scenario's path (lab/pathcheck.py)."""
+        assert self.path_watch is not None
+        try:
+            sh = pathcheck.share(before, self.path_watch.read())
+        except CASE_ERRORS:  # the counters are a check, not the measurement: a failed read is no verdict
+            return
+        path_out = Outcome()
+        path_out.add("path_underlay_bytes", sh.total, "B")
+        path_out.add("path_direct_pct", sh.direct_pct, "%")
+        out.samples += path_out.samples
+        why = pathcheck.verdict(self.sc.lab.path, sh, client.name, server.name) if judge else None
+        if why:
+            err = pathcheck.PathError(why)
+            err.outcome = path_out  # type: ignore[attr-defined]
+            raise err
 
     def _check_path(self) -> None:
         """Fail the case if the impairment engine is down (fail closed) or stalled."""

@@ -106,6 +106,12 @@ class LabCfg(Strict):
     relay: str | None = Field(
         None, description="relay / rendezvous host for path relay|nat (default: the last host)"
     )
+    plant_fault: Literal["udp-blocked"] | None = Field(
+        None,
+        description="test-only negative control of the path check: udp-blocked = the router drops UDP between "
+        "the client and the server, so in a direct scenario a VPN that still connects them relays through "
+        "another host and its cases must fail as 'path not direct'",
+    )
 
     @model_validator(mode="after")
     def _placement(self) -> LabCfg:
@@ -122,6 +128,8 @@ class LabCfg(Strict):
                                  f"(got {relay!r}; path {self.path!r} needs hosts >= 3)")  # fmt: skip
         elif self.relay:
             raise ValueError('relay is only used with path = "relay" or "nat"')
+        if self.plant_fault and self.backend != "netns":
+            raise ValueError('plant_fault needs backend = "netns" (the lab\'s router drops the traffic)')
         if self.backend == "ssh" and not self.inventory:
             raise ValueError("backend 'ssh' needs inventory = \"path/to/inventory.yaml\" (or --inventory)")
         if self.backend == "netns" and self.inventory:

@@ -249,6 +249,21 @@ table inet {self.path_table} {{
         self.unblock()
         self.router.run(["nft", "-f", "-"], input=rules)
 
+    def block_udp_pair(self, a: NetnsHost, b: NetnsHost) -> None:
+        """Drop UDP between two hosts only (the `plant_fault = "udp-blocked"` negative control of the path
+        check): a VPN that still connects them does so through another host."""
+        rules = f"""
+table inet {self.path_table} {{
+  counter udp_blocked {{ }}
+  chain forward {{
+    type filter hook forward priority -10; policy accept;
+    meta nfproto ipv4 meta l4proto udp ip saddr {{ {a.public_ip}, {b.public_ip} }} ip daddr {{ {a.public_ip}, {b.public_ip} }} counter name udp_blocked drop
+  }}
+}}
+"""
+        self.unblock()
+        self.router.run(["nft", "-f", "-"], input=rules)
+
     def unblock(self) -> None:
         self.router.run(["nft", "delete", "table", "inet", self.path_table], check=False)
 

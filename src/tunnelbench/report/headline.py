@@ -230,4 +230,74 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
                 bad = "; ".join(f"{x.get('quantity')} {num(x.get('measured'))} vs {num(x.get('configured'))} "
                                 f"{x.get('unit', '')}".rstrip() for x in cal.get("checks", []) if x.get("ok") is False)  # fmt: skip
                 out.append((f"calibration of profile {cal.get('profile')} OUT OF TOLERANCE: {bad}", "bad"))
+        out += _host_drops(a, r)
+    return out
+
+
+HOST_DROP_SHARE = 0.5  # flag a loss when drops on the end hosts explain at least this share of it
+HOST_DROPS = {  # (kind, counter) -> metric: drops on an end host, not on the path (the router)
+    ("socket", "RcvbufErrors"): "kern_udp_rcvbuf_errors",
+    ("socket", "SndbufErrors"): "kern_udp_sndbuf_errors",
+    ("iface", "rx_dropped"): "kern_if_rx_dropped",
+    ("iface", "tx_dropped"): "kern_if_tx_dropped",
+}
+HOST_DROP_KINDS = {"socket": "a full UDP socket buffer", "iface": "full interface queues"}
+
+
+def _host_drops(a: Analysis, r) -> list[tuple[str, str]]:
+    """Loss the end hosts, not the path, caused: per (VPN, profile, label), the kernel counter deltas on the
+    client and the server host (lab/counters.py) against the datagrams the workload lost (`udp_lost_packets`,
+    or `udp_loss_pct` x `udp_packets`), summed over the successful cases that have both: a full UDP socket
+    buffer (RcvbufErrors, SndbufErrors) and full interface queues (rx/tx `drop`, e.g. a tun device the VPN
+    does not read fast enough). Every UDP socket in a host's namespace counts (iperf3's and a userspace
+    VPN's own), so the line names the host, not the socket. A workload with no loss count (TCP, a ceiling
+    search) is flagged whenever a socket buffer dropped datagrams."""
+    ok = {c.id: c for c in r.cases if c.status == "ok"}
+    per_case: dict[int, dict[tuple[str, str | None], float]] = {}
+    for m in r.metrics:
+        if m["case_id"] in ok:
+            per_case.setdefault(m["case_id"], {})[(m["name"], m["host"])] = m["value"]
+    groups: dict[tuple[str, str, str], dict] = {}
+    for cid, ms in per_case.items():
+        c = ok[cid]
+        drops = {(kind, h): ms[(name, h)] for h in dict.fromkeys((c.client, c.server))
+                 for kind, name in HOST_DROPS.items() if (name, h) in ms}  # fmt: skip
+        if not drops:
+            continue  # counters not sampled (an older run, or the sample failed)
+        lost = ms.get(("udp_lost_packets", None))
+        if lost is None and ("udp_loss_pct", None) in ms and ("udp_packets", None) in ms:
+            lost = ms[("udp_loss_pct", None)] / 100 * ms[("udp_packets", None)]
+        g = groups.setdefault((a.variant_of.get((r.run_id, c.vpn), c.vpn), c.profile, c.label),
+                              {"lost": 0.0, "counted": False, "drops": {}})  # fmt: skip
+        if lost is not None:
+            g["lost"] += lost
+            g["counted"] = True
+        for k, n in drops.items():
+            g["drops"][k] = g["drops"].get(k, 0.0) + n
+    out: list[tuple[str, str]] = []
+    for (v, p, lb), g in groups.items():
+        parts = []  # (datagrams, "by a full UDP socket buffer on h2 (RcvbufErrors 2,730 on h2)")
+        for kind, what in HOST_DROP_KINDS.items():
+            mine = {(counter, h): n for ((k, counter), h), n in g["drops"].items() if k == kind and n > 0}
+            if mine:
+                hosts = ", ".join(dict.fromkeys(h for _, h in mine))
+                detail = ", ".join(f"{counter} {n:,.0f} on {h}" for (counter, h), n in mine.items())
+                parts.append((sum(mine.values()), kind, f"{what} on {hosts} ({detail})"))
+        parts.sort(key=lambda x: -x[0])
+        lost, total = g["lost"], sum(n for n, _, _ in parts)
+        if not g["counted"]:
+            sock = [(n, text) for n, kind, text in parts if kind == "socket"]
+            if sock:
+                out.append(
+                    (f"{v} {lb} @ {p}: {sock[0][0]:,.0f} datagrams were dropped by {sock[0][1]}", "warn")
+                )
+        elif lost > 0 and total >= HOST_DROP_SHARE * lost:
+            head = (
+                f"{v} {lb} @ {p}: {min(1.0, total / lost):.0%} of the {lost:,.0f} lost datagrams were dropped"
+            )
+            if len(parts) == 1:
+                out.append((f"{head} by {parts[0][2]}, not by the path", "warn"))
+            else:
+                each = "; ".join(f"{min(1.0, n / lost):.0%} by {text}" for n, _, text in parts)
+                out.append((f"{head} on the hosts, not by the path: {each}", "warn"))
     return out

@@ -93,6 +93,11 @@ class Workload(ABC):
         """Case key of this parameterisation (e.g. tcp-p4, udp-100M)."""
         return self.name
 
+    def moves_path(self) -> bool:
+        """True when the workload itself changes the underlay path (a failover event): the runner then
+        records the case's path share but does not hold it to the scenario's path."""
+        return False
+
     def __init__(self, params: Params):
         self.params = params
 

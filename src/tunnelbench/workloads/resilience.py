@@ -96,6 +96,9 @@ class Resilience(Workload):
         ),
     )
 
+    def moves_path(self) -> bool:
+        return "failover" in self.params.events  # unblocks the direct path, then blocks it mid-probe
+
     def label(self) -> str:
         return "resilience-" + "-".join(e.replace("restart_", "") for e in self.params.events)
 

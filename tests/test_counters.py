@@ -1,0 +1,386 @@
+"""Kernel drop counters per case (lab/counters.py): the parsers on hand-written /proc text with known counts,
+sampling that never fails a case, deltas; a lab test that provokes receive-buffer drops with a plain socket
+(independently of any VPN or workload) and checks the product counts them where they happened; and the
+headline finding that blames a full socket buffer, not the path, for a loss."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.lab import counters
+from tunnelbench.lab.counters import (
+    MACHINE,
+    deltas,
+    parse_all,
+    parse_dev,
+    parse_snmp,
+    parse_snmp6,
+    parse_softnet,
+    read_counters,
+    sample,
+    split_grep,
+)
+from tunnelbench.lab.host import Result
+from tunnelbench.report.headline import build
+from tunnelbench.store import DB_NAME, Store
+from tunnelbench.workloads.base import Outcome, Sample
+
+SNMP = """\
+Ip: Forwarding DefaultTTL InReceives InHdrErrors
+Ip: 1 64 1000 0
+Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors
+Udp: 5000 7 321 4000 300 11 0 0 0
+UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti MemErrors
+UdpLite: 1 99999 99999 1 99999 99999 0 0 0
+"""
+SNMP6 = """\
+Ip6InReceives                   	120
+Udp6InDatagrams                 	40
+Udp6NoPorts                     	2
+Udp6InErrors                    	9
+Udp6OutDatagrams                	30
+Udp6RcvbufErrors                	8
+Udp6SndbufErrors                	1
+UdpLite6RcvbufErrors            	77777
+"""
+DEV = """\
+Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:    6386      58    0    5    0     0          0         0     6386      58    0    6    0     0       0          0
+  eth0: 1000000   2000    1   13    0     0          0         0   900000    1800    0   17    0     0       0          0
+   wg0:  500000    900    0    2    0     0          0         0   400000     800    0   40    0     0       0          0
+"""
+SOFTNET = """\
+07db177f 0000000a 00000003 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000
+0557510c 000000ff 00000010 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000001 00000001
+"""
+
+
+# -- parsers -------------------------------------------------------------------------------------------
+
+
+def test_parse_snmp_reads_the_udp_line_by_its_header_and_ignores_udplite():
+    assert parse_snmp(SNMP) == {"udp_in_errors": 321, "udp_rcvbuf_errors": 300, "udp_sndbuf_errors": 11,
+                                "udp_no_ports": 7}  # fmt: skip
+    # the columns are found by name, not position: an older kernel's shorter header still parses
+    old = "Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\nUdp: 1 2 3 4 5 6\n"
+    assert parse_snmp(old) == {"udp_in_errors": 3, "udp_rcvbuf_errors": 5, "udp_sndbuf_errors": 6,
+                               "udp_no_ports": 2}  # fmt: skip
+    assert parse_snmp("Ip: Forwarding\nIp: 1\n") == {}
+
+
+def test_parse_snmp6_reads_the_udp6_counters_only():
+    assert parse_snmp6(SNMP6) == {"udp_in_errors": 9, "udp_rcvbuf_errors": 8, "udp_sndbuf_errors": 1,
+                                  "udp_no_ports": 2}  # fmt: skip
+
+
+def test_parse_dev_sums_rx_and_tx_drop_over_the_interfaces_but_lo():
+    assert parse_dev(DEV) == {"if_rx_dropped": 13 + 2, "if_tx_dropped": 17 + 40}
+    assert parse_dev(DEV, skip=()) == {"if_rx_dropped": 5 + 13 + 2, "if_tx_dropped": 6 + 17 + 40}
+    assert parse_dev("") == {}
+
+
+def test_parse_softnet_sums_hex_columns_2_and_3_over_cpus():
+    assert parse_softnet(SOFTNET) == {"softnet_dropped": 0x0A + 0xFF, "softnet_squeezed": 0x03 + 0x10}
+    assert parse_softnet("") == {}
+
+
+def test_split_grep_gives_each_file_its_lines_snmp6_not_mistaken_for_snmp():
+    files = ["/proc/net/snmp", "/proc/net/snmp6", "/proc/net/dev"]
+    text = "".join(f"{f}:{line}\n" for f, body in zip(files, (SNMP, SNMP6, DEV), strict=True)
+                   for line in body.splitlines())  # fmt: skip
+    parts = split_grep(text, files)
+    assert parts["/proc/net/snmp"] == SNMP.rstrip("\n")
+    assert parts["/proc/net/snmp6"] == SNMP6.rstrip("\n")
+    assert parts["/proc/net/dev"] == DEV.rstrip("\n")  # its own "name:" colons stay in place
+
+
+def test_parse_all_sums_udp_v4_and_v6_and_needs_the_udp_section():
+    got = parse_all({counters.SNMP: SNMP, counters.SNMP6: SNMP6, counters.DEV: DEV})
+    assert got == {"udp_in_errors": 330, "udp_rcvbuf_errors": 308, "udp_sndbuf_errors": 12, "udp_no_ports": 9,
+                   "if_rx_dropped": 15, "if_tx_dropped": 57}  # fmt: skip
+    with pytest.raises(ValueError):
+        parse_all({counters.DEV: DEV})
+
+
+# -- sampling and deltas (fake hosts) ------------------------------------------------------------------
+
+
+class FakeHost:
+    """Answers `grep -H '' FILE...` from hand-written texts; `fail`: the command cannot run."""
+
+    def __init__(self, name: str, texts: dict[str, str], remote: bool = False, address: str | None = None,
+                 fail: bool = False):  # fmt: skip
+        self.name, self.texts, self.remote, self.fail = name, texts, remote, fail
+        if address:
+            self.address = address
+        self.calls: list[list[str]] = []
+
+    def run(self, argv, **kw) -> Result:
+        self.calls.append(list(argv))
+        if self.fail:
+            raise RuntimeError("ssh session died")
+        files = [a for a in argv if a.startswith("/proc/")]
+        out = "".join(f"{f}:{line}\n" for f in files for line in self.texts.get(f, "").splitlines())
+        return Result(list(argv), 0, out, "", 0.0)
+
+
+def _texts(rcvbuf: int = 300, softnet: str = SOFTNET) -> dict[str, str]:
+    return {counters.SNMP: SNMP.replace("5000 7 321 4000 300", f"5000 7 321 4000 {rcvbuf}"),
+            counters.SNMP6: SNMP6, counters.DEV: DEV, counters.SOFTNET: softnet}  # fmt: skip
+
+
+def test_read_counters_runs_one_command_and_reads_softnet_only_when_asked():
+    h = FakeHost("h2", _texts())
+    assert "softnet_dropped" not in read_counters(h)
+    assert read_counters(h, softnet=True)["softnet_dropped"] == 0x0A + 0xFF
+    assert len(h.calls) == 2 and h.calls[0][0] == "grep"
+
+
+def test_sample_leaves_out_a_failed_host_and_never_raises():
+    ok, dead, empty = FakeHost("h1", _texts()), FakeHost("h2", {}, fail=True), FakeHost("router", {})
+    got = sample([ok, dead, None, empty, ok])
+    assert set(got) == {"h1", MACHINE}  # the local machine's softnet once, for the namespace hosts
+    assert got["h1"]["udp_rcvbuf_errors"] == 308
+    assert len(ok.calls) == 1  # a repeated host is sampled once
+    assert sample([dead]) == {}  # nothing local was sampled: no machine entry either
+
+
+def test_sample_reads_softnet_once_per_ssh_machine_in_that_hosts_entry():
+    a = FakeHost("h1", _texts(), remote=True, address="10.0.0.1")
+    b = FakeHost("h2", _texts(), remote=True, address="10.0.0.2")
+    b2 = FakeHost("relay", _texts(), remote=True, address="10.0.0.2")  # the same machine as h2
+    got = sample([a, b, b2])
+    assert MACHINE not in got
+    assert "softnet_dropped" in got["h1"] and "softnet_dropped" in got["h2"]
+    assert "softnet_dropped" not in got["relay"]
+
+
+def test_deltas_per_host_metric_names_and_a_counter_that_went_down_is_left_out():
+    before = {"h2": {"udp_rcvbuf_errors": 10, "if_tx_dropped": 50}, "router": {"if_tx_dropped": 5},
+              MACHINE: {"softnet_dropped": 3}}  # fmt: skip
+    after = {"h2": {"udp_rcvbuf_errors": 910, "if_tx_dropped": 40}, MACHINE: {"softnet_dropped": 3}}
+    assert sorted(deltas(before, after)) == [
+        ("kern_softnet_dropped", 0, "count", MACHINE),
+        ("kern_udp_rcvbuf_errors", 900, "count", "h2"),
+    ]  # h2's interface drops went down (an interface went away); the router's second sample failed
+
+
+# -- the lab: provoke receive-buffer drops with a plain socket -----------------------------------------
+
+RECEIVER = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+print("ready", flush=True)
+sys.stdin.readline()  # not reading the socket until told: its tiny buffer fills, the rest is dropped
+s.setblocking(False)
+n = 0
+while True:
+    try:
+        s.recv(65535)
+    except BlockingIOError:
+        break
+    n += 1
+print(n, flush=True)
+"""
+SENDER = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(int(sys.argv[3])):
+    s.sendto(b"x" * 200, (sys.argv[1], int(sys.argv[2])))
+    if i % 50 == 49:
+        time.sleep(0.005)  # paced: the path (veth backlog, router) must not be what drops
+"""
+
+
+@pytest.mark.lab
+def test_receive_buffer_drops_are_counted_on_the_receiver_only(lab_factory):
+    lab = lab_factory(2)
+    h1, h2 = lab.hosts
+    n, port = 400, 45123
+    before = sample([h1, h2, lab.router])
+    rx = subprocess.Popen(h2.argv([sys.executable, "-c", RECEIVER, str(port)]), stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert rx.stdout is not None and rx.stdin is not None
+        assert rx.stdout.readline().strip() == "ready"
+        h1.run([sys.executable, "-c", SENDER, h2.underlay_ip, str(port), str(n)])
+        time.sleep(0.3)  # the last datagrams land
+        after = sample([h1, h2, lab.router])
+        out, _ = rx.communicate("go\n", timeout=20)
+    finally:
+        if rx.poll() is None:
+            rx.kill()
+            rx.wait()
+    received = int(out.split()[-1])
+    d = {(name, host): v for name, v, _, host in deltas(before, after)}
+    assert 0 < received < n / 4  # the tiny buffer held a few datagrams, most were dropped
+    # every datagram the receiver did not get was dropped by its full buffer, counted on h2
+    rcvbuf = d[("kern_udp_rcvbuf_errors", "h2")]
+    assert n - received - 5 <= rcvbuf <= n - received, (n, received, rcvbuf)
+    assert d[("kern_udp_in_errors", "h2")] >= rcvbuf  # InErrors counts buffer drops too
+    # the sender's namespace saw none of it, and the path dropped nothing
+    for name in ("kern_udp_rcvbuf_errors", "kern_udp_sndbuf_errors", "kern_udp_in_errors"):
+        assert d[(name, "h1")] == 0
+    assert d[("kern_if_tx_dropped", "router")] == 0 and d[("kern_if_rx_dropped", "h2")] == 0
+    assert ("kern_softnet_dropped", MACHINE) in d
+
+
+# -- the headline finding ------------------------------------------------------------------------------
+
+RUN = "20260101-000000-tbkern"
+
+
+def make_store(root: Path, groups: dict[tuple[str, str, str], tuple[float | None, dict[str, Any]]]) -> Path:
+    """One run: per (vpn, workload, label) 3 ok repetitions, each with `lost` udp_lost_packets (None: no loss
+    metric) and the given per-host kernel counter deltas {"metric@host": value, or one per repetition (None:
+    not sampled)}."""
+    run_dir = root / RUN
+    run_dir.mkdir(parents=True)
+    st = Store(run_dir / DB_NAME)
+    st.begin_run(RUN, "tbkern", 'name = "hand-made"\n', "0.1.0")
+    for vpn in dict.fromkeys(k[0] for k in groups):
+        st.set_vpn(RUN, vpn, "1.0", "ok")
+    for (vpn, wl, label), (lost, kern) in groups.items():
+        for rep in range(1, 4):
+            adir = run_dir / "cases" / vpn / label / f"r{rep}"
+            adir.mkdir(parents=True)
+            cid = st.start_case(RUN, vpn, "baseline", wl, label, {}, rep, 0, "h1", "h2", adir)
+            samples = [Sample("goodput_mbps", 100.0 + rep, "Mbit/s")]
+            if lost is not None:
+                samples.append(Sample("udp_lost_packets", lost, "count"))
+            for key, v in kern.items():
+                name, host = key.split("@")
+                v = v[rep - 1] if isinstance(v, list) else v
+                if v is not None:
+                    samples.append(Sample(name, v, "count", host))
+            st.finish_case(cid, "ok", Outcome(samples=samples))
+    st.end_run(RUN, "ok")
+    st.close()
+    return run_dir
+
+
+def _findings(run_dir: Path) -> list[str]:
+    return [t for t, _ in build(analyze([load_run(run_dir)])).findings]
+
+
+def test_headline_blames_a_full_socket_buffer_only_when_it_explains_the_loss(tmp_path):
+    run_dir = make_store(tmp_path, {
+        # 910 of 1000 lost per case on h2's full receive buffer: the socket, not the path
+        ("wireguard-go", "udp", "udp-unlimited"): (1000, {"kern_udp_rcvbuf_errors@h2": 910,
+                                                          "kern_udp_rcvbuf_errors@h1": 0,
+                                                          "kern_udp_sndbuf_errors@h1": 0,
+                                                          "kern_if_tx_dropped@router": 90}),
+        # 100 of 1000: the path lost most of it, no line
+        ("internal", "udp", "udp-unlimited"): (1000, {"kern_udp_rcvbuf_errors@h2": 100}),
+        # drops on the router do not count: it is the path
+        ("internal", "udp", "udp-100M"): (50, {"kern_udp_rcvbuf_errors@router": 50, "kern_if_tx_dropped@router": 50,
+                                               "kern_udp_rcvbuf_errors@h2": 0}),
+        # a TCP case has no loss count: any socket-buffer drops are worth a line (interface drops alone are not)
+        ("wireguard-go", "tcp", "tcp"): (None, {"kern_udp_rcvbuf_errors@h2": 40, "kern_if_tx_dropped@h1": 7}),
+        ("internal", "tcp", "tcp"): (None, {"kern_udp_rcvbuf_errors@h2": 0, "kern_if_tx_dropped@h1": 70}),
+        # loss, but no counters sampled (an older run): nothing can be said
+        ("wireguard-go", "udp", "udp-100M"): (500, {}),
+    })  # fmt: skip
+    found = [t for t in _findings(run_dir) if "dropped" in t]
+    assert found == [
+        "wireguard-go udp-unlimited @ baseline: 91% of the 3,000 lost datagrams were dropped by a full UDP "
+        "socket buffer on h2 (RcvbufErrors 2,730 on h2), not by the path",
+        "wireguard-go tcp @ baseline: 120 datagrams were dropped by a full UDP socket buffer on h2 "
+        "(RcvbufErrors 120 on h2)",
+    ]
+
+
+def test_headline_counts_sender_sndbuf_errors_and_the_threshold_is_half(tmp_path):
+    run_dir = make_store(tmp_path, {
+        ("a", "udp", "udp-unlimited"): (1000, {"kern_udp_sndbuf_errors@h1": 300, "kern_udp_rcvbuf_errors@h2": 200}),
+        ("b", "udp", "udp-unlimited"): (1000, {"kern_udp_sndbuf_errors@h1": 249, "kern_udp_rcvbuf_errors@h2": 250}),
+    })  # fmt: skip
+    found = [t for t in _findings(run_dir) if "dropped" in t]
+    assert found == [
+        "a udp-unlimited @ baseline: 50% of the 3,000 lost datagrams were dropped by a full UDP socket buffer "
+        "on h1, h2 (SndbufErrors 900 on h1, RcvbufErrors 600 on h2), not by the path"
+    ]
+
+
+def test_headline_splits_host_drops_into_interface_queues_and_socket_buffers(tmp_path):
+    # the shape of a real wireguard-go -b 0 case: the sender's tun queue overflows, the receiver's socket too
+    run_dir = make_store(tmp_path, {
+        ("wireguard-go", "udp", "udp-unlimited"): (258366, {"kern_if_tx_dropped@h1": 244311,
+                                                            "kern_udp_rcvbuf_errors@h2": 14538}),
+        # interface drops explain less than half: no line
+        ("tinc", "udp", "udp-unlimited"): (1000, {"kern_if_tx_dropped@h1": 300, "kern_if_rx_dropped@h2": 199}),
+    })  # fmt: skip
+    found = [t for t in _findings(run_dir) if "dropped" in t]
+    assert found == [
+        "wireguard-go udp-unlimited @ baseline: 100% of the 775,098 lost datagrams were dropped on the hosts, "
+        "not by the path: 95% by full interface queues on h1 (tx_dropped 732,933 on h1); 6% by a full UDP "
+        "socket buffer on h2 (RcvbufErrors 43,614 on h2)"
+    ]
+
+
+# -- the runner stores them: one small real run --------------------------------------------------------
+
+RUN_SCENARIO = """
+name = "kern-counters"
+vpns = ["internal"]
+[run]
+repetitions = 1
+retries = 0
+[lab]
+hosts = 2
+[[workloads]]
+name = "udp"
+bitrate = "0"
+duration_s = 1
+"""
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_a_real_run_stores_the_deltas_per_host_and_the_machine(tmp_path, lab_factory):
+    del lab_factory  # only for its skip when the lab cannot be built
+    scen = tmp_path / "s.toml"
+    scen.write_text(RUN_SCENARIO)
+    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results",
+                          str(tmp_path / "results"), "--no-html"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    (db,) = (tmp_path / "results").glob("*/results.sqlite")
+    con = sqlite3.connect(db)
+    rows = con.execute('SELECT m.name, m.host, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+                       "WHERE c.status = 'ok'").fetchall()  # fmt: skip
+    con.close()
+    got = {(name, host): v for name, host, v in rows}
+    for host in ("h1", "h2", "router"):
+        for counter in counters.HOST_COUNTERS:
+            assert (f"kern_{counter}", host) in got, (counter, host)
+    for counter in counters.MACHINE_COUNTERS:
+        assert (f"kern_{counter}", MACHINE) in got
+    assert all(v >= 0 for (name, _), v in got.items() if name.startswith("kern_"))
+    # no VPN: every datagram h2's full receive buffer dropped was one iperf3 counted lost (give or take the
+    # last ones, after the highest sequence number iperf3 saw)
+    lost, sent = got[("udp_lost_packets", None)], got[("udp_packets", None)]
+    assert got[("kern_udp_rcvbuf_errors", "h2")] <= lost + 0.01 * sent
+    assert got[("kern_udp_rcvbuf_errors", "h1")] == 0
+
+
+def test_headline_weighs_the_loss_of_only_the_cases_whose_counters_were_sampled(tmp_path):
+    # repetition 1's sample failed: its 1000 lost datagrams cannot be explained, nor blamed on the path
+    run_dir = make_store(
+        tmp_path, {("x", "udp", "udp-unlimited"): (1000, {"kern_udp_rcvbuf_errors@h2": [None, 900, 900]})}
+    )
+    found = [t for t in _findings(run_dir) if "dropped" in t]
+    assert found == [
+        "x udp-unlimited @ baseline: 90% of the 2,000 lost datagrams were dropped by a full UDP socket buffer "
+        "on h2 (RcvbufErrors 1,800 on h2), not by the path"
+    ]

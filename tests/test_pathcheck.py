@@ -1,0 +1,134 @@
+"""Confirmed paths (lab/pathcheck.py): the share and the verdict on hand-made counters, the router's counters
+against bytes the test itself sent (straight, or in two legs through a third host), and a real run where the
+router drops UDP between client and server in a direct scenario: the VPN that still connects relays through
+another host, and its cases fail as "path not direct" instead of being measured as direct."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import lab_missing
+
+from tunnelbench.lab.pathcheck import MIN_BYTES, PathShare, PathWatch, share, verdict
+
+ZERO = dict.fromkeys(("c_s", "s_c", "c_o", "o_c", "s_o", "o_s"), 0)
+
+
+def test_share_and_verdict_on_known_counters():
+    direct = share(ZERO, {**ZERO, "c_s": 900_000, "s_c": 100_000, "c_o": 2_000, "o_c": 2_000})
+    assert (direct.direct, direct.via) == (1_000_000, 4_000)
+    assert direct.direct_pct == pytest.approx(100 * 1_000_000 / 1_002_000)
+    assert verdict("direct", direct) is None
+    assert "path not relayed" in verdict("relay", direct)  # type: ignore[operator]
+    # relayed: every byte crosses the router twice (client -> h3, h3 -> server), nothing straight
+    relayed = share(ZERO, {**ZERO, "c_o": 500_000, "o_s": 500_000, "s_o": 40_000, "o_c": 40_000})
+    assert relayed.direct_pct == 0.0 and relayed.via == 1_080_000
+    why = verdict("direct", relayed, "h1", "h2")
+    assert why and why.startswith("path not direct: only 0% of the underlay bytes between h1 and h2")
+    assert "h1 out 500000, in 40000; h2 out 40000, in 500000" in why
+    assert verdict("relay", relayed) is None
+    assert verdict("nat", relayed) is None  # nat records, does not judge
+    # half relayed: 300 k straight, 2 x 300 k via -> 50% direct
+    half = share(ZERO, {**ZERO, "c_s": 300_000, "c_o": 300_000, "o_s": 300_000})
+    assert half.direct_pct == pytest.approx(50.0)
+    assert verdict("direct", half) and verdict("relay", half)
+    # too little traffic: recorded, not judged (keepalives to other hosts can outweigh 50 pings)
+    small = PathShare(1000, 9000, dict.fromkeys(("c_o", "o_c", "s_o", "o_s"), 0))
+    assert small.total < MIN_BYTES and verdict("direct", small) is None
+    # counters that went backwards (a table re-created) never give negative bytes
+    assert share({**ZERO, "c_s": 10}, ZERO).direct == 0
+    assert PathShare(0, 0, {}).direct_pct is None
+
+
+def _send_udp(src, dst_ip: str, count: int, size: int) -> None:
+    code = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"for _ in range({count}): s.sendto(b'x' * {size}, ('{dst_ip}', 9))")  # fmt: skip
+    subprocess.run(src.argv([sys.executable, "-c", code]), check=True, timeout=60)
+
+
+@pytest.mark.lab
+def test_router_counters_match_the_bytes_the_test_sent(lab_factory):
+    lab = lab_factory(3)
+    h1, h2, h3 = lab.hosts
+    watch = PathWatch(lab, h1, h2)
+    n, size, hdr = 400, 1000, 28  # IPv4 + UDP headers
+    b0 = watch.read()
+    _send_udp(h1, h2.public_ip, n, size)
+    b1 = watch.read()
+    s = share(b0, b1)
+    assert n * (size + hdr) <= s.direct <= n * (size + hdr) + 4096, (b0, b1)  # ARP/ND are not IPv4 forwarded
+    assert s.via <= 4096 and s.direct_pct and s.direct_pct > 99
+    assert verdict("direct", s, "h1", "h2") is None
+    # the same bytes in two legs through h3, as a relay would carry them: nothing straight
+    _send_udp(h1, h3.public_ip, n, size)
+    _send_udp(h3, h2.public_ip, n, size)
+    s2 = share(b1, watch.read())
+    # each leg carries the datagrams once (the other direction only ICMP port-unreachable, rate-limited)
+    assert s2.direct <= 4096
+    for leg in ("c_o", "o_s"):
+        assert n * (size + hdr) <= s2.others[leg] <= n * (size + hdr) + 4096, s2
+    assert s2.direct_pct is not None and s2.direct_pct < 1
+    assert (verdict("direct", s2, "h1", "h2") or "").startswith("path not direct")
+    # bytes between two other hosts are none of the case's business
+    b3 = watch.read()
+    _send_udp(h3, h3.public_ip, 10, size)
+    assert share(b3, watch.read()).total == 0
+
+
+SCENARIO = """
+name = "path-check"
+vpns = ["easytier"]
+[run]
+repetitions = 1
+retries = 0
+[lab]
+hosts = 3
+{plant}
+[[workloads]]
+name = "tcp"
+duration_s = 2
+omit_s = 0
+"""
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", [False, True], ids=["direct", "udp-blocked"])
+def test_a_relayed_case_in_a_direct_scenario_fails_as_path_not_direct(tmp_path, plant):
+    why = lab_missing()
+    if why:
+        pytest.skip(why)
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(plant='plant_fault = "udp-blocked"' if plant else ""))
+    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results",
+                          str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    (run_dir,) = Path(tmp_path / "r").iterdir()
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    assert db.execute("SELECT status FROM vpn WHERE name='easytier'").fetchone()[0] == "ok", res.stderr[
+        -3000:
+    ]
+    rows = db.execute("SELECT status, error FROM \"case\" WHERE vpn='easytier'").fetchall()
+    pct = [v for (v,) in db.execute("SELECT value FROM metric WHERE name='path_direct_pct'")]
+    if not plant:
+        assert [r[0] for r in rows] == ["ok"], rows
+        assert len(pct) == 1 and pct[0] > 95, pct
+        assert res.returncode == 0, res.stderr[-3000:]
+    else:
+        assert [r[0] for r in rows] == ["failed"], rows
+        assert rows[0][1].startswith("PathError: path not direct: only "), rows
+        assert len(pct) == 1 and pct[0] < 5, pct  # the failed case keeps the share it saw
+        env = dict(db.execute("SELECT key, value FROM environment").fetchall())
+        assert env["lab.plant_fault"] == "udp-blocked"
+
+
+def test_only_a_failover_event_is_exempt_from_the_path_verdict():
+    from tunnelbench.workloads import WORKLOADS
+
+    res = WORKLOADS["resilience"]
+    assert res(res.Params(events=["failover"])).moves_path()
+    assert not res(res.Params(events=["restart_one"])).moves_path()
+    assert not WORKLOADS["tcp"](WORKLOADS["tcp"].Params()).moves_path()
