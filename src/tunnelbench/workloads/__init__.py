@@ -18,12 +18,14 @@ from tunnelbench.workloads.revoke import Revoke
 from tunnelbench.workloads.streaming import Streaming
 from tunnelbench.workloads.tcp import Tcp
 from tunnelbench.workloads.udp import Udp
+from tunnelbench.workloads.udp_ceiling import UdpCeiling
 
 WORKLOADS: dict[str, type[Workload]] = {
     w.name: w
     for w in (
         Tcp,
         Udp,
+        UdpCeiling,
         Ping,
         Connect,
         Multihost,

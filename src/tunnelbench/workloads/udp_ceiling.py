@@ -1,0 +1,333 @@
+"""UDP ceiling (issue 19): the highest offered iperf3 UDP rate whose loss stays at or under a target (default
+1%), every repeat passing. `udp -b 0` floods the sender and an encrypted tunnel drops 85-95% of it at the
+receiver, which says nothing about the rate a UDP application can use; the ceiling does.
+
+The search (a pure function, `search_ceiling`, so it is tested without a lab):
+  1. a rate passes when every one of `repeats` probes (iperf3 -u -b RATE -t step_s) has loss <= the target
+     and the sender really offered the rate (>= 90% of it: a CPU-bound iperf3 sender is not a tunnel that
+     keeps up); the first failing repeat ends that rate;
+  2. bracket: from start_mbit, double while the rate passes (up to hi_mbit), halve while it fails (down to
+     lo_mbit);
+  3. bisect in log space between the highest passing and the lowest failing rate until the two are within
+     resolution_pct of each other;
+  4. stop early, before a probe that would not end in time, at max_probes iperf3 runs or the time budget
+     (budget_s, and the case's deadline): the ceiling is then the highest rate that passed so far and
+     `udp_ceiling_complete` is 0.
+If even lo_mbit fails, the ceiling is 0 (a result, not an error: "no rate meets the target", e.g. under a
+profile with more random loss than the target); `udp_ceiling_fail_mbps` and `udp_ceiling_fail_loss_pct` say
+where it failed. A search cut short before any rate passed or lo_mbit failed has no answer: WorkloadError.
+Every probe is stored as series keyed by its start time (rate, loss, goodput), and the whole search as
+`<label>-search.json` in the case's artifacts. A probe that iperf3 aborts with EMSGSIZE (the tunnel's path
+MTU dropped under it) runs again, at most MAX_MTU_RETRIES times a case (`udp_ceiling_mtu_retries`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from pydantic import Field, model_validator
+
+from tunnelbench.workloads.base import (
+    CaseContext,
+    MetricSpec,
+    Outcome,
+    Params,
+    Series,
+    Workload,
+    WorkloadError,
+)
+from tunnelbench.workloads.iperf3 import parse_udp, run_client
+
+# seconds one iperf3 run takes beyond -t (server spawn, listen wait, control connection, results exchange);
+# measured 0.3-0.6 s on a shared 2-core machine, 1.5 s keeps expected_seconds() an upper bound
+PROBE_OVERHEAD_S = 1.5
+MAX_MTU_RETRIES = 3  # iperf3 runs repeated after EMSGSIZE, per case
+SENDER_FLOOR = 0.9  # a probe whose sender reached less than 90% of the offered rate fails ("sender")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe measured."""
+
+    loss_pct: float
+    goodput_mbps: float | None = None  # received
+    sent_mbps: float | None = None  # what the sender managed to offer
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Probe:
+    rate_mbit: float
+    repeat: int  # 0-based repeat at this rate
+    t_s: float  # seconds since the search started, when the probe started
+    duration_s: float
+    result: ProbeResult
+    passed: bool
+    why: str = ""  # failing probes: "loss" or "sender"
+
+
+@dataclass
+class Ceiling:
+    rate_mbit: float  # highest rate every repeat of which passed; 0 when none did
+    fail_mbit: float | None  # lowest rate that failed (the upper bracket)
+    stop: str  # resolution | hi_mbit | lo_mbit | max_probes | deadline
+    probes: list[Probe]
+
+    @property
+    def complete(self) -> bool:
+        """The search ended by its own rule, not cut short by the probe count or the clock."""
+        return self.stop in ("resolution", "hi_mbit", "lo_mbit")
+
+    @property
+    def bracket_pct(self) -> float | None:
+        if not self.rate_mbit or self.fail_mbit is None:
+            return None
+        return (self.fail_mbit / self.rate_mbit - 1) * 100
+
+    def at(self, rate: float) -> list[Probe]:
+        return [p for p in self.probes if p.rate_mbit == rate]
+
+
+def _round(rate: float) -> float:
+    return float(f"{rate:.4g}")
+
+
+def search_ceiling(
+    probe: Callable[[float], ProbeResult],
+    *,
+    loss_target_pct: float = 1.0,
+    repeats: int = 3,
+    start_mbit: float = 100.0,
+    lo_mbit: float = 1.0,
+    hi_mbit: float = 10_000.0,
+    resolution_pct: float = 5.0,
+    max_probes: int = 30,
+    deadline: float = math.inf,
+    probe_s: float = 0.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Ceiling:
+    """Find the highest rate (Mbit/s) at which `repeats` consecutive probes all have loss <= the target.
+
+    probe(rate) runs one probe and returns what it measured. No probe starts unless it can end by
+    `deadline` (a `clock()` time), judged by probe_s or the longest probe so far, whichever is longer."""
+    if not 0 < lo_mbit <= hi_mbit:
+        raise ValueError("need 0 < lo_mbit <= hi_mbit")
+    lo_mbit, hi_mbit = _round(lo_mbit), _round(hi_mbit)  # the rates tried are rounded: so are the bounds
+    probes: list[Probe] = []
+    t0 = clock()
+    longest = probe_s
+    stop = ""
+
+    def test(rate: float) -> bool | None:
+        """True: every repeat passed; False: one failed; None: stopped before deciding."""
+        nonlocal longest, stop
+        for i in range(repeats):
+            if len(probes) >= max_probes:
+                stop = "max_probes"
+                return None
+            now = clock()
+            if now + longest > deadline:
+                stop = "deadline"
+                return None
+            r = probe(rate)
+            took = clock() - now
+            longest = max(longest, took)
+            why = ""
+            if not r.loss_pct <= loss_target_pct:  # NaN fails too
+                why = "loss"
+            elif r.sent_mbps is not None and r.sent_mbps < SENDER_FLOOR * rate:
+                why = "sender"
+            probes.append(Probe(rate, i, now - t0, took, r, not why, why))
+            if why:
+                return False
+        return True
+
+    passed: float | None = None  # highest passing rate
+    failed: float | None = None  # lowest failing rate
+    rate = _round(min(hi_mbit, max(lo_mbit, start_mbit)))
+    while True:
+        ok = test(rate)
+        if ok is None:
+            break
+        if ok:
+            passed = rate
+        else:
+            failed = rate
+        if failed is None:  # bracketing upwards
+            if rate >= hi_mbit:
+                stop = "hi_mbit"
+                break
+            rate = _round(min(hi_mbit, rate * 2))
+        elif passed is None:  # bracketing downwards
+            if rate <= lo_mbit:
+                stop = "lo_mbit"
+                break
+            rate = _round(max(lo_mbit, rate / 2))
+        else:
+            if failed <= passed * (1 + resolution_pct / 100):
+                stop = "resolution"
+                break
+            mid = _round(math.sqrt(passed * failed))
+            if not passed < mid < failed:  # rounding left no rate in between
+                stop = "resolution"
+                break
+            rate = mid
+    return Ceiling(passed or 0.0, failed, stop, probes)
+
+
+class UdpCeilingParams(Params):
+    loss_target_pct: float = Field(1.0, ge=0, lt=100, description="a rate passes at loss <= this (%)")
+    step_s: int = Field(2, ge=1, le=60, description="seconds per probe (iperf3 -t takes whole seconds)")
+    repeats: int = Field(3, ge=1, le=10, description="probes per rate; every one must pass")
+    start_mbit: float = Field(
+        100.0, gt=0, description="first rate tried (Mbit/s); doubled or halved to bracket"
+    )
+    lo_mbit: float = Field(1.0, gt=0, description="lowest rate tried: if it fails, the ceiling is 0")
+    hi_mbit: float = Field(10_000.0, gt=0, le=100_000, description="highest rate tried")
+    resolution_pct: float = Field(
+        5.0, gt=0, le=100, description="stop when the lowest failing rate is within this of the ceiling"
+    )
+    max_probes: int = Field(30, ge=1, le=500, description="probes at most (EMSGSIZE re-runs aside)")
+    budget_s: float = Field(
+        90.0, ge=5, le=7200, description="seconds for the whole search: no probe starts that would end later"
+    )
+    length: int | None = Field(None, ge=16, le=65507, description="datagram payload bytes (iperf3 -l)")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> UdpCeilingParams:
+        if not self.lo_mbit <= self.start_mbit <= self.hi_mbit:
+            raise ValueError("need lo_mbit <= start_mbit <= hi_mbit")
+        if self.max_probes < self.repeats:
+            raise ValueError("max_probes must be at least repeats (a rate needs every repeat to pass)")
+        return self
+
+
+class UdpCeiling(Workload):
+    name = "udp_ceiling"
+    summary = "highest iperf3 UDP rate at <= a loss target (default 1%), every repeat passing (bisection)"
+    tools = ("iperf3", "ss")
+    headline = ("udp_ceiling_mbps", "udp_ceiling_loss_pct")
+    Params = UdpCeilingParams
+    metrics = (
+        MetricSpec("udp_ceiling_mbps", "Mbit/s", "higher",
+                   "highest offered UDP rate at which every repeat had loss <= the target (0: none did)"),
+        MetricSpec("udp_ceiling_goodput_mbps", "Mbit/s", "higher", "received bit rate at the ceiling (mean)"),
+        MetricSpec("udp_ceiling_loss_pct", "%", "none", "loss at the ceiling, mean over its repeats"),
+        MetricSpec("udp_ceiling_loss_max_pct", "%", "none", "loss at the ceiling, worst repeat"),
+        MetricSpec("udp_ceiling_fail_mbps", "Mbit/s", "none",
+                   "lowest offered rate that failed a repeat: the ceiling lies below it"),
+        MetricSpec("udp_ceiling_fail_loss_pct", "%", "none", "loss of the failing repeat at that rate"),
+        MetricSpec("udp_ceiling_bracket_pct", "%", "none", "fail rate / ceiling - 1: the search's precision"),
+        MetricSpec("udp_ceiling_probes", "count", "none", "iperf3 runs of the search"),
+        MetricSpec("udp_ceiling_mtu_retries", "count", "none",
+                   "probes run again after iperf3's EMSGSIZE (the tunnel's path MTU dropped mid-probe)"),
+        MetricSpec("udp_ceiling_complete", "bool", "none",
+                   "1: the search ended by its rules; 0: cut by max_probes or the time budget"),
+        MetricSpec("udp_ceiling_sender_limited", "bool", "none",
+                   "1: the failing rate failed because iperf3's sender could not offer it (the tool, not the tunnel)"),
+        MetricSpec("iperf_cpu_client_pct", "%", "none", "iperf3 client CPU at the ceiling (saturation check)"),
+        MetricSpec("iperf_cpu_server_pct", "%", "none", "iperf3 server CPU at the ceiling (saturation check)"),
+    )  # fmt: skip
+
+    def label(self) -> str:
+        p = self.params
+        lb = "udp-ceiling"
+        if p.loss_target_pct != 1.0:
+            lb += f"-{p.loss_target_pct:g}pct"
+        if p.length:
+            lb += f"-l{p.length}"
+        return lb
+
+    def expected_seconds(self) -> float:
+        """An upper bound: no probe starts that would end after budget_s, except that a probe run again
+        after EMSGSIZE may overrun by one probe; and max_probes (+ those re-runs) x one probe each."""
+        p = self.params
+        one = p.step_s + PROBE_OVERHEAD_S
+        return min(p.budget_s + one, (p.max_probes + MAX_MTU_RETRIES) * one) + PROBE_OVERHEAD_S
+
+    def run(self, ctx: CaseContext) -> Outcome:
+        p = self.params
+        label = self.label()
+        measured = 0.0
+        runs = 0
+
+        mtu_retries = 0
+
+        def probe(rate: float) -> ProbeResult:
+            nonlocal measured, runs, mtu_retries
+            runs += 1
+            args = ["-u", "-b", f"{round(rate * 1e6)}"] + (["-l", str(p.length)] if p.length else [])
+            tag = f"{label}-p{runs:02d}-{rate:g}M"
+            try:
+                data, ran = run_client(ctx, args, p.step_s, 0, tag)
+            except WorkloadError as e:
+                # EMSGSIZE: the tunnel's path MTU dropped under the probe (tinc learns its PMTU after start
+                # and answers with ICMP frag-needed); the next iperf3 run sizes its datagrams to the new MSS
+                if "Message too long" not in str(e) or p.length or mtu_retries >= MAX_MTU_RETRIES:
+                    raise
+                mtu_retries += 1
+                data, ran = run_client(ctx, args, p.step_s, 0, f"{tag}-retry")
+            measured += min(ran, p.step_s)  # tool start-up is case overhead
+            o = Outcome()
+            parse_udp(data, o)
+            m = {s.name: s.value for s in o.samples}
+            if "udp_loss_pct" not in m:
+                raise WorkloadError(f"iperf3 at {rate:g} Mbit/s reported no loss figure")
+            extra = {k: m[k] for k in ("iperf_cpu_client_pct", "iperf_cpu_server_pct") if k in m}
+            return ProbeResult(m["udp_loss_pct"], m.get("goodput_mbps"), m.get("goodput_sender_mbps"), extra)
+
+        t0 = time.monotonic()
+        res = search_ceiling(
+            probe,
+            loss_target_pct=p.loss_target_pct,
+            repeats=p.repeats,
+            start_mbit=p.start_mbit,
+            lo_mbit=p.lo_mbit,
+            hi_mbit=p.hi_mbit,
+            resolution_pct=p.resolution_pct,
+            max_probes=p.max_probes,
+            deadline=min(t0 + p.budget_s, ctx.deadline - 1),
+            probe_s=p.step_s + 0.3,
+        )
+        (ctx.artifact_dir / f"{label}-search.json").write_text(
+            json.dumps({"params": p.model_dump(), "ceiling_mbit": res.rate_mbit, "fail_mbit": res.fail_mbit,
+                        "stop": res.stop, "mtu_retries": mtu_retries,
+                        "probes": [asdict(x) for x in res.probes]}, indent=1)
+        )  # fmt: skip
+        if not res.rate_mbit and res.stop in ("max_probes", "deadline"):
+            raise WorkloadError(
+                f"UDP ceiling search stopped ({res.stop}) after {len(res.probes)} probes before any rate passed "
+                f"or lo_mbit {p.lo_mbit:g} failed; raise budget_s / max_probes or lower start_mbit"
+            )
+        out = Outcome(measure_s=measured)
+        out.add("udp_ceiling_mbps", res.rate_mbit, "Mbit/s")
+        at = res.at(res.rate_mbit) if res.rate_mbit else []
+        if at:
+            mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+            good = [x.result.goodput_mbps for x in at if x.result.goodput_mbps is not None]
+            out.add("udp_ceiling_goodput_mbps", mean(good) if good else None, "Mbit/s")
+            out.add("udp_ceiling_loss_pct", mean([x.result.loss_pct for x in at]), "%")
+            out.add("udp_ceiling_loss_max_pct", max(x.result.loss_pct for x in at), "%")
+            for k in ("iperf_cpu_client_pct", "iperf_cpu_server_pct"):
+                v = [x.result.extra[k] for x in at if k in x.result.extra]
+                out.add(k, mean(v) if v else None, "%")
+        if res.fail_mbit is not None:
+            (bad,) = [x for x in res.at(res.fail_mbit) if not x.passed]
+            out.add("udp_ceiling_fail_mbps", res.fail_mbit, "Mbit/s")
+            out.add("udp_ceiling_fail_loss_pct", bad.result.loss_pct, "%")
+            out.add("udp_ceiling_sender_limited", float(bad.why == "sender"), "bool")
+        out.add("udp_ceiling_bracket_pct", res.bracket_pct, "%")
+        out.add("udp_ceiling_probes", len(res.probes), "count")
+        out.add("udp_ceiling_mtu_retries", mtu_retries, "count")
+        out.add("udp_ceiling_complete", float(res.complete), "bool")
+        for name, unit, get in (
+            ("udp_ceiling_probe_rate_mbps", "Mbit/s", lambda x: x.rate_mbit),
+            ("udp_ceiling_probe_loss_pct", "%", lambda x: x.result.loss_pct),
+            ("udp_ceiling_probe_goodput_mbps", "Mbit/s", lambda x: x.result.goodput_mbps),
+        ):
+            pts = [(x.t_s, float(get(x))) for x in res.probes if get(x) is not None]
+            out.series.append(Series(name, unit, pts))
+        return out
