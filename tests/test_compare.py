@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from synthetic_runs import make_run
 
@@ -15,8 +18,20 @@ from tunnelbench.analysis.compare import compare_runs
 
 
 def tb(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    # wide enough that rich does not cut the VPN names in the table (its default without a terminal is 80)
     return subprocess.run([sys.executable, "-m", "tunnelbench.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+                          timeout=timeout, env={**os.environ, "COLUMNS": "250"})  # fmt: skip
+
+
+def stored_values(run_dir: Path, vpn: str, label: str, metric: str) -> list[float]:
+    """The samples of one case group, read from the run's SQLite directly (not through the analysis code)."""
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    try:
+        rows = db.execute('SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.vpn = ? '
+                          "AND c.label = ? AND m.name = ? AND c.status = 'ok'", (vpn, label, metric)).fetchall()  # fmt: skip
+    finally:
+        db.close()
+    return [v for (v,) in rows]
 
 
 def test_compare_flags_a_20pct_regression_and_not_noise(tmp_path):
@@ -45,9 +60,32 @@ def test_compare_flags_a_20pct_regression_and_not_noise(tmp_path):
     assert "REGRESSION" in res.stdout and "fastvpn" in res.stdout
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["regressions"] == len(reg) and doc["threshold_pct"] == 10
-    assert tb("compare", str(a), str(same)).returncode == 0
-    # --metric restricts the gate: retransmit_rate did not change, so nothing is flagged
-    assert tb("compare", str(a), str(b), "--metric", "retransmit_rate").returncode == 0
+    # exit 0 must come from comparing every gated group, not from matching nothing: 2 VPNs x (tcp and tcp-p4
+    # goodput, ping rtt_p50 and rtt_p99), each with all 8 repetitions of both runs, the medians those of the
+    # stored samples
+    res = tb("compare", str(a), str(same), "--json", str(tmp_path / "same.json"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads((tmp_path / "same.json").read_text())
+    gated = sorted((c["vpn"], c["label"], c["metric"]) for c in doc["changes"] if c["gated"])
+    assert gated == sorted((v, lbl, m) for v in ("fastvpn", "internal") for lbl, m in
+                           [("tcp", "goodput_mbps"), ("tcp-p4", "goodput_mbps"), ("ping", "rtt_p50_ms"),
+                            ("ping", "rtt_p99_ms")]), gated  # fmt: skip
+    for c in doc["changes"]:
+        assert (c["n_a"], c["n_b"]) == (8, 8), c
+        assert c["median_a"] == pytest.approx(np.median(stored_values(a, c["vpn"], c["label"], c["metric"])))
+        assert c["median_b"] == pytest.approx(
+            np.median(stored_values(same, c["vpn"], c["label"], c["metric"]))
+        )
+    assert doc["regressions"] == 0 and "no significant regression" in res.stdout
+    table = [x for x in res.stdout.splitlines() if x.startswith("│ ") and "baseline" in x]
+    assert len(table) == len(gated), res.stdout  # one table row per gated group (--all adds the others)
+    # --metric restricts the gate: retransmit_rate did not change, so nothing is flagged, but it was compared
+    res = tb("compare", str(a), str(b), "--metric", "retransmit_rate", "--json", str(tmp_path / "rt.json"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads((tmp_path / "rt.json").read_text())
+    assert sorted((c["vpn"], c["label"], c["metric"]) for c in doc["changes"]) == [
+        (v, lbl, "retransmit_rate") for v in ("fastvpn", "internal") for lbl in ("tcp", "tcp-p4")]  # fmt: skip
+    assert all((c["n_a"], c["n_b"]) == (8, 8) for c in doc["changes"])
 
 
 def test_compare_says_when_it_cannot_detect_anything(tmp_path):

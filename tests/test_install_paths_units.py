@@ -36,14 +36,57 @@ def test_every_driver_declares_installs_and_paths():
         assert cls.paths <= {"direct", "relay", "nat"}, name
 
 
+def _shim(path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
 def test_availability_states_are_explained():
+    """Whatever this machine has installed, every driver is in one of the three states, with a reason when
+    it cannot run (the states themselves are made and checked one by one in the next test)."""
     for name, cls in DRIVERS.items():
         a = cls.availability()
         assert a.state in ("available", "installable", "impossible here")
-        if not a.ok:
-            assert a.reason, name
-        if a.installable:
-            assert f"tunnelbench install {name}" in a.reason
+        assert a.ok == (a.state == "available") and (a.ok or a.reason), name
+        assert not a.installable or f"tunnelbench install {name}" in a.reason, (name, a)
+
+
+def test_each_availability_state_with_a_made_up_machine(tmp_path, monkeypatch):
+    """Each state of one driver (nebula, a Go-module build), on a machine made of an empty install cache and a
+    PATH of shims: no branch on what this machine happens to have installed."""
+    neb = DRIVERS["nebula"]
+    cache, tools = tmp_path / "cache", tmp_path / "tools"
+    tools.mkdir()
+    monkeypatch.setenv("TUNNELBENCH_CACHE", str(cache))
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.setattr(neb, "impossible_on", classmethod(lambda cls, hosts=None: None))  # a kernel with TUN
+    # no build and no Go toolchain: cannot be installed here, and the reason says why
+    a = neb.availability()
+    assert (a.state, a.ok, a.installable, a.version) == ("impossible here", False, False, None)
+    assert a.reason == "missing binaries: nebula, nebula-cert (the Go toolchain (go) is not installed)"
+    # a `go` on PATH: installable, and the reason names the command
+    _shim(tools / "go", "exit 0\n")
+    a = neb.availability()
+    assert (a.state, a.ok, a.installable) == ("installable", False, True)
+    assert a.reason == "missing binaries: nebula, nebula-cert; install with `tunnelbench install nebula`"
+    # half a build (nebula-cert missing) is not available
+    bin_dir = cache / "nebula-1.11.1" / "bin"
+    _shim(bin_dir / "nebula", 'echo "Version: 1.11.1"\n')
+    a = neb.availability()
+    assert a.state == "installable" and a.reason.startswith("missing binaries: nebula-cert;"), a
+    # the cache build complete: available, with the version the binary reports and where the build came from
+    _shim(bin_dir / "nebula-cert", "exit 0\n")
+    a = neb.availability()
+    assert (a.state, a.ok, a.version, a.reason) == ("available", True, "1.11.1 (go proxy)", "")
+    # a build reporting another version than its cache key says both
+    _shim(bin_dir / "nebula", 'echo "Version: 1.11.0-dirty"\n')
+    assert neb.availability().version == "1.11.0-dirty (go proxy v1.11.1)"
+    # a kernel without what the VPN needs wins over any build
+    monkeypatch.setattr(neb, "impossible_on", classmethod(lambda cls, hosts=None: "this kernel has no TUN"))
+    a = neb.availability()
+    assert (a.state, a.ok, a.installable) == ("impossible here", False, False)
+    assert a.reason == "this kernel has no TUN"
 
 
 def test_impossible_vpns_have_reasons_and_no_driver():

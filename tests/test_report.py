@@ -68,7 +68,18 @@ def test_analysis_and_report_of_a_synthetic_run(tmp_path):
     assert html.count("<svg") >= 8
     assert "goodput_mbps [Mbit/s]" in html and "rtt_ms [ms]" in html  # axis labels with units
     assert "WorkloadError: iperf3 timed out" in html and "handshake did not complete" in html
-    assert "calibration" in html.lower() and "TCP goodput" in html  # calibration rows are rendered
+    # the calibration stored with the run (synthetic_runs: profile edge on netem, TCP goodput configured 100,
+    # measured 94, ok) is rendered cell by cell, the raw path's one-way delay above it
+    cal = html[html.index("Calibration of the impairment profiles") :]
+    cal = cal[: cal.index("</table>")]
+    assert re.search(r"<code>one_way_ms</code>\s*=\s*0\.02\b", cal), cal
+    cal_rows = [[re.sub(r"<[^>]+>", " ", c).split() for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+                for row in re.findall(r"<tr>(.*?)</tr>", cal) if "<td" in row]  # fmt: skip
+    assert len(cal_rows) == 1, cal
+    (profile, backend, quantity, configured, measured, detail, ok) = cal_rows[0]
+    assert profile == ["edge", "rate", "100", "Mbit/s"] and backend == ["netem"], cal_rows
+    assert quantity == ["TCP", "goodput", "[Mbit/s]"] and detail == ["90-100%"] and ok == ["yes"], cal_rows
+    assert float(configured[0]) == 100 and float(measured[0]) == 94, cal_rows
     md = render_markdown(a)
     assert "| fastvpn | tcp | goodput_mbps [Mbit/s] |" in md and "failed" in md
 

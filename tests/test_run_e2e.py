@@ -111,11 +111,30 @@ def test_small_run_prints_summary_and_stores_everything(tmp_path):
     assert rep.returncode == 0 and "goodput_mbps" in rep.stdout and "retransmit_rate" in rep.stdout
 
 
+# block order, 3 repetitions of (tcp, ping): every internal case, then wireguard-go's tcp and ping of
+# repetition 1. The kill tests wait for exactly these and signal 0.5 s into wireguard-go's tcp of repetition 2
+# (a 3 s case): exactly these are ok afterwards, the case cut short is not
+SURVIVORS = sorted([("internal", w, r) for r in (1, 2, 3) for w in ("tcp", "ping")]
+                   + [("wireguard-go", "tcp", 1), ("wireguard-go", "ping", 1)])  # fmt: skip
+
+
+def check_survivors(run_dir: Path) -> None:
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    try:
+        ok = db.execute("SELECT vpn, workload, repetition FROM \"case\" WHERE status='ok'").fetchall()
+        cut = db.execute("SELECT status FROM \"case\" WHERE vpn='wireguard-go' AND workload='tcp' "
+                         "AND repetition=2").fetchall()  # fmt: skip
+    finally:
+        db.close()
+    assert sorted(ok) == SURVIVORS, ok
+    assert len(cut) == 1 and cut[0][0] != "ok", cut
+
+
 def test_sigkill_mid_case_then_clean_leaves_nothing_and_keeps_results(tmp_path):
     p, results = start(tmp_path, reps=3, dur=3)
     try:
-        run_dir = wait_for_cases(results, "wireguard-go", 1)
-        time.sleep(0.5)  # inside the next case
+        run_dir = wait_for_cases(results, "wireguard-go", 2)
+        time.sleep(0.5)  # inside the next case: wireguard-go's tcp of repetition 2
         p.send_signal(signal.SIGKILL)
         p.wait(10)
     finally:
@@ -130,9 +149,7 @@ def test_sigkill_mid_case_then_clean_leaves_nothing_and_keeps_results(tmp_path):
     assert not any(netns_exists(n) for n in netns)
     assert not [e for e in procs if process_alive(e["pid"], e["start"])]
     assert not list(Path("/var/run/wireguard").glob(f"{run_dir.name.split('-')[-1]}*"))
-    db = sqlite3.connect(run_dir / "results.sqlite")
-    ok = db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0]
-    assert ok >= 3 * 2 + 1  # all internal cases (3 reps x 2 workloads) and >= 1 wireguard-go case survived
+    check_survivors(run_dir)
     # the run is unregistered: a second clean has nothing of it left to do
     from tunnelbench.lab.journal import REGISTRY
 
@@ -143,8 +160,8 @@ def test_sigkill_mid_case_then_clean_leaves_nothing_and_keeps_results(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_tears_down_and_keeps_finished_cases(tmp_path, sig):
     p, results = start(tmp_path, reps=3, dur=3)
-    run_dir = wait_for_cases(results, "wireguard-go", 1)
-    time.sleep(0.5)
+    run_dir = wait_for_cases(results, "wireguard-go", 2)
+    time.sleep(0.5)  # inside wireguard-go's tcp of repetition 2
     p.send_signal(sig)
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 130, out
@@ -153,7 +170,7 @@ def test_signal_tears_down_and_keeps_finished_cases(tmp_path, sig):
     assert not [e for e in procs if process_alive(e["pid"], e["start"])]
     db = sqlite3.connect(run_dir / "results.sqlite")
     assert db.execute("SELECT status FROM run").fetchone()[0] == "interrupted"
-    assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 3 * 2 + 1
+    check_survivors(run_dir)
     assert "goodput Mbit/s" in out  # the headline of what was measured is still printed
 
 

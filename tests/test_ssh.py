@@ -276,7 +276,6 @@ def test_inventory_parsing_and_errors(tmp_path):
 
 def test_ssh_host_api_and_host_key_checking(ssh_env: SshFixture, tmp_path):
     from tunnelbench.lab.inventory import load_inventory
-    from tunnelbench.lab.ssh import SshError, SshHost
 
     inv = load_inventory(ssh_env.inventory(tmp_path / "inv.yaml"))
     # the controller lives in h3: do the host API checks from there too, in a child process
@@ -307,8 +306,19 @@ assert p.alive() and p.start is not None and "started" in p.log_tail()
 p.stop(grace=2)
 assert not p.alive()
 h.run(["rm", "-rf", "/var/tmp/tunnelbench/t"])
+# a host that cannot be reached, or refuses the key, raises SshError naming the host and what went wrong
+import dataclasses
+from tunnelbench.lab.ssh import SshError
+for bad, why in ((dataclasses.replace(inv.peers()[0], port=2), "cannot connect"),
+                 (dataclasses.replace(inv.peers()[0], key_file={str(tmp_path / "wrong_key")!r}), "authentication failed")):
+    try:
+        SshHost("h1", bad, Path("/var/tmp/tunnelbench/t/h1"), None).run(["true"])
+        raise SystemExit(f"no SshError for {{why}}")
+    except SshError as e:
+        assert why in str(e) and bad.describe() in str(e), str(e)
 print("OK")
 """
+    _keygen(tmp_path / "wrong_key")  # a key the targets do not authorize
     r = subprocess.run(["ip", "netns", "exec", ssh_env.ctl_netns, sys.executable, "-c", code], capture_output=True,
                        text=True, timeout=120, env=ssh_env.env())  # fmt: skip
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
@@ -323,7 +333,10 @@ print("OK")
         assert "reachable" in r.stdout and "host key not verified" not in r.stdout, r.stdout + r.stderr
     finally:
         ssh_env.known_hosts.with_suffix(".bak").replace(ssh_env.known_hosts)
-    assert isinstance(inv.peers()[0].address, str) and SshHost and SshError
+    # the inventory the tests above ran against is the targets' one: h1 and h2 as peers, in order, and wan
+    assert [(p.name, p.address, p.port) for p in inv.peers()] == [("h1", ssh_env.targets[0].ip, 22),
+                                                                   ("h2", ssh_env.targets[1].ip, 22)]  # fmt: skip
+    assert inv.router() is not None and inv.router().address == "10.100.3.1"
 
 
 def test_doctor_inventory_reports_per_host(ssh_env: SshFixture, tmp_path):

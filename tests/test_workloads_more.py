@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -125,6 +126,31 @@ def test_latency_under_load(mesh):
     assert m["load_goodput_mbps"] > 10
     assert m["idle_ping_loss_pct"] < 10
     assert {s.name for s in out.series} == {"idle_rtt_ms", "loaded_rtt_ms"}
+    # the loaded pings overlapped the load: ping -D's wall-clock reply times against iperf3's own record of the
+    # load (start second and per-interval throughput); the idle pings came before the load started
+    import json
+    import re
+
+    (adir,) = [d for d in (mesh.run_dir / "cases").iterdir() if d.name.startswith("latency-load-up")]
+    stamps = {ph: [float(x) for x in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", (adir / f"ping-{ph}.txt")
+                                                 .read_text(), re.M)] for ph in ("idle", "loaded")}  # fmt: skip
+    load = json.loads((adir / "load-client.json").read_text())
+    t_load = load["start"]["timestamp"]["timesecs"]  # whole seconds: the load started in [t_load, t_load + 1)
+    ivs = [iv["sum"] for iv in load["intervals"]]
+    t_load_end = t_load + 1 + ivs[-1]["end"]
+    # each phase pinged for about its time (the count follows the spacing ping really keeps: 17-18 ms for
+    # -i 0.01 on some machines), at least one request per interval asked or per spacing kept
+    for ph, secs in (("loaded", 3.0), ("idle", 1.5)):
+        span = max(stamps[ph]) - min(stamps[ph])
+        assert span >= 0.8 * secs, (ph, span)
+        # the loaded phase must end inside the load (which runs 1.25 x load_s); the idle one may run long
+        assert ph == "idle" or span <= 1.25 * secs, (ph, span)
+        assert len(stamps[ph]) >= 0.9 * span / 0.02, (ph, len(stamps[ph]), span)
+    assert max(stamps["idle"]) < t_load + 1
+    window = (min(stamps["loaded"]) - t_load, max(stamps["loaded"]) - t_load, t_load_end - t_load)
+    assert window[0] >= 0.5 and window[1] <= window[2], window  # pings' first, last; load's end (s)
+    # ... and the load was flowing through every second of it, not just on average
+    assert all(iv["bits_per_second"] > 10e6 for iv in ivs), ivs
 
 
 def test_http_download(mesh):
@@ -152,8 +178,19 @@ def test_http_api_rate_and_count(mesh):
     declared("http_api", m)
     assert m["error_rate_pct"] == 0
     assert 0 < m["request_p50_ms"] <= m["request_p90_ms"] <= m["request_p99_ms"] <= m["request_max_ms"] < 1000
-    assert m["achieved_rate_per_s"] == pytest.approx(30, rel=0.35)  # fixed rate, not as fast as possible
     assert len(out.series[0].points) == 60
+    # fixed rate, not as fast as possible: hey's own per-request offsets (hey.csv) show the pacing. Each of the
+    # 2 workers sends 30 requests at 15/s, one per tick: the last starts (30 - 1) / 15 = 1.93 s after the
+    # first tick, so the offsets span 1.93 s (+-5%: the tick's jitter on a busy 2-core machine)
+    import csv
+
+    (adir,) = [d for d in (mesh.run_dir / "cases").iterdir() if d.name.startswith("http-api-30rps")]
+    offsets = sorted(float(r["offset"]) for r in csv.DictReader((adir / "hey.csv").open()))
+    assert len(offsets) == 60
+    assert offsets[-1] - offsets[0] == pytest.approx(29 / 15, rel=0.05), offsets
+    # the reported rate is requests over the whole hey run: at most the configured 30/s (the ticks cannot
+    # be faster) and at least 60 requests over the ticks' 2.0 s plus 0.5 s for starting hey in the namespace
+    assert 60 / (60 / 30 + 0.5) <= m["achieved_rate_per_s"] <= 30 * 1.02, m["achieved_rate_per_s"]
     no_nginx_left(mesh)
 
 
@@ -238,7 +275,6 @@ def test_streaming_rist_and_udp(mesh):
     for transport in ("rist", "udp"):
         m, _ = run(mesh, "streaming", transport=transport, bitrate_mbps=10, duration_s=3, playout_ms=400)
         declared("streaming", m)
-        assert m["lost_pct"] + m["late_pct"] + m["on_time_pct"] == pytest.approx(100)
         assert m["lost_pct"] < 5 and m["late_pct"] < 5  # an idle lab path at 10 Mbit/s
         assert 0 <= m["jitter_ms"] < 50
         assert 0 < m["delay_p50_ms"] <= m["delay_p99_ms"] < 1000
@@ -249,16 +285,74 @@ def test_streaming_rist_and_udp(mesh):
     assert mos(0) > 4.4 and mos(1) > mos(5) > mos(20) >= 1.0
 
 
+def test_streaming_analyse_known_answers():
+    """analyse() on hand-made arrivals whose answers are worked out by hand (no lab needed)."""
+    from tunnelbench.workloads.streaming import StreamingParams, analyse, mos
+
+    p = StreamingParams(packet_bytes=1000, duration_s=1.0, playout_ms=100.0, transport="udp")
+    # 10 sent, 10 ms apart; seqs 0-7 arrive, 8 and 9 never do, and seq 3 arrives twice.
+    # One-way delays in ms: the base is the smallest, 20; the playout deadline is 20 + 100 = 120 ms
+    delay_ms = {0: 20, 1: 30, 2: 20, 3: 40, 4: 20, 5: 150, 6: 122, 7: 119}  # 150 and 122 late, 119 on time
+    arrivals = [(q, q * 0.01, q * 0.01 + d / 1000) for q, d in delay_ms.items()]
+    arrivals.append((3, 0.03, 0.03 + 0.300))  # the duplicate: counted, its delay ignored
+    m = {s.name: s.value for s in analyse(arrivals, 10, p, 1.0).samples}
+    assert m["lost_pct"] == pytest.approx(20)  # 2 of 10
+    assert m["late_pct"] == pytest.approx(20)  # 2 of 10
+    assert m["on_time_pct"] == pytest.approx(60)  # 8 arrived - 2 late
+    assert m["duplicates"] == 1
+    # sorted delays 20 20 20 30 40 119 122 150: median (30 + 40) / 2; p99 at rank 0.99 * 7 = 6.93
+    assert m["delay_p50_ms"] == pytest.approx(35)
+    assert m["delay_p99_ms"] == pytest.approx(122 + 0.93 * (150 - 122))
+    assert m["received_mbps"] == pytest.approx(8 * 1000 * 8 / 1.0 / 1e6)  # 8 distinct datagrams in 1 s
+    assert m["quality_mos"] == pytest.approx(mos(40))  # lost + late
+    # G.107: no impairment gives R = 93.2, MOS 4.41; 40% effective loss gives R = 93.2 - 95 * 40 / 50 = 17.2
+    assert mos(0) == pytest.approx(4.41, abs=0.005)
+    assert mos(40) == pytest.approx(1 + 0.035 * 17.2 + 7e-6 * 17.2 * (17.2 - 60) * (100 - 17.2))
+    # RFC 3550 jitter: delays alternating 10 / 20 ms in order, 16 transitions of |D| = 10 ms each:
+    # J = 10 * (1 - (15/16)^16)
+    alt = [(q, q * 0.1, q * 0.1 + (0.010 if q % 2 else 0.020)) for q in range(17)]
+    j = {s.name: s.value for s in analyse(alt, 17, p, 1.0).samples}["jitter_ms"]
+    assert j == pytest.approx(10 * (1 - (15 / 16) ** 16))
+    steady = [(q, q * 0.1, q * 0.1 + 0.015) for q in range(17)]
+    j = {s.name: s.value for s in analyse(steady, 17, p, 1.0).samples}["jitter_ms"]
+    assert j == pytest.approx(0, abs=1e-9)  # a constant delay has no jitter
+
+
+def running(pid: int) -> bool:
+    """The kernel's view (/proc), not tunnelbench's: the process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def test_resilience_restart_one_and_all(mesh):
-    m, _ = run(mesh, "resilience", timeout=180, before_s=0.5, after_s=0.5, timeout_s=40)
+    def pids() -> dict[str, set[int]]:
+        return {h: {p.pid for p in ps} for h, ps in mesh.daemons().items()}
+
+    client, server = mesh.hosts[0].name, mesh.hosts[1].name
+    m = {}
+    for event in ("restart_one", "restart_all"):  # one at a time: which daemons each event replaced
+        before = pids()
+        got, _ = run(mesh, "resilience", timeout=180, events=[event], before_s=0.5, after_s=0.5, timeout_s=40)
+        after = pids()
+        m |= got
+        if mesh.vpn == "internal":  # no daemon: nothing to restart
+            assert before == after == {client: set(), server: set()}
+            continue
+        # a restart is new daemon processes (the old PIDs gone, the kernel's process table agrees)
+        for h in (server, client) if event == "restart_all" else (server,):
+            assert before[h] and after[h] and not before[h] & after[h], (event, h, before, after)
+            assert not [pid for pid in before[h] if running(pid)], f"{event}: an old daemon on {h} still runs"
+        if event == "restart_one":  # ... of the server only: the client's daemon kept running
+            assert before[client] == after[client], (before, after)
     declared("resilience", {k: v for k, v in m.items()} | {"failover_s": 0})
     for tag in ("one", "all"):
         assert 0 <= m[f"reconnect_{tag}_s"] < 40
         assert 0 < m[f"outage_{tag}_s"] < 41
         if mesh.vpn == "internal":  # nothing restarts: no outage beyond a probe interval or two
             assert m[f"outage_{tag}_s"] < 0.3
-        else:  # the tunnel went away: replies stopped for at least the restart itself
-            assert m[f"outage_{tag}_s"] >= m[f"reconnect_{tag}_s"] * 0.9
     # every pair answers again. Pairs the probe did not use may still be re-handshaking, so the mesh gets its
     # readiness wait rather than one 300 ms fping round (this test failed once in ten local runs with
     # wireguard-go; the assertion was not captured, the single round is the likeliest cause)

@@ -35,6 +35,12 @@ class LatencyLoadParams(Params):
     timeout_s: float = Field(5.0, gt=0, le=60, description="a reply later than this counts as lost")
 
 
+def real_spacing(parsed: dict) -> float | None:
+    """Seconds between echo requests as ping kept them (from the -D reply timestamps), None when unknown."""
+    ts = sorted(t for t, _ in parsed["replies"].values())
+    return (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else None
+
+
 class LatencyLoad(Workload):
     name = "latency_load"
     summary = "ping at a fine interval, idle and then under a TCP bulk transfer (buffer bloat)"
@@ -59,11 +65,14 @@ class LatencyLoad(Workload):
 
     def expected_seconds(self) -> float:
         p = self.params
-        return p.idle_s + p.warmup_s + p.load_s + 2 * p.timeout_s
+        return p.idle_s + p.warmup_s + 1.25 * p.load_s + 1 + 2 * p.timeout_s
 
-    def _ping(self, ctx: CaseContext, seconds: float, name: str) -> dict:
+    def _ping(self, ctx: CaseContext, seconds: float, name: str, spacing_s: float | None = None) -> dict:
+        """`seconds` of echo requests: their count from the spacing ping really keeps (`spacing_s`, measured
+        in the idle phase), not the one asked for: `ping -i 0.01` sends every 17-18 ms on some machines, and a
+        count from the asked interval ran the "loaded" phase on past the load, onto an idle path."""
         p = self.params
-        count = max(1, round(seconds / p.interval_s))
+        count = max(1, int(seconds / max(p.interval_s, spacing_s or 0.0)))
         argv = ["ping", "-D", "-n", "-c", str(count), "-i", f"{p.interval_s:g}", "-W", f"{p.timeout_s:g}",
                 ctx.server_ip]  # fmt: skip
         res = ctx.client.run(argv, timeout=seconds * 3 + p.timeout_s + 10, check=False)
@@ -77,13 +86,15 @@ class LatencyLoad(Workload):
         p = self.params
         t0 = time.monotonic()
         idle = self._ping(ctx, p.idle_s, "ping-idle")
-        load_s = p.warmup_s + p.load_s + 1
+        spacing = real_spacing(idle)
+        # the load outlasts the loaded pings: a quarter more than asked, for spacing that grows under load
+        load_s = p.warmup_s + 1.25 * p.load_s + 1
         args = ["-P", str(p.streams)] + (["-R"] if p.direction == "down" else [])
         run = start_iperf3(ctx, ctx.client, ctx.server, ctx.server_ip, LOAD_PORT, args, load_s, "load",
                            mss=ctx.options.get("mss"))  # fmt: skip
         try:
             time.sleep(p.warmup_s)
-            loaded = self._ping(ctx, p.load_s, "ping-loaded")
+            loaded = self._ping(ctx, p.load_s, "ping-loaded", spacing)
             data = run.wait(timeout=ctx.remaining())
         finally:
             run.stop()
