@@ -830,5 +830,45 @@ def export(run_ref: str | None, results: Path, fmt: str, series: bool, out: Path
         sys.stdout.write(text)
 
 
+@main.command("nat-matrix")
+@click.option(
+    "--vpn", "vpns", multiple=True, help="NAT-capable VPN (repeatable; default: every one with path nat)"
+)
+@click.option("--pairs", type=click.Choice(["default", "all"]), default="default", show_default=True,
+              help="default = the 4 same-type pairs + symmetric x each other type; all = every unordered pair")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/nat-matrix.json"),
+              show_default=True, help="the matrix as JSON (rewritten after every cell)")  # fmt: skip
+@click.option(
+    "--no-record", is_flag=True, help="do not store the rows as the VPNs' nat_matrix feature probes"
+)
+def nat_matrix(vpns: tuple[str, ...], pairs: str, out: Path, no_record: bool) -> None:
+    """NAT-traversal matrix: per VPN and pair of NAT types (h1, h2 behind them, h3 public), direct, relayed or failed
+    (router path counters during an h1 -> h2 ping flood). One fresh 3-host lab per cell, ~10-30 s each."""
+    import tempfile
+
+    from tunnelbench import natmatrix as nm
+
+    _need_root()
+    names = [x.strip() for v in vpns for x in v.split(",") if x.strip()] or nm.nat_drivers()
+    bad = [n for n in names if n not in nm.nat_drivers()]
+    if bad:
+        raise click.UsageError(
+            f"not a NAT-capable VPN: {', '.join(bad)} (choose from {', '.join(nm.nat_drivers())})"
+        )
+    with tempfile.TemporaryDirectory(prefix="tb-natmatrix-") as work:
+        result = nm.run_matrix(names, nm.ALL_PAIRS if pairs == "all" else nm.DEFAULT_PAIRS, Path(work), out,
+                               record=not no_record, progress=lambda s: err.print(Text(s)))  # fmt: skip
+    head, rows = nm.table_rows(result)
+    t = Table(
+        title="NAT traversal h1 -> h2 (FC full cone, AR address-restricted, PR port-restricted, SYM symmetric)"
+    )
+    for h in head:
+        t.add_column(h)
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    err.print(Text(f"nat matrix: {out}"))
+
+
 if __name__ == "__main__":
     main()

@@ -82,6 +82,9 @@ class RunCfg(Strict):
         return self
 
 
+NatType = Literal["full-cone", "address-restricted", "port-restricted", "symmetric"]  # lab.netns.NAT_TYPES
+
+
 class LabCfg(Strict):
     backend: Literal["netns", "ssh"] = Field(
         "netns", description="netns = namespaces on this machine; ssh = real hosts from lab.inventory"
@@ -106,6 +109,17 @@ class LabCfg(Strict):
     relay: str | None = Field(
         None, description="relay / rendezvous host for path relay|nat (default: the last host)"
     )
+    nat_type: NatType = Field(
+        "port-restricted",
+        description="path nat: the type of every peer's NAT (RFC 4787): full-cone = endpoint-independent mapping "
+        "and filtering; address-restricted = inbound only from IPs the host sent to; port-restricted = only from "
+        "the exact IP:port (Linux masquerade, the default); symmetric = a new public port per destination "
+        "(hard NAT)",
+    )
+    nat_types: dict[str, NatType] = Field(
+        default_factory=dict,
+        description='path nat: per-host NAT types overriding nat_type, e.g. {h1 = "symmetric", h2 = "full-cone"}',
+    )
     plant_fault: Literal["udp-blocked"] | None = Field(
         None,
         description="test-only negative control of the path check: udp-blocked = the router drops UDP between "
@@ -128,6 +142,14 @@ class LabCfg(Strict):
                                  f"(got {relay!r}; path {self.path!r} needs hosts >= 3)")  # fmt: skip
         elif self.relay:
             raise ValueError('relay is only used with path = "relay" or "nat"')
+        if self.path != "nat" and (self.nat_types or self.nat_type != "port-restricted"):
+            raise ValueError('nat_type and nat_types are only used with path = "nat"')
+        if self.nat_types:
+            relay = self.relay or names[-1]
+            bad = [h for h in self.nat_types if h not in names or h == relay]
+            if bad:
+                raise ValueError(f"nat_types: {', '.join(bad)} is not a host behind a NAT (the peers but the relay "
+                                 f"host {relay}: {', '.join(n for n in names if n != relay)})")  # fmt: skip
         if self.plant_fault and self.backend != "netns":
             raise ValueError('plant_fault needs backend = "netns" (the lab\'s router drops the traffic)')
         if self.backend == "ssh" and not self.inventory:

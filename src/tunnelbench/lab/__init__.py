@@ -33,7 +33,7 @@ def make_lab(cfg: LabCfg, tag: str, run_dir: Path, journal: Journal) -> Lab:
     if cfg.backend == "netns":
         from tunnelbench.lab.netns import NetnsLab
 
-        return NetnsLab(tag, cfg.hosts, run_dir, journal, cfg.path, cfg.relay)
+        return NetnsLab(tag, cfg.hosts, run_dir, journal, cfg.path, cfg.relay, cfg.nat_type, cfg.nat_types)
     if cfg.backend == "ssh":
         from tunnelbench.lab.inventory import load_inventory
         from tunnelbench.lab.ssh import SshLab

@@ -12,10 +12,33 @@ Path scenarios (`[lab] path`, see VpnDriver.paths):
           `watch_relay()` counts the relay host's bytes per peer, to prove the traffic crossed it.
   nat     every peer except the relay host sits behind its own masquerading NAT namespace:
             hI (172.16.I.2) --- nI (172.16.I.1 | 10.100.I.2, masquerade) --- r
-          The NAT keeps the host's old address on its WAN side, so the router is unchanged; new inbound
-          connections are dropped (an endpoint-independent-mapping, address-and-port-dependent-filtering
-          NAT, as Linux conntrack does). The relay host stays public: the rendezvous for the others. The router has no uplink; an nftables table drops and counts anything not addressed to the
-lab (some VPNs probe public STUN servers at start)."""
+          The NAT keeps the host's old address on its WAN side, so the router is unchanged. The relay host
+          stays public: the rendezvous for the others. Each NAT has a type (`nat_type`, RFC 4787 terms;
+          "mapping" = which public port an internal socket gets, "filtering" = who may send to it):
+            full-cone           endpoint-independent mapping and filtering: once hI sent from port p
+                                (UDP), anyone may send to public:p. Not a 1:1 NAT: ports hI never sent
+                                from stay closed.
+            address-restricted  endpoint-independent mapping, address-dependent filtering: inbound to
+                                public:p from any port of an IP that hI sent to from p.
+            port-restricted     endpoint-independent mapping, address-and-port-dependent filtering: only
+                                replies from the exact IP:port (Linux masquerade + conntrack; the default,
+                                this lab's only NAT before NAT types).
+            symmetric           ("hard") endpoint-dependent mapping (a random public port per destination,
+                                `masquerade fully-random`) and address-and-port-dependent filtering.
+          Mapping: masquerade keeps the source port when the public tuple is free, which behind a one-host
+          NAT it always is (endpoint-independent); fully-random draws a new port per conntrack entry, i.e.
+          per destination. Filtering: conntrack lets replies in (exact IP:port). The two cone types add
+          endpoint-independent / address-dependent filtering with a dynamic nft set that the forward path
+          fills from hI's outbound UDP (`update @cone { udp sport }`, `update @seen { ip daddr . udp
+          sport }`, 180 s timeout refreshed per packet) and a prerouting dnat of inbound UDP that matches
+          the set to hI at the same port (the mapped port is the source port: preserved). TCP is
+          port-restricted under every type (conntrack only). Unsolicited inbound that is not forwarded
+          to hI is dropped in the NAT's input chain (counted in `inbound_dropped`), not answered: a
+          dropped packet's conntrack entry is never confirmed, so a stranger's probe to public:p cannot
+          occupy the tuple and push hI's next mapping towards that stranger onto another port (it would,
+          with the packet delivered locally and answered with ICMP port unreachable).
+The router has no uplink; an nftables table drops and counts anything not addressed to the lab (some VPNs
+probe public STUN servers at start)."""
 
 from __future__ import annotations
 
@@ -25,7 +48,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,6 +57,9 @@ from tunnelbench.lab.host import CommandError, Host
 from tunnelbench.lab.journal import Journal
 
 PATHS = ("direct", "relay", "nat")
+NAT_TYPES = ("full-cone", "address-restricted", "port-restricted", "symmetric")
+DEFAULT_NAT_TYPE = "port-restricted"
+NAT_SET_TIMEOUT_S = 180  # a cone mapping's inbound opening lives this long after hI's last packet from it
 
 
 def sh(argv: Sequence[str], timeout: float = 20.0, check: bool = True) -> subprocess.CompletedProcess:
@@ -81,6 +107,7 @@ class NetnsHost(Host):
         self.underlay_ip = underlay_ip
         self.public_ip = underlay_ip
         self.behind_nat = False
+        self.nat_type: str | None = None  # lab path nat: the type of the NAT in front of this host
         self.workdir = workdir
         self.journal = journal
         self.underlay_if = "eth0"
@@ -98,9 +125,14 @@ class NetnsLab:
     """Builds and destroys the namespace topology for one run (names carry the run's tag)."""
 
     def __init__(self, tag: str, n_hosts: int, run_dir: Path, journal: Journal, path: str = "direct",
-                 relay: str | None = None):  # fmt: skip
+                 relay: str | None = None, nat_type: str = DEFAULT_NAT_TYPE,
+                 nat_types: Mapping[str, str] | None = None):  # fmt: skip
+        """nat_type: every NATted host's NAT type (path nat); nat_types: per-host overrides {"h1": ...}."""
         if path not in PATHS:
             raise ValueError(f"lab path must be one of {', '.join(PATHS)}, not {path!r}")
+        for t in [nat_type, *(nat_types or {}).values()]:
+            if t not in NAT_TYPES:
+                raise ValueError(f"NAT type must be one of {', '.join(NAT_TYPES)}, not {t!r}")
         self.tag = tag
         self.run_dir = run_dir
         self.journal = journal
@@ -123,6 +155,10 @@ class NetnsLab:
                     self.nats[h.name] = NetnsHost(f"n{i}", f"{tag}-n{i}", host_ip(i), run_dir / "hosts" / f"n{i}",
                                                   journal)  # fmt: skip
                     h.underlay_ip, h.behind_nat = f"172.16.{i}.2", True
+                    h.nat_type = (nat_types or {}).get(h.name, nat_type)
+        unknown = set(nat_types or {}) - set(self.nats)
+        if unknown:
+            raise ValueError(f"nat_types names hosts that are not behind a NAT: {', '.join(sorted(unknown))}")
         self.nft_table = f"{tag}guard"
         self.path_table = f"{tag}path"
 
@@ -214,21 +250,10 @@ class NetnsLab:
         h.run(["ip", "addr", "add", f"{h.underlay_ip}/24", "dev", "eth0"])
         h.run(["ip", "link", "set", "eth0", "up"])
         h.run(["ip", "route", "add", "default", "via", f"172.16.{i}.1"])
-        rules = f"""
-table inet {self.tag}nat {{
-  counter inbound_dropped {{ }}
-  chain forward {{
-    type filter hook forward priority 0; policy accept;
-    iifname "wan" ct state established,related accept
-    iifname "wan" counter name inbound_dropped drop
-  }}
-  chain postrouting {{
-    type nat hook postrouting priority 100; policy accept;
-    oifname "wan" masquerade
-  }}
-}}
-"""
-        nat.run(["nft", "-f", "-"], input=rules)
+        nat.run(
+            ["nft", "-f", "-"],
+            input=nat_rules(f"{self.tag}nat", h.nat_type or DEFAULT_NAT_TYPE, h.underlay_ip),
+        )
 
     # -- path policies (relay scenario) ------------------------------------------------------------
     def block_udp_between_peers(self, except_host: NetnsHost | None = None) -> None:
@@ -371,6 +396,47 @@ table inet {self.nft_table} {{
             if entry is not None and not netns_exists(h.netns):
                 self.journal.release(entry)
         return problems
+
+
+def nat_rules(table: str, nat_type: str, inside_ip: str) -> str:
+    """The nftables table of a NAT namespace of type `nat_type` (see the module docstring) in front of the
+    host at `inside_ip` (LAN side `lan`, WAN side `wan`)."""
+    if nat_type not in NAT_TYPES:
+        raise ValueError(f"NAT type must be one of {', '.join(NAT_TYPES)}, not {nat_type!r}")
+    sets, learn, open_ = "", "", ""
+    t = f"flags dynamic, timeout; timeout {NAT_SET_TIMEOUT_S}s;"
+    if nat_type == "full-cone":  # endpoint-independent filtering: the mapped port, from anyone
+        sets = f"  set cone {{ type inet_service; {t} }}\n"
+        learn = '    iifname "lan" oifname "wan" meta l4proto udp update @cone { udp sport }\n'
+        open_ = f'    iifname "wan" meta l4proto udp udp dport @cone dnat ip to {inside_ip}\n'
+    elif nat_type == "address-restricted":  # address-dependent filtering: the mapped port, from peers' IPs
+        sets = f"  set seen {{ type ipv4_addr . inet_service; {t} }}\n"
+        learn = '    iifname "lan" oifname "wan" meta l4proto udp update @seen { ip daddr . udp sport }\n'
+        open_ = f'    iifname "wan" meta l4proto udp ip saddr . udp dport @seen dnat ip to {inside_ip}\n'
+    masq = "masquerade fully-random" if nat_type == "symmetric" else "masquerade"
+    return f"""
+table inet {table} {{
+  counter inbound_dropped {{ }}
+{sets}  chain forward {{
+    type filter hook forward priority 0; policy accept;
+{learn}    iifname "wan" ct state established,related accept
+    iifname "wan" ct status dnat accept
+    iifname "wan" counter name inbound_dropped drop
+  }}
+  chain input {{
+    type filter hook input priority 0; policy accept;
+    iifname "wan" ct state established,related accept
+    iifname "wan" counter name inbound_dropped drop
+  }}
+  chain prerouting {{
+    type nat hook prerouting priority -100; policy accept;
+{open_}  }}
+  chain postrouting {{
+    type nat hook postrouting priority 100; policy accept;
+    oifname "wan" {masq}
+  }}
+}}
+"""
 
 
 def destroy_netns(name: str) -> list[str]:

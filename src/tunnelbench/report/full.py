@@ -100,6 +100,30 @@ def _series_by_variant(a: Analysis, profile: str, label: str, name: str):
 def _features(a: Analysis) -> list[dict]:
     """Feature records a driver may expose: a `features` dict on the driver class, in the stored VPN
     settings, or environment keys `features.VPN...`. Shows whatever exists."""
+    return [{"variant": f["variant"], "features": {k: _jsonish(x) for k, x in sorted(f["raw"].items())},
+             "settings": f["settings"]} for f in _feature_records(a)]  # fmt: skip
+
+
+def _nat_matrix(a: Analysis) -> dict | None:
+    """The NAT-traversal matrix (`tunnelbench nat-matrix`): the `nat_matrix` probed fact of each VPN's feature
+    record, {"NAT type x NAT type": "direct (97% direct)" | "relayed (0% direct)" | "failed" | ...}, as a table:
+    one row per VPN, one column per NAT pair. None when no VPN of the report has one."""
+    rows, pairs = [], []
+    for f in _feature_records(a):
+        fact = f["raw"].get("nat_matrix")
+        value = fact.get("value") if isinstance(fact, dict) else None
+        if not isinstance(value, dict):
+            continue
+        pairs += [p for p in value if p not in pairs]
+        rows.append({"variant": f["variant"], "cells": value, "source": str(fact.get("source", ""))})
+    if not rows:
+        return None
+    for r in rows:
+        r["cells"] = [(r["cells"].get(p, "-"), str(r["cells"].get(p, "-")).split(" ")[0]) for p in pairs]
+    return {"pairs": pairs, "rows": rows}
+
+
+def _feature_records(a: Analysis) -> list[dict]:
     from tunnelbench.vpns import DRIVERS
 
     out = []
@@ -118,8 +142,7 @@ def _features(a: Analysis) -> list[dict]:
             for k, val in r.env.items():
                 if k.startswith(f"features.{v['name']}."):
                     feats[k.split(".", 2)[2]] = val
-            out.append({"variant": a.variant_of.get((r.run_id, v["name"]), v["name"]),
-                        "features": {k: _jsonish(x) for k, x in sorted(feats.items())},
+            out.append({"variant": a.variant_of.get((r.run_id, v["name"]), v["name"]), "raw": feats,
                         "settings": {k: _jsonish(x) for k, x in settings.items() if k != "features"}})  # fmt: skip
     return out
 
@@ -287,7 +310,7 @@ def build_context(a: Analysis) -> dict:
         "any_underpowered": any(f["underpowered"] for f in overview), "alpha": ALPHA, "n_min": n_min,
         "heatmaps": heatmaps, "scatter": scatter, "cdfs": cdfs, "tseries": tseries, "cpu": cpu,
         "usage": usage, "scaling": derived(a.scaling), "efficiency": derived(a.efficiency),
-        "stats_rows": stats_rows, "features": _features(a), "rounds": _rounds(a),
+        "stats_rows": stats_rows, "features": _features(a), "nat_matrix": _nat_matrix(a), "rounds": _rounds(a),
         "generated": _ts(dt.datetime.now(dt.UTC).timestamp()),
     }  # fmt: skip
 

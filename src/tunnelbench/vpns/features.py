@@ -3,7 +3,8 @@ ACLs, unattended join, self-hostable control plane, platforms, license), every f
 
 A fact is `{"value": ..., "source": "<doc URL>" | "probe: <what the lab checked>", "probed": bool}`.
 Facts the lab can check (does the relay carry traffic when UDP between peers is blocked, does the mesh
-come up with peers behind NAT) are measured by `tests/test_paths.py` (or `tunnelbench probe`) and
+come up with peers behind NAT, the NAT-traversal matrix per pair of NAT types) are measured by
+`tests/test_paths.py` (or `tunnelbench probe`) and `tunnelbench nat-matrix` (tunnelbench/natmatrix.py), and
 recorded in $TUNNELBENCH_CACHE/probes.json; `record()` merges the latest probe into the documented
 record, so a run stores what was last observed on this kind of machine, with the date."""
 
@@ -18,7 +19,9 @@ from tunnelbench.vpns.install import cache_root
 
 FIELDS = ("protocol", "ciphers", "data_plane", "topology", "nat_traversal", "relay", "acl",
           "unattended_join", "self_hosted_control", "platforms", "license")  # fmt: skip
-PROBED_FIELDS = {"relay": "relay_probe", "nat_traversal": "nat_probe"}
+# documented field -> the probe that checks it; a probe with `data` (the NAT-traversal matrix: NAT pair ->
+# "direct (97% direct)" | "relayed (0% direct)" | "failed", from `tunnelbench nat-matrix`) has that as its value
+PROBED_FIELDS = {"relay": "relay_probe", "nat_traversal": "nat_probe", "nat_traversal_matrix": "nat_matrix"}
 
 
 def fact(value, source: str) -> dict:
@@ -36,14 +39,16 @@ def load_probes() -> dict:
         return {}
 
 
-def save_probe(vpn: str, what: str, ok: bool, detail: str, version: str | None = None) -> None:
-    """Record what the lab observed (what: "relay_probe" | "nat_probe")."""
+def save_probe(vpn: str, what: str, ok: bool, detail: str, version: str | None = None, value=None) -> None:
+    """Record what the lab observed (what: "relay_probe" | "nat_probe" | "nat_matrix"; value: a structured
+    result, the fact's value instead of `ok`)."""
     path = _probes_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     data = load_probes()
     data.setdefault(vpn, {})[what] = {
         "ok": ok, "detail": detail, "version": version,
         "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **({"value": value} if value is not None else {}),
     }  # fmt: skip
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -57,5 +62,7 @@ def record(vpn: str, documented: dict) -> dict:
     for key in PROBED_FIELDS.values():
         p = probes.get(key)
         if p is not None:
-            out[key] = fact(p["ok"], f"probe: {p['detail']} ({p['at']}, version {p.get('version')})")
+            out[key] = fact(
+                p.get("value", p["ok"]), f"probe: {p['detail']} ({p['at']}, version {p.get('version')})"
+            )
     return out
