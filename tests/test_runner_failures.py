@@ -1,0 +1,343 @@
+"""The runner's failure paths through the real Runner on a namespace lab, with test-only drivers and a
+test-only workload registered for the test: a daemon killed mid-case (the case fails, `_heal` restarts the
+mesh and the retry is ok), a case over its timeout, a VPN whose binaries are missing, meshes that never come
+up (out of the run, later rounds not retried, the next VPN still measured), and a driver that leaves an
+interface and a process behind after stop (reported, the lab rebuilt before anything else runs).
+
+The references are independent of the runner: the PIDs the workload itself killed and saw, /proc, `ip link`
+in the namespaces, and a log of every daemon start each fake driver writes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import time
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from conftest import lab_missing
+from rich.console import Console
+
+from tunnelbench.lab.host import Host
+from tunnelbench.lab.journal import process_alive
+from tunnelbench.lab.netns import netns_exists
+from tunnelbench.runner import Runner
+from tunnelbench.scenario import parse_scenario
+from tunnelbench.vpns import DRIVERS, resolve
+from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.workloads import WORKLOADS, CaseContext, Outcome, Workload
+from tunnelbench.workloads.base import Params
+
+pytestmark = [pytest.mark.lab]
+
+PLANT_LINK = "tbplant0"  # the interface the littering driver leaves in each host after stop
+PLANT_SLEEP = "3001"  # `sleep 3001`: the process it leaves there
+
+
+# -- test-only drivers ------------------------------------------------------------------------------------
+class FakeVpn(VpnDriver):
+    """A 'VPN' whose daemon is `sleep` and whose tunnel addresses are the underlay's (so the runner's fping
+    readiness probe answers). Every start is logged to <workdir>/starts.jsonl (host, pid)."""
+
+    name = "tbtest-fake"
+    summary = "test-only driver"
+
+    @classmethod
+    def version(cls) -> str:
+        return "1.0 (test)"
+
+    def tunnel_ip(self, host: Host) -> str:
+        return host.underlay_ip
+
+    def configure(self) -> None:
+        for h in self.spec.hosts:
+            h.write_file(self.host_dir(h) / "fake.conf", f"peer count {len(self.peers(h))}\n")
+
+    def daemon_argv(self) -> list[str]:
+        return ["sleep", "600"]
+
+    def start(self, host: Host) -> None:
+        p = host.spawn(self.daemon_argv(), label="fakedaemon", log_path=self.host_dir(host) / "daemon.log")
+        self.procs[host.name].append(p)
+        with open(self.spec.workdir / "starts.jsonl", "a") as f:
+            f.write(json.dumps({"vpn": self.key, "host": host.name, "pid": p.pid}) + "\n")
+
+
+class NeverReady(FakeVpn):
+    """Its daemon runs but its tunnel addresses never answer: wait_ready must give up."""
+
+    name = "tbtest-never"
+
+    def tunnel_ip(self, host: Host) -> str:
+        return f"10.77.0.{self.index(host)}"  # no interface of the lab has these
+
+
+class Crashes(NeverReady):
+    """Its daemon exits (status 3, a line in its log) as it starts."""
+
+    name = "tbtest-crash"
+
+    def daemon_argv(self) -> list[str]:
+        return ["sh", "-c", "echo tbtest-boom; exit 3"]
+
+    def start(self, host: Host) -> None:
+        super().start(host)
+        self.procs[host.name][-1].wait(5)  # dead before wait_ready looks (else the probe's timeout may win)
+
+
+class Unavailable(FakeVpn):
+    name = "tbtest-unavail"
+    binaries = ("tbtest-no-such-binary",)
+
+
+class Litters(FakeVpn):
+    """After stop it leaves an interface and a stray `sleep` in every host's namespace."""
+
+    name = "tbtest-litter"
+
+    def after_stop(self, host: Host) -> None:
+        # a veth pair (this kernel may have no dummy module); a second stop finds the name taken: check=False
+        host.run(["ip", "link", "add", PLANT_LINK, "type", "veth", "peer", "name", "tbplant1"], check=False)
+        host.run(["sh", "-c", f"sleep {PLANT_SLEEP} </dev/null >/dev/null 2>&1 &"], check=False)
+
+
+# -- a test-only workload ---------------------------------------------------------------------------------
+class ProbeParams(Params):
+    mode: Literal["ok", "kill-once", "overrun-once"] = "ok"
+
+
+def planted(host: Host) -> tuple[int, int]:
+    """(planted interfaces, planted processes) in a host's namespace, read from `ip` and /proc."""
+    links = host.run(["ip", "-o", "link", "show"]).stdout
+    n_links = sum(1 for line in links.splitlines() if line.split(":")[1].strip().split("@")[0] == PLANT_LINK)
+    n_procs = 0
+    for pid in getattr(host, "pids", list)():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        n_procs += cmd[:2] == [b"sleep", PLANT_SLEEP.encode()]
+    return n_links, n_procs
+
+
+class Probe(Workload):
+    """Records what it sees (daemons alive, planted leftovers) and, once per run folder, breaks the case:
+    kill-once SIGKILLs the server's daemon, overrun-once runs past the case deadline."""
+
+    name = "tbtest-probe"
+    summary = "test-only workload"
+    Params = ProbeParams
+
+    def label(self) -> str:
+        return f"probe-{self.params.mode}"
+
+    def expected_seconds(self) -> float:
+        return 0.2
+
+    def run(self, ctx: CaseContext) -> Outcome:
+        out = Outcome()
+        daemons = [p for ps in ctx.mesh.daemons().values() for p in ps]
+        pids = sorted(p.pid for p in daemons)
+        out.add("tbtest_daemons_alive", sum(process_alive(p.pid, None) for p in daemons), "count")
+        links = procs = 0
+        for h in (ctx.client, ctx.server):
+            a, b = planted(h)
+            links, procs = links + a, procs + b
+        out.add("tbtest_planted_links", links, "count")
+        out.add("tbtest_planted_procs", procs, "count")
+        (ctx.artifact_dir / "daemon_pids.json").write_text(json.dumps(pids))
+        marker = ctx.mesh.driver.spec.workdir / f"{self.label()}.{ctx.mesh.vpn}.done"
+        if self.params.mode != "ok" and not marker.exists():
+            marker.write_text("")
+            if self.params.mode == "kill-once":
+                victim = ctx.mesh.daemons()[ctx.server.name][0]
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.wait(5)
+                (ctx.artifact_dir / "killed_pid").write_text(str(victim.pid))
+            else:
+                time.sleep(max(0.0, ctx.deadline - time.monotonic()) + 0.3)
+        out.measure_s = 0.05
+        return out
+
+
+TEST_DRIVERS = (FakeVpn, NeverReady, Crashes, Unavailable, Litters)
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    why = lab_missing()
+    if why:
+        pytest.skip(why)
+    for d in TEST_DRIVERS:
+        monkeypatch.setitem(DRIVERS, d.name, d)
+    monkeypatch.setitem(WORKLOADS, Probe.name, Probe)
+    resolve.cache_clear()
+    yield
+    resolve.cache_clear()
+
+
+def run_scenario(tmp_path: Path, toml: str) -> tuple[Path, str, str]:
+    """Run a scenario in this process with the real Runner; (run folder, run status, console output)."""
+    sc = parse_scenario(tomllib.loads(toml), "test")
+    buf = io.StringIO()
+    runner = Runner(sc, toml, Console(file=buf, width=400), results_root=tmp_path / "results")
+    res = runner.run()
+    assert not netns_exists(f"{runner.tag}-h1"), "the lab outlived the run"
+    return res.run_dir, res.status, buf.getvalue()
+
+
+def cases(run_dir: Path, vpn: str) -> list[sqlite3.Row]:
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    db.row_factory = sqlite3.Row
+    rows = db.execute(
+        'SELECT * FROM "case" WHERE vpn=? ORDER BY repetition, label, attempt, id', (vpn,)
+    ).fetchall()
+    db.close()
+    return rows
+
+
+def metric(run_dir: Path, case_id: int, name: str) -> float:
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    row = db.execute("SELECT value FROM metric WHERE case_id=? AND name=?", (case_id, name)).fetchone()
+    db.close()
+    assert row is not None, f"case {case_id} stored no {name}"
+    return row[0]
+
+
+def starts(run_dir: Path, vpn: str) -> list[dict]:
+    p = run_dir / "starts.jsonl"
+    return [e for e in map(json.loads, p.read_text().splitlines()) if e["vpn"] == vpn] if p.exists() else []
+
+
+BASE = """
+name = "runner-failures"
+vpns = {vpns}
+[run]
+repetitions = {reps}
+retries = {retries}
+case_timeout_s = 1.5
+tunnel_timeout_s = 1
+monitor_interval_s = 0.1
+drift_check_s = 0
+order = "{order}"
+seed = 7
+[lab]
+hosts = 2
+"""
+
+
+def probe(mode: str) -> str:
+    return f'[[workloads]]\nname = "tbtest-probe"\nmode = "{mode}"\n'
+
+
+def test_daemon_death_and_overrun_fail_the_case_and_heal_restarts_only_a_broken_mesh(tmp_path, registered):
+    """A daemon SIGKILLed mid-case: that attempt fails naming it, `_heal` restarts the mesh (every host's
+    daemon started again, new PIDs) and the retry is ok. A case past its timeout fails as such; the mesh was
+    healthy, so `_heal` leaves it alone (no further start) and the retry is ok."""
+    toml = BASE.format(vpns='["tbtest-fake"]', reps=2, retries=1, order="block")
+    toml += probe("kill-once") + probe("overrun-once")
+    run_dir, status, out = run_scenario(tmp_path, toml)
+    assert status == "ok", out
+    rows = cases(run_dir, "tbtest-fake")
+    got = [(r["repetition"], r["label"], r["attempt"], r["status"]) for r in rows]
+    assert got == [
+        (1, "probe-kill-once", 0, "failed"),
+        (1, "probe-kill-once", 1, "ok"),
+        (1, "probe-overrun-once", 0, "failed"),
+        (1, "probe-overrun-once", 1, "ok"),
+        (2, "probe-kill-once", 0, "ok"),
+        (2, "probe-overrun-once", 0, "ok"),
+    ], out
+    killed_case, retry = rows[0], rows[1]
+    killed = int((Path(killed_case["artifact_dir"]) / "killed_pid").read_text())
+    assert killed_case["error"] == "WorkloadError: VPN daemon(s) died during the case: h2/fakedaemon"
+    # the killed daemon's log was kept with the failed attempt
+    assert (Path(killed_case["artifact_dir"]) / "daemon-logs" / "h2-fakedaemon.log").exists()
+    # _heal: every host's daemon started again (2 hosts x 2 starts), the retry saw both alive with new PIDs
+    st = starts(run_dir, "tbtest-fake")
+    assert sorted(e["host"] for e in st) == ["h1", "h1", "h2", "h2"], st
+    first_pids = {e["pid"] for e in st[:2]}
+    assert killed in first_pids
+    retry_pids = json.loads((Path(retry["artifact_dir"]) / "daemon_pids.json").read_text())
+    assert set(retry_pids) == {e["pid"] for e in st[2:]} and killed not in retry_pids
+    assert metric(run_dir, retry["id"], "tbtest_daemons_alive") == 2
+    overrun = rows[2]
+    assert overrun["error"] == "WorkloadError: case exceeded its timeout of 2 s", overrun[
+        "error"
+    ]  # 1.5 -> "2"
+    assert overrun["ended"] - overrun["started"] >= 1.5
+
+
+def test_unavailable_and_never_ready_vpns_are_skipped_and_the_run_goes_on(tmp_path, registered):
+    """Interleaved, 2 rounds: a VPN with a missing binary is skipped with that reason; a mesh whose pairs
+    never answer, and one whose daemon exits, are marked failed ("mesh did not come up"), their cases skipped,
+    and they are not brought up again in round 2; the working VPN's cases are all ok."""
+    vpns = '["tbtest-unavail", "tbtest-never", "tbtest-crash", "tbtest-fake"]'
+    toml = BASE.format(vpns=vpns, reps=2, retries=0, order="interleaved") + probe("ok")
+    t0 = time.monotonic()
+    run_dir, status, out = run_scenario(tmp_path, toml)
+    assert status == "ok", out
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    vpn = {n: (s, r) for n, s, r in db.execute("SELECT name, status, reason FROM vpn")}
+    db.close()
+    assert vpn["tbtest-unavail"] == ("unavailable", "missing binaries: tbtest-no-such-binary"), vpn
+    assert vpn["tbtest-never"][0] == "failed"
+    assert vpn["tbtest-never"][1].startswith(
+        "mesh did not come up: tbtest-never: pairs not answering after 1 s"
+    )
+    assert vpn["tbtest-crash"][0] == "failed"
+    assert vpn["tbtest-crash"][1].startswith("mesh did not come up: tbtest-crash daemon fakedaemon on h")
+    assert "tbtest-boom" in vpn["tbtest-crash"][1]
+    assert vpn["tbtest-fake"][0] == "ok"
+    for name in ("tbtest-unavail", "tbtest-never", "tbtest-crash"):
+        rows = cases(run_dir, name)
+        assert rows and all(r["status"] == "skipped" for r in rows), (name, [dict(r) for r in rows])
+        assert all(r["error"] == vpn[name][1] for r in rows)
+    # brought up once (round 1 only), never started at all when unavailable
+    assert not starts(run_dir, "tbtest-unavail")
+    assert sorted(e["host"] for e in starts(run_dir, "tbtest-never")) == ["h1", "h2"]
+    assert sorted(e["host"] for e in starts(run_dir, "tbtest-crash")) == ["h1", "h2"]
+    ok = cases(run_dir, "tbtest-fake")
+    assert [(r["repetition"], r["status"]) for r in ok] == [(1, "ok"), (2, "ok")]
+    assert "tbtest-unavail: skipped: missing binaries" in out
+    # the failed meshes' daemons are gone and their logs were kept
+    for e in starts(run_dir, "tbtest-never"):
+        assert not process_alive(e["pid"], None)
+    assert list((run_dir / "cases" / "tbtest-crash" / "startup-failure").glob("h*-fakedaemon.log"))
+    assert time.monotonic() - t0 < 60
+
+
+def test_leftovers_after_stop_are_reported_and_the_lab_is_rebuilt(tmp_path, registered):
+    """A driver that leaves an interface and a process in the hosts after stop: the run records them
+    (teardown_leftovers.<vpn>) and rebuilds the lab, so no later case (of any VPN) meets them."""
+    toml = BASE.format(vpns='["tbtest-litter", "tbtest-fake"]', reps=2, retries=0, order="interleaved")
+    toml += probe("ok")
+    run_dir, status, out = run_scenario(tmp_path, toml)
+    assert status == "ok", out
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    env = dict(db.execute("SELECT key, value FROM environment"))
+    orders = json.loads(env["run.round_orders"])
+    db.close()
+    left = json.loads(env["teardown_leftovers.tbtest-litter"])
+    for h in ("h1", "h2"):
+        assert f"{h}: interface {PLANT_LINK}" in left, left
+        assert any(
+            x.startswith(f"{h}: process sleep pid ") and "(in the host's namespace)" in x for x in left
+        )
+    assert "tbtest-fake" not in {k.split(".", 1)[1] for k in env if k.startswith("teardown_leftovers.")}
+    assert "teardown left" in out and "rebuilding the lab" in out
+    # round 2's cases (at least) ran after a littering session: none met what it left
+    rows = [*cases(run_dir, "tbtest-litter"), *cases(run_dir, "tbtest-fake")]
+    assert [r["status"] for r in rows] == ["ok"] * 4, [(r["vpn"], r["repetition"], r["error"]) for r in rows]
+    assert sorted(orders[0]) == ["tbtest-fake", "tbtest-litter"] and len(orders) == 2
+    for r in rows:
+        assert metric(run_dir, r["id"], "tbtest_planted_links") == 0, dict(r)
+        assert metric(run_dir, r["id"], "tbtest_planted_procs") == 0, dict(r)
+        # the rebuilt lab's router counts the path again (its new nft table), so every case is path-checked
+        assert metric(run_dir, r["id"], "path_underlay_bytes") >= 0, dict(r)
+    assert "path counters unreadable" not in out
