@@ -31,7 +31,7 @@ from tunnelbench.scenario import parse_scenario
 from tunnelbench.vpns import DRIVERS, resolve
 from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.workloads import WORKLOADS, CaseContext, Outcome, Workload
-from tunnelbench.workloads.base import Params
+from tunnelbench.workloads.base import NotApplicable, Params, WorkloadError
 
 pytestmark = [pytest.mark.lab]
 
@@ -90,6 +90,23 @@ class Crashes(NeverReady):
         self.procs[host.name][-1].wait(5)  # dead before wait_ready looks (else the probe's timeout may win)
 
 
+SECRET = "tbtest-5f3e9c1d7a2b4e6f8091a2b3c4d5e6f7"  # a fake network secret, 36 characters
+
+
+class LogsItsSecret(FakeVpn):
+    """Writes a secret file and, like EasyTier with its config, prints the secret into its daemon log."""
+
+    name = "tbtest-leaky"
+    secret_patterns = ("net.secret",)
+
+    def configure(self) -> None:
+        for h in self.spec.hosts:
+            h.write_file(self.host_dir(h) / "net.secret", f"network_secret = {SECRET}\n", 0o600)
+
+    def daemon_argv(self) -> list[str]:
+        return ["sh", "-c", f"echo 'loaded config: network_secret = {SECRET}'; exec sleep 600"]
+
+
 class Unavailable(FakeVpn):
     name = "tbtest-unavail"
     binaries = ("tbtest-no-such-binary",)
@@ -108,7 +125,7 @@ class Litters(FakeVpn):
 
 # -- a test-only workload ---------------------------------------------------------------------------------
 class ProbeParams(Params):
-    mode: Literal["ok", "kill-once", "overrun-once"] = "ok"
+    mode: Literal["ok", "kill-once", "overrun-once", "not-applicable", "fail"] = "ok"
 
 
 def planted(host: Host) -> tuple[int, int]:
@@ -151,6 +168,10 @@ class Probe(Workload):
         out.add("tbtest_planted_links", links, "count")
         out.add("tbtest_planted_procs", procs, "count")
         (ctx.artifact_dir / "daemon_pids.json").write_text(json.dumps(pids))
+        if self.params.mode == "not-applicable":
+            raise NotApplicable(f"not applicable: {ctx.mesh.vpn} has no such thing")
+        if self.params.mode == "fail":
+            raise WorkloadError("this probe always fails")
         marker = ctx.mesh.driver.spec.workdir / f"{self.label()}.{ctx.mesh.vpn}.done"
         if self.params.mode != "ok" and not marker.exists():
             marker.write_text("")
@@ -165,7 +186,7 @@ class Probe(Workload):
         return out
 
 
-TEST_DRIVERS = (FakeVpn, NeverReady, Crashes, Unavailable, Litters)
+TEST_DRIVERS = (FakeVpn, NeverReady, Crashes, Unavailable, Litters, LogsItsSecret)
 
 
 @pytest.fixture
@@ -341,3 +362,29 @@ def test_leftovers_after_stop_are_reported_and_the_lab_is_rebuilt(tmp_path, regi
         # the rebuilt lab's router counts the path again (its new nft table), so every case is path-checked
         assert metric(run_dir, r["id"], "path_underlay_bytes") >= 0, dict(r)
     assert "path counters unreadable" not in out
+
+
+def test_not_applicable_is_skipped_and_a_failed_case_keeps_its_logs_without_secrets(tmp_path, registered):
+    """A workload that does not apply to the VPN: one skipped case with the reason, no retry, no failure in
+    the headline. A failed case's daemon logs are kept for the report with the session's secret redacted
+    (EasyTier logs its network_secret; the report embeds these logs)."""
+    from tunnelbench.analysis.analyze import analyze, load_run
+    from tunnelbench.report.headline import build
+    from tunnelbench.security.keys import REDACTED
+
+    toml = BASE.format(vpns='["tbtest-leaky"]', reps=1, retries=1, order="block") + probe("not-applicable")
+    toml += probe("fail")
+    run_dir, status, _ = run_scenario(tmp_path, toml)
+    rows = cases(run_dir, "tbtest-leaky")
+    by = {}
+    for r in rows:
+        by.setdefault(r["label"], []).append((r["status"], r["error"]))
+    assert by["probe-not-applicable"] == [("skipped", "not applicable: tbtest-leaky has no such thing")]
+    assert [s for s, _ in by["probe-fail"]] == ["failed", "failed"]  # retried once, as configured
+    findings = [t for t, _ in build(analyze([load_run(run_dir)])).findings]
+    assert not any("not-applicable" in t for t in findings), findings
+    logs = sorted(run_dir.glob("cases/tbtest-leaky/*/probe-fail/*/daemon-logs/*.log"))
+    assert len(logs) == 2 * 2, logs  # two attempts x two hosts
+    for log in logs:
+        text = log.read_bytes()
+        assert SECRET.encode() not in text and REDACTED in text, text

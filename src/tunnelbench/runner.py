@@ -38,6 +38,7 @@ from tunnelbench.vpns import Mesh, MeshSpec
 from tunnelbench.vpns import resolve as resolve_driver
 from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
+from tunnelbench.workloads.base import NotApplicable
 
 LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3", "ss", "sysctl", "taskset")
 # A case fails on any error (a parser bug in one workload must not end the run); Interrupted and
@@ -1001,10 +1002,17 @@ class Runner:
             self.store.set_env(self.run_id, {f"{key}.{vpn}": n for key, n in share.items()})
 
     def _keep_logs(self, driver: VpnDriver, dest: Path) -> None:
+        """A failed case's daemon logs, for the report: with the session's secret values redacted (some
+        daemons log their config, keys included, and the report embeds these logs)."""
         dest.mkdir(parents=True, exist_ok=True)
+        try:
+            secrets = self.secrets.all() | keys.session_secrets(driver)
+        except CASE_ERRORS:
+            secrets = self.secrets.all()
         for h, procs in driver.procs.items():
             for p in procs:
                 p.copy_log(dest / f"{h}-{p.label}.log")
+                keys.redact(dest / f"{h}-{p.label}.log", secrets)
 
     def _run_case(
         self, mesh: Mesh, wl: Workload, profile: str, rep: int, client, server, settle: bool = True
@@ -1056,6 +1064,10 @@ class Runner:
             except (Interrupted, KeyboardInterrupt):
                 self.store.finish_case(cid, "interrupted", error="run interrupted")
                 raise
+            except NotApplicable as e:  # not this VPN's kind of test: skipped with the reason, no retry
+                self.store.finish_case(cid, "skipped", error=str(e)[:2000])
+                self._say(f"{mesh.vpn} · {wl.label()}: skipped: {e}"[:400], "yellow")
+                return
             except CASE_ERRORS as e:
                 (adir / "error.txt").write_text(traceback.format_exc())
                 self._keep_logs(mesh.driver, adir / "daemon-logs")

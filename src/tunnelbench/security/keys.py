@@ -129,6 +129,38 @@ def collect_and_remove(driver: VpnDriver, secrets: Secrets, keep: bool, run_dir:
     return removed
 
 
+def session_secrets(driver: VpnDriver) -> set[bytes]:
+    """The secret values of a mesh session's files, read without removing them."""
+    out: set[bytes] = set()
+    for host, d in driver.host_dirs():
+        for path in driver.secret_files(host):
+            try:
+                out |= secret_values(host.read_file(path), d)
+            except OSError:
+                continue
+    return out
+
+
+REDACTED = b"[secret redacted by tunnelbench]"
+
+
+def redact(path: Path, secrets: set[bytes]) -> int:
+    """Replace every secret value in a file kept for the report (a failed case's daemon log: EasyTier logs its
+    config with network_secret); longest first, so a value inside a longer one goes with it. Returns the count."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return 0
+    n = 0
+    for v in sorted(secrets, key=len, reverse=True):
+        if v and v in data:
+            n += data.count(v)
+            data = data.replace(v, REDACTED)
+    if n:
+        path.write_bytes(data)
+    return n
+
+
 def _shown(host: Host, path: Path, run_dir: Path) -> str:
     if host.remote:
         return f"{host.name}:{path}"

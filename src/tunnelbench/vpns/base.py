@@ -366,6 +366,13 @@ class VpnDriver(ABC):
         a, b, _ = self.tunnel_prefix.split(".")
         return f"{a}.{b}.{(i - 1) // 254}.{(i - 1) % 254 + 1}"
 
+    @classmethod
+    def control_host(cls, spec: MeshSpec) -> Host | None:
+        """The host running the VPN's central control / coordination service (Headscale, a lighthouse, a
+        supernode, an innernet server) in this mesh; None = no central control plane (resilience
+        control_loss reports the VPN as not applicable)."""
+        return None
+
     def peers(self, host: Host) -> list[Host]:
         """The hosts `host` has a tunnel to: all others in a mesh; the hub, or (on the hub) all, in a star."""
         if self.spec.topology == "star" and host is not self.spec.hub:

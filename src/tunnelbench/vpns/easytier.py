@@ -43,6 +43,12 @@ class EasyTier(VpnDriver):
                          "default_protocol": "udp"}  # fmt: skip
 
     @classmethod
+    def control_host(cls, spec) -> Host | None:
+        """Direct path: none (every node dials the lower-numbered ones; routes spread peer to peer). Path
+        relay/nat: the relay host, the one public node every peer dials to find the others."""
+        return spec.relay if spec.path != "direct" else None
+
+    @classmethod
     def version(cls) -> str:
         # "easytier-core 2.0.3-<git>"
         return cls._first_line([cls.bin("easytier-core"), "--version"], "easytier").split()[-1]

@@ -47,10 +47,15 @@ class Innernet(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.server = spec.relay or spec.hosts[-1]
+        self.server = self.control_host(spec)
         self.settings = {"mode": "WireGuard full mesh, peers from the innernet server", "server": self.server.name,
                          "backend": "userspace (wireguard-go)", "cipher": "ChaCha20-Poly1305 (WireGuard)",
                          "mtu": self.mtu, "port": PORT}  # fmt: skip
+
+    @classmethod
+    def control_host(cls, spec) -> Host:
+        """The innernet server: the relay host when the lab has one, else the last host."""
+        return spec.relay or spec.hosts[-1]
 
     @classmethod
     def version(cls) -> str:

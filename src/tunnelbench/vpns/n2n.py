@@ -30,11 +30,16 @@ class N2n(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.super_host = spec.relay or spec.hosts[0]
+        self.super_host = self.control_host(spec)
         self.community = f"tb{spec.tag}"
         self.settings = {"mode": "edges peer to peer, supernode relays when direct fails",
                          "supernode": self.super_host.name, "cipher": "Twofish (n2n v1, shared key)",
                          "mtu": self.mtu, "supernode_port": SUPERNODE_PORT, "packet_forwarding": True}  # fmt: skip
+
+    @classmethod
+    def control_host(cls, spec) -> Host:
+        """The supernode: the relay host when the lab has one, else h1."""
+        return spec.relay or spec.hosts[0]
 
     @classmethod
     def version(cls) -> str:

@@ -102,6 +102,11 @@ class Nebula(VpnDriver):
             )
             self.settings["acl"] = self.acl.record("certificate groups tb-<role> + firewall.inbound")
 
+    @classmethod
+    def control_host(cls, spec) -> Host:
+        """The lighthouse: the relay host in path relay/nat (lighthouse and relay), else h1."""
+        return spec.relay if spec.path != "direct" and spec.relay is not None else spec.hosts[0]
+
     def peers(self, host: Host) -> list[Host]:
         return may_open(self.acl, host, super().peers(host))
 
@@ -161,7 +166,7 @@ class Nebula(VpnDriver):
     def _config(self, host: Host) -> dict:
         d = self.host_dir(host)
         relayed = self.spec.path != "direct" and self.spec.relay is not None
-        lighthouse = self.spec.relay if relayed else self.spec.hosts[0]
+        lighthouse = self.control_host(self.spec)
         am_lighthouse = host is lighthouse
         anyrule = [{"port": "any", "proto": "any", "host": "any"}]
         blocklist = [fp for name, fp in self.blocked.items() if name != host.name]

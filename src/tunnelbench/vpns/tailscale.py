@@ -70,7 +70,7 @@ class Tailscale(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.infra = spec.relay or spec.hosts[-1]
+        self.infra = self.control_host(spec)
         self.addrs: dict[str, str] = {}
         self.certname: str | None = None
         self.revoked: set[str] = set()  # hosts whose node was deleted: they rejoin as a new node
@@ -92,6 +92,11 @@ class Tailscale(VpnDriver):
                 if self.acl.enforced
                 else "Headscale policy file: tagged pre-auth keys (tag:tb-<role>), acls * -> *:* (not enforced)"
             )
+
+    @classmethod
+    def control_host(cls, spec) -> Host:
+        """Headscale and derper: the relay host when the lab has one, else the last host."""
+        return spec.relay or spec.hosts[-1]
 
     def peers(self, host: Host) -> list[Host]:
         return may_open(self.acl, host, super().peers(host))

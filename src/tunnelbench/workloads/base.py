@@ -55,6 +55,11 @@ class WorkloadError(RuntimeError):
     pass
 
 
+class NotApplicable(WorkloadError):
+    """The workload does not apply to this VPN (e.g. control_loss without a central control plane): the
+    runner records the case as skipped with the reason, neither failed nor measured."""
+
+
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -7,6 +7,20 @@ client to the server's tunnel address (every 10 ms) while
 - `failover` (lab.path = "relay" only): the lab first lets UDP flow between the peers (the VPN may take
   the direct path), then blocks UDP between them mid-probe so the VPN must move to its relay, then
   unblocks it again (and restores the block the scenario asked for).
+- `control_loss` (issue 19, Tailscale natlab's "blackhole the control server"): with the mesh up and the
+  probe answering, the router drops everything to and from the VPN's control host (driver.control_host:
+  Headscale + DERP, the Nebula lighthouse, the n2n supernode, the innernet server; lab/blackhole.py) for
+  `control_watch_s`: does the data plane keep working (control_loss_gap_s, control_loss_replies_pct)?
+  Then, still cut off, a peer joins: the server host's daemon is stopped and started again (it must
+  register / handshake anew, as a new peer would) and control_loss_join_ok = 1 when the client's probe gets
+  replies from it again within `control_join_timeout_s` (control_loss_join_s: restart -> first reply).
+  Then the host is let back in (control_restore_s: unblock -> first reply after it, about one probe
+  interval when the replies never stopped; control_mesh_restore_s: unblock -> every pair answering, within
+  `control_restore_timeout_s`, else the case fails keeping the metrics measured so far). The control host must be neither client nor server (place
+  them with lab.client / lab.server); a VPN without a central control plane (control_host None, e.g.
+  EasyTier on the direct path) fails the case as "not applicable" with the reason, never a number.
+- `relay_loss` (lab.path relay/nat): the same cut of the lab's relay host, without the join step: a
+  relayed data plane is expected to stop (relay_loss_gap_s ~ the whole window).
 
 reconnect = from the restart command to the first echo reply after it; outage = the longest gap between
 consecutive replies around the event (what an application saw). Failover needs the namespace lab's path
@@ -16,16 +30,30 @@ case fails with the reason."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from typing import Literal
 
 from pydantic import Field
 
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.lab.blackhole import Blackhole
+from tunnelbench.vpns.base import MeshNotReady
+from tunnelbench.workloads.base import (
+    CaseContext,
+    MetricSpec,
+    NotApplicable,
+    Outcome,
+    Params,
+    Workload,
+    WorkloadError,
+)
 
-REPLY = re.compile(r"^\[(?P<ts>[\d.]+)\] .*icmp_seq=(?P<seq>\d+) ")
+# an echo reply ("64 bytes from ...: icmp_seq=N"), never an ICMP error ping prints with a timestamp too
+# ("From 10.77.0.2 icmp_seq=N Destination Host Unreachable", e.g. a TAP VPN whose peer stopped answering ARP)
+REPLY = re.compile(r"^\[(?P<ts>[\d.]+)\] \d+ bytes from .*icmp_seq=(?P<seq>\d+) ")
 
-Event = Literal["restart_one", "restart_all", "failover"]
+Event = Literal["restart_one", "restart_all", "failover", "control_loss", "relay_loss"]
+CUTS = ("control_loss", "relay_loss")  # events that blackhole one host at the router
 
 
 class ResilienceParams(Params):
@@ -40,6 +68,22 @@ class ResilienceParams(Params):
         5.0, ge=0, le=120, description="failover: time given to find the direct path"
     )
     watch_s: float = Field(15.0, ge=1, le=600, description="failover: seconds watched after block / unblock")
+    control_watch_s: float = Field(
+        30.0,
+        ge=1,
+        le=600,
+        description="control_loss / relay_loss: seconds the host stays cut off before the join",
+    )
+    control_join: bool = Field(
+        True, description="control_loss: restart the server's daemon during the cut (a peer joining)"
+    )
+    control_join_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="control_loss: how long the rejoined server may take to answer"
+    )
+    control_restore_timeout_s: float = Field(
+        120.0, gt=0, le=600, description="control_loss / relay_loss: how long replies may take to come back "
+        "once the host is let back in (bounded by the case's time left)"
+    )  # fmt: skip
 
 
 class Probe:
@@ -51,11 +95,26 @@ class Probe:
         self.proc = ctx.client.spawn(argv, label=f"probe-{name}", log_path=self.path)
 
     def replies(self) -> list[float]:
+        return [ts for ts, _ in self.replies_seq()]
+
+    def replies_seq(self) -> list[tuple[float, int]]:
+        """(reply timestamp, icmp_seq) of every reply so far."""
         try:
             text = self.path.read_text(errors="replace")
         except OSError:
             return []
-        return [float(m["ts"]) for line in text.splitlines() if (m := REPLY.match(line))]
+        return [(float(m["ts"]), int(m["seq"])) for line in text.splitlines() if (m := REPLY.match(line))]
+
+    def answered_pct(self, start: float, end: float) -> float | None:
+        """Share of the echo requests sent in [start, end] that were answered there. ping's real send rate
+        (a loaded machine sends fewer than -i asks for) from icmp_seq over the whole probe so far: it counts
+        every request sent, answered or not (seq wraps at 65536: ~11 min at 10 ms)."""
+        got = self.replies_seq()
+        if len(got) < 2 or got[-1][0] <= got[0][0]:
+            return None
+        rate = (got[-1][1] - got[0][1]) / (got[-1][0] - got[0][0])
+        answered = len({seq for ts, seq in got if start < ts <= end})
+        return min(100.0, 100 * answered / (rate * (end - start))) if rate > 0 else None
 
     def wait_reply_after(self, t: float, timeout: float) -> float | None:
         end = time.time() + timeout
@@ -94,10 +153,24 @@ class Resilience(Workload):
         MetricSpec(
             "relay_bytes_before_block", "B", "none", "bytes the relay host carried before (0 = direct)"
         ),
-    )
+        MetricSpec("control_loss_gap_s", "s", "lower", "longest reply gap while the control host is cut off"),
+        MetricSpec("control_loss_replies_pct", "%", "higher", "probes answered while the control host is cut off"),
+        MetricSpec("control_loss_join_ok", "bool", "higher",
+                   "1 = the server's restarted daemon answered the client again with the control host cut off"),
+        MetricSpec("control_loss_join_s", "s", "lower", "restart during the cut -> first reply (joined only)"),
+        MetricSpec("control_restore_s", "s", "lower", "control host let back in -> first reply after it"),
+        MetricSpec("control_mesh_restore_s", "s", "lower", "control host let back in -> every pair answering"),
+        MetricSpec("control_dropped_packets", "count", "none", "packets the router dropped to/from the control host"),
+        MetricSpec("relay_loss_gap_s", "s", "lower", "longest reply gap while the relay host is cut off"),
+        MetricSpec("relay_loss_replies_pct", "%", "higher", "probes answered while the relay host is cut off"),
+        MetricSpec("relay_restore_s", "s", "lower", "relay host let back in -> first reply after it"),
+        MetricSpec("relay_mesh_restore_s", "s", "lower", "relay host let back in -> every pair answering"),
+        MetricSpec("relay_dropped_packets", "count", "none", "packets the router dropped to/from the relay host"),
+    )  # fmt: skip
 
     def moves_path(self) -> bool:
-        return "failover" in self.params.events  # unblocks the direct path, then blocks it mid-probe
+        # failover unblocks the direct path, then blocks it mid-probe; a cut host changes what the router sees
+        return any(e in ("failover", *CUTS) for e in self.params.events)
 
     def label(self) -> str:
         return "resilience-" + "-".join(e.replace("restart_", "") for e in self.params.events)
@@ -105,6 +178,9 @@ class Resilience(Workload):
     def expected_seconds(self) -> float:
         p = self.params
         extra = p.direct_settle_s + 2 * p.watch_s if "failover" in p.events else 0
+        extra += sum(p.control_watch_s for e in p.events if e in CUTS)
+        if "control_loss" in p.events and p.control_join:
+            extra += p.control_join_timeout_s
         return len(p.events) * (p.before_s + p.after_s + 20) + extra
 
     def run(self, ctx: CaseContext) -> Outcome:
@@ -114,6 +190,8 @@ class Resilience(Workload):
         for ev in p.events:
             if ev == "failover":
                 self._failover(ctx, out)
+            elif ev in CUTS:
+                self._cut(ctx, out, ev)
             else:
                 self._restart(ctx, out, ev)
         # the whole mesh must answer again before the next case
@@ -194,3 +272,102 @@ class Resilience(Workload):
                 probe.stop()
         finally:
             lab.block_udp_between_peers()  # the path the scenario asked for
+
+    # -- control_loss / relay_loss -----------------------------------------------------------------
+    def _cut_target(self, ctx: CaseContext, ev: str):
+        lab = ctx.options.get("lab")
+        driver = ctx.mesh.driver
+        if ev == "control_loss":
+            host = type(driver).control_host(driver.spec)
+            if host is None:
+                raise NotApplicable(f"control_loss: not applicable: {ctx.mesh.vpn} has no central control "
+                                    "plane in this lab (driver.control_host is None)")  # fmt: skip
+        else:
+            host = getattr(lab, "relay", None) or driver.spec.relay
+            if host is None:
+                raise NotApplicable(
+                    "relay_loss: not applicable: the lab has no relay host (lab.path = 'relay' or 'nat')"
+                )
+        if host.name in (ctx.client.name, ctx.server.name):
+            raise WorkloadError(f"{ev}: {ctx.mesh.vpn}'s {ev.split('_')[0]} host is {host.name}, the probe's "
+                                f"{'client' if host.name == ctx.client.name else 'server'}: place lab.client and "
+                                "lab.server on two other hosts")  # fmt: skip
+        if lab is None or getattr(lab, "router", None) is None or not getattr(lab, "tag", None):
+            raise WorkloadError(f"{ev} needs the namespace lab's router to cut {host.name} off")
+        return Blackhole(lab.router, lab.tag, host)
+
+    def _cut(self, ctx: CaseContext, out: Outcome, ev: str) -> None:
+        p = self.params
+        kind = ev.split("_")[0]  # control | relay
+        hole = self._cut_target(ctx, ev)
+        probe = Probe(ctx, f"probe-{ev}", p.probe_interval_s)
+        starter: threading.Thread | None = None
+        try:
+            if probe.wait_reply_after(0, 10) is None:
+                raise WorkloadError(f"{ev}: no echo reply before the cut")
+            time.sleep(p.before_s)
+            try:
+                t_cut = time.time()
+                hole.cut()
+                time.sleep(p.control_watch_s)
+                t_end = t_cut + p.control_watch_s
+                out.add(f"{ev}_gap_s", longest_gap(probe.replies(), t_cut, t_end), "s")
+                # ping's send rate from icmp_seq of the replies so far (before_s of them at least)
+                out.add(f"{ev}_replies_pct", probe.answered_pct(t_cut, t_end), "%")
+                failed: list[BaseException] = []
+                if ev == "control_loss" and p.control_join:
+                    starter = self._rejoin(ctx, out, probe, failed)
+                out.add(f"{kind}_dropped_packets", hole.dropped(), "count")
+            finally:
+                t_restore = time.time()
+                hole.restore()
+            if starter is not None:  # a start blocked on the control server (tailscale up) may finish now
+                starter.join(ctx.remaining())
+                if starter.is_alive():
+                    raise WorkloadError(f"{ev}: the server's daemon did not finish starting after the cut")
+                if failed:  # it gave up while cut off: start it again with the control host back
+                    (ctx.artifact_dir / f"{ev}-join-error.txt").write_text(f"{failed[0]!r}\n")
+                    ctx.mesh.driver.stop(ctx.server)
+                    ctx.mesh.driver.start(ctx.server)
+            limit = min(p.control_restore_timeout_s, ctx.remaining())
+            first = probe.wait_reply_after(t_restore, limit)
+            if first is None:
+                err = WorkloadError(f"{ev}: no reply within {limit:.0f} s after {hole.host.name} came back")
+                err.outcome = out  # type: ignore[attr-defined]  # the runner stores a failed case's metrics
+                raise err
+            out.add(f"{kind}_restore_s", first - t_restore, "s")
+            try:  # every pair, not only the probe's (a peer may learn the rejoined one later)
+                ctx.mesh.wait_ready(timeout=min(p.control_restore_timeout_s, ctx.remaining()))
+            except MeshNotReady as e:
+                e.outcome = out  # type: ignore[attr-defined]
+                raise
+            out.add(f"{kind}_mesh_restore_s", time.time() - t_restore, "s")
+            time.sleep(p.after_s)
+        finally:
+            hole.restore()  # already gone unless something above raised between cut and restore
+            if starter is not None and starter.is_alive():
+                starter.join(ctx.remaining())
+            probe.stop()
+
+    def _rejoin(self, ctx: CaseContext, out: Outcome, probe: Probe, failed: list) -> threading.Thread:
+        """During the cut: stop the server's daemon, start it again (in a thread: a start may block on the
+        control server, e.g. `tailscale up`) and wait up to control_join_timeout_s for the client's probe to
+        get replies from it. Returns the starting thread (it may still run)."""
+        p = self.params
+        driver = ctx.mesh.driver
+        driver.stop(ctx.server)
+        t_join = time.time()
+
+        def start() -> None:
+            try:
+                driver.start(ctx.server)
+            except Exception as e:  # judged by the probe; restarted after the cut
+                failed.append(e)
+
+        starter = threading.Thread(target=start, name="control-loss-join", daemon=True)
+        starter.start()
+        first = probe.wait_reply_after(t_join, p.control_join_timeout_s)
+        out.add("control_loss_join_ok", 0 if first is None else 1, "bool")
+        if first is not None:
+            out.add("control_loss_join_s", first - t_join, "s")
+        return starter
