@@ -5,6 +5,7 @@ from __future__ import annotations
 from tunnelbench.workloads.acl import Acl
 from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Workload, WorkloadError
 from tunnelbench.workloads.connect import Connect
+from tunnelbench.workloads.crr import Crr
 from tunnelbench.workloads.http_api import HttpApi
 from tunnelbench.workloads.http_download import HttpDownload
 from tunnelbench.workloads.latency_load import LatencyLoad
@@ -32,6 +33,7 @@ WORKLOADS: dict[str, type[Workload]] = {
         LatencyLoad,
         HttpDownload,
         HttpApi,
+        Crr,
         Overhead,
         ManyClients,
         Streaming,
