@@ -162,3 +162,10 @@ def test_a_resumed_run_says_so(tmp_path):
         f"run {RUN} was resumed at 2026-01-01 00:00:00 UTC after it ended running: 17 finished case(s) kept, "
         "1 unfinished one(s) measured again" in text
     ), text
+
+
+def test_a_ratio_above_100_prints_as_a_number():
+    from tunnelbench.report.headline import Cell
+
+    assert Cell(0.924, "s", 8, 3, 170.4).text == "0.924 (T3, 170×)"  # seen: "1.7e+02×" in the default run
+    assert Cell(0.139, "s", 8, 2, 24.6).text == "0.139 (T2, 25×)"

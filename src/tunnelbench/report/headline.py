@@ -65,7 +65,7 @@ class Cell:
     def text(self) -> str:
         extra = [f"T{self.tier}"] if self.tier is not None else []
         if self.ratio is not None and not math.isnan(self.ratio):
-            extra.append(f"{self.ratio:.2g}×")
+            extra.append(f"{self.ratio:.0f}×" if self.ratio >= 100 else f"{self.ratio:.2g}×")  # not 1.7e+02×
         return num(self.median, self.unit) + (f" ({', '.join(extra)})" if extra else "")
 
 
