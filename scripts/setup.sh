@@ -49,6 +49,8 @@ APT_PACKAGES=(
   fastd n2n yggdrasil protobuf-compiler libprotobuf-dev  # VPN drivers from Debian (issue 4; yggdrasil@debian)
   openssh-server openssh-client
   nginx curl rist-tools  # workloads: http_download/http_api/many_clients (nginx, curl), streaming (RIST)
+  sockperf iperf  # workloads: request/response latency (sockperf), the iperf2 engine of tcp/udp (seed 002's tool)
+  linux-perf  # per-case CPU profiles of the VPN daemons (flame graphs, `run --flamegraph`)
   chromium
 )
 apt_packages() {
@@ -117,6 +119,22 @@ if [ -z "${SKIP_VPN_BUILDS:-}" ]; then
     [ -z "${CI:-}" ] || exit 1
   fi
 fi
+
+# inferno (crates.io, pinned): folds `perf script` stacks and draws the flame graphs of `run --flamegraph`
+# (src/tunnelbench/diagnostics/cpuprofile.py names the same version). About 40 s to build once, then cached.
+INFERNO_VERSION=0.12.8
+inferno_tool() {
+  local root="${TUNNELBENCH_CACHE:-/var/cache/tunnelbench}/inferno-${INFERNO_VERSION}"
+  if [ -x "$root/bin/inferno-flamegraph" ] && [ -x "$root/bin/inferno-collapse-perf" ]; then
+    note "cached"
+  elif command -v cargo >/dev/null; then
+    cargo install --locked --quiet inferno --version "${INFERNO_VERSION}" --root "$root"
+    note "built ${INFERNO_VERSION}"
+  else
+    note "skipped: no cargo (run --flamegraph will say so)"
+  fi
+}
+step "inferno ${INFERNO_VERSION} (flame graphs)" inferno_tool
 
 # The native impairment engine (Rust), used where the kernel has no netem.
 native_engine() {

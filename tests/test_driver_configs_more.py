@@ -472,6 +472,7 @@ def test_tailscale_headscale_config_passes_configtest_and_its_policy_check(tmp_p
     assert (node["derpport"], node["stunport"], node["certname"]) == (8443, 3478, d.certname)
 
 
+@pytest.mark.root
 def test_innernet_invitations_match_the_servers_database_and_keys(tmp_path):
     d, hosts = mesh("innernet", tmp_path)
     server = hosts[-1]

@@ -169,3 +169,20 @@ def test_a_ratio_above_100_prints_as_a_number():
 
     assert Cell(0.924, "s", 8, 3, 170.4).text == "0.924 (T3, 170×)"  # seen: "1.7e+02×" in the default run
     assert Cell(0.139, "s", 8, 2, 24.6).text == "0.139 (T2, 25×)"
+
+
+def test_cases_whose_path_switched_are_named(tmp_path):
+    run_dir = make_store(tmp_path)
+    st = Store(run_dir / DB_NAME)
+    ids = [cid for (cid,) in st.db.execute(
+        "SELECT id FROM \"case\" WHERE vpn = 'midvpn' AND label = 'tcp' ORDER BY repetition")]  # fmt: skip
+    for i, cid in enumerate(ids):  # 3 of the 8 switched (1, 2 and 1 changes), 5 stayed where they were
+        st.db.execute("INSERT INTO metric (case_id, name, value, unit, host) VALUES (?, 'path_changes', ?, "
+                      "'count', NULL)", (cid, [1, 0, 2, 0, 0, 1, 0, 0][i]))  # fmt: skip
+    st.db.commit()
+    st.close()
+    text = [t for t, _ in build(analyze([load_run(run_dir)])).findings]
+    assert [t for t in text if "path switched" in t] == [
+        "midvpn tcp @ baseline: the path switched between direct and relayed within 3 of 8 case(s) "
+        "(series path_direct_pct per case)"
+    ]

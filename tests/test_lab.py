@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import pytest
+
 from tunnelbench.lab.addressing import host_ip, router_ip
 from tunnelbench.lab.journal import read_open_entries
 from tunnelbench.lab.netns import netns_exists
+
+pytestmark = pytest.mark.lab
 
 
 def test_hosts_reach_each_other_through_router(lab_factory):

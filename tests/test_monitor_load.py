@@ -79,6 +79,7 @@ def procs():
         p.popen.wait()
 
 
+@pytest.mark.root
 def test_busy_loop_reads_one_core_and_a_sleeper_none(procs):
     h1, h2 = LocalHost("h1"), LocalHost("h2")
     busy = spawn(h1, BUSY, cpu=0)

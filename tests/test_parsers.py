@@ -59,6 +59,7 @@ def test_iperf3_udp():
     assert m["udp_loss_pct"] == recv["lost_percent"]
     assert m["udp_jitter_ms"] == pytest.approx(recv["jitter_ms"])
     assert m["udp_packets"] == recv["packets"] == 17259
+    assert m["udp_payload_bytes"] == 1448  # the recording's blksize: iperf3's default on a 1500-byte path
 
 
 def test_ping_percentiles_and_loss():

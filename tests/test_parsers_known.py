@@ -156,6 +156,7 @@ def test_iperf3_tcp_hand_written_two_streams():
             "retransmit_rate": 50 / 1_000_000,  # 1e9 bytes / 1000-byte MSS = 1e6 segments
             "max_cwnd_kbytes": 400.0,  # the larger stream's 409600 bytes
             "tcp_rtt_mean_ms": 2.0,  # mean of 1.5 and 2.5 ms (iperf3 reports microseconds)
+            "tcp_mss_bytes": 1000,  # -M's tcp_mss wins over tcp_mss_default 1448
             "iperf_cpu_client_pct": 12.5,
             "iperf_cpu_server_pct": 30.25,
         },
@@ -168,6 +169,7 @@ def test_iperf3_tcp_hand_written_two_streams():
         "retransmit_rate": "ratio",
         "max_cwnd_kbytes": "KiB",
         "tcp_rtt_mean_ms": "ms",
+        "tcp_mss_bytes": "B",
         "iperf_cpu_client_pct": "%",
         "iperf_cpu_server_pct": "%",
     }
@@ -197,6 +199,7 @@ def test_iperf3_tcp_without_retransmits_mss_bytes_streams_or_cpu():
     out = Outcome()
     parse_tcp(d, out)
     assert metrics(out)["retransmits"] == 50 and "retransmit_rate" not in metrics(out)
+    assert "tcp_mss_bytes" not in metrics(out)
     # nothing sent: no rate (no division by zero)
     d = tcp_json(tcp_mss=1000)
     d["end"]["sum_sent"]["bytes"] = 0
@@ -215,7 +218,8 @@ def test_iperf3_tcp_without_retransmits_mss_bytes_streams_or_cpu():
     del d["end"]["streams"], d["end"]["cpu_utilization_percent"], d["intervals"]
     out = Outcome()
     parse_tcp(d, out)
-    assert set(metrics(out)) == {"goodput_mbps", "goodput_sender_mbps", "retransmits", "retransmit_rate"}
+    assert set(metrics(out)) == {"goodput_mbps", "goodput_sender_mbps", "retransmits", "retransmit_rate",
+                                 "tcp_mss_bytes"}  # fmt: skip
     assert out.series[0].points == []
     # streams with neither cwnd nor RTT
     d = tcp_json(tcp_mss=1000)
@@ -485,11 +489,12 @@ def test_rtt_samples_hand_computed():
             "rtt_p50_ms": 3.0,
             "rtt_p95_ms": 4.8,
             "rtt_p99_ms": 4.96,
+            "rtt_spike_ratio": 5 / 3,
         },  # fmt: skip
         rel=1e-12,
     )
-    assert set(units(out).values()) == {"%", "ms"} and units(out)["ping_loss_pct"] == "%"
-    assert all(u == "ms" for k, u in units(out).items() if k != "ping_loss_pct")
+    assert set(units(out).values()) == {"%", "ms", "ratio"} and units(out)["ping_loss_pct"] == "%"
+    assert all(u == "ms" for k, u in units(out).items() if k not in ("ping_loss_pct", "rtt_spike_ratio"))
 
 
 def test_rtt_samples_other_prefix_and_no_replies():
@@ -514,6 +519,7 @@ def test_rtt_samples_other_prefix_and_no_replies():
             "lul_p50_ms",
             "lul_p95_ms",
             "lul_p99_ms",
+            "lul_spike_ratio",
         ]  # fmt: skip
     )
     # nothing transmitted (ping killed at once): no loss figure

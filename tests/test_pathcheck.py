@@ -8,12 +8,22 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import lab_missing
 
-from tunnelbench.lab.pathcheck import MIN_BYTES, PathShare, PathWatch, share, verdict
+from tunnelbench.lab.pathcheck import (
+    MIN_BYTES,
+    SEGMENT_MIN_BYTES,
+    PathShare,
+    PathTrack,
+    PathWatch,
+    changes,
+    share,
+    verdict,
+)
 
 ZERO = dict.fromkeys(("c_s", "s_c", "c_o", "o_c", "s_o", "o_s"), 0)
 
@@ -42,6 +52,27 @@ def test_share_and_verdict_on_known_counters():
     # counters that went backwards (a table re-created) never give negative bytes
     assert share({**ZERO, "c_s": 10}, ZERO).direct == 0
     assert PathShare(0, 0, {}).direct_pct is None
+
+
+def _c(direct: int = 0, via: int = 0) -> dict[str, int]:
+    """Counters after `direct` bytes client -> server and `via` bytes relayed (client -> h3 -> server)."""
+    return {**ZERO, "c_s": direct, "c_o": via, "o_s": via}
+
+
+def test_path_changes_counted_from_timed_counters():
+    big = 10 * SEGMENT_MIN_BYTES
+    # cumulative readings: direct, direct, relayed, a quiet second, mixed (the switch back), direct
+    steps = [(big, 0), (big, 0), (0, big), (10, 0), (big // 2, big // 2), (big, 0)]
+    samples, d, v = [(0.0, ZERO)], 0, 0
+    for i, (dd, vv) in enumerate(steps, 1):
+        d, v = d + dd, v + vv
+        samples.append((float(i), _c(d, v)))
+    n, pts = changes(samples)
+    assert n == 2  # direct -> relayed -> direct; the mixed second is the moment of the switch, not a third
+    assert [t for t, _ in pts] == [1.0, 2.0, 3.0, 5.0, 6.0]  # the quiet second is not classified
+    assert [round(p) for _, p in pts] == [100, 100, 0, 50, 100]
+    assert changes(samples[:3]) == (0, [(1.0, 100.0), (2.0, 100.0)])
+    assert changes([(0.0, ZERO)]) == (0, [])
 
 
 def _send_udp(src, dst_ip: str, count: int, size: int) -> None:
@@ -73,6 +104,21 @@ def test_router_counters_match_the_bytes_the_test_sent(lab_factory):
         assert n * (size + hdr) <= s2.others[leg] <= n * (size + hdr) + 4096, s2
     assert s2.direct_pct is not None and s2.direct_pct < 1
     assert (verdict("direct", s2, "h1", "h2") or "").startswith("path not direct")
+    # tracked second by second: a switch from straight to two legs through h3 is one path change
+    track = PathTrack(watch, interval_s=0.5)
+    track.start(watch.read())
+    for _ in range(3):
+        _send_udp(h1, h2.public_ip, 200, size)
+        time.sleep(0.6)
+    for _ in range(3):
+        _send_udp(h1, h3.public_ip, 200, size)
+        _send_udp(h3, h2.public_ip, 200, size)
+        time.sleep(0.6)
+    track.stop()
+    assert len(track.samples) >= 8 and not track._thread.is_alive()
+    n_changes, pts = changes(track.samples)
+    assert n_changes == 1, pts
+    assert pts[0][1] > 99 and pts[-1][1] < 1
     # bytes between two other hosts are none of the case's business
     b3 = watch.read()
     _send_udp(h3, h3.public_ip, 10, size)
@@ -113,6 +159,9 @@ def test_a_relayed_case_in_a_direct_scenario_fails_as_path_not_direct(tmp_path, 
     ]
     rows = db.execute("SELECT status, error FROM \"case\" WHERE vpn='easytier'").fetchall()
     pct = [v for (v,) in db.execute("SELECT value FROM metric WHERE name='path_direct_pct'")]
+    # the case's diagnostics (run.capture = on-failure): router pcap and kernel log kept only when it failed
+    (adir,) = [Path(d) for (d,) in db.execute("SELECT artifact_dir FROM \"case\" WHERE vpn='easytier'")]
+    assert (adir / "router.pcap").exists() == plant and (adir / "dmesg.txt").exists() == plant
     if not plant:
         assert [r[0] for r in rows] == ["ok"], rows
         assert len(pct) == 1 and pct[0] > 95, pct
@@ -123,6 +172,7 @@ def test_a_relayed_case_in_a_direct_scenario_fails_as_path_not_direct(tmp_path, 
         assert len(pct) == 1 and pct[0] < 5, pct  # the failed case keeps the share it saw
         env = dict(db.execute("SELECT key, value FROM environment").fetchall())
         assert env["lab.plant_fault"] == "udp-blocked"
+        assert (adir / "router.pcap").stat().st_size > 24  # more than the pcap file header: packets were kept
 
 
 def test_only_a_failover_event_is_exempt_from_the_path_verdict():

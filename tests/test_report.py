@@ -231,3 +231,18 @@ def test_report_of_a_real_run_in_headless_chromium(tmp_path):
         "tcp",
         "ping",
     }
+
+
+def test_rtt_histogram_shares_on_shared_log_bins():
+    from tunnelbench.report.plots import histogram_shares
+
+    edges, shares = histogram_shares({"a": [1, 1, 1, 100], "b": [20, 0, -1], "c": []}, bins=2)
+    assert edges == pytest.approx(
+        [1, 10, 100.01], rel=1e-3
+    )  # geometric: 1, 10, 100 (the top edge just above the max)
+    assert shares["a"].tolist() == [0.75, 0.25] and shares["b"].tolist() == [
+        0.0,
+        1.0,
+    ]  # 20 is in bin 2; 0 and -1 are left out
+    assert "c" not in shares  # no positive sample, no curve
+    assert histogram_shares({"x": []})[1] == {}

@@ -192,6 +192,7 @@ def test_a_dead_or_zombie_owner_does_not_hold_its_run(tmp_path):
     assert not run.owner_alive() and not Leftovers("r", tmp_path, child.pid, None, []).owner_alive()
 
 
+@pytest.mark.lab
 def test_clean_undoes_a_killed_run_whose_results_folder_was_deleted(tmp_path):
     why = lab_missing()
     if why:

@@ -7,7 +7,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.root
 
 
 def test_setup_prints_one_line_per_step_and_logs_the_rest(tmp_path):

@@ -374,7 +374,7 @@ def test_scenario_runs_over_ssh_with_the_same_shape_as_netns(ssh_env: SshFixture
     assert cases == ns_cases and all(c[-1] == "ok" for c in cases)
     assert {v for v, *_ in cases} == set(vpns)
     # the path check (router counters) exists only in the namespace lab: its router forwards every byte
-    path_only = {m for m in ns_metrics if m[2] in ("path_direct_pct", "path_underlay_bytes")}
+    path_only = {m for m in ns_metrics if m[2] in ("path_direct_pct", "path_underlay_bytes", "path_changes")}
     assert path_only and not {m for m in metrics if m[2].startswith("path_")}
     assert metrics == ns_metrics - path_only, metrics ^ (ns_metrics - path_only)
     db = sqlite3.connect(run_dir / "results.sqlite")

@@ -270,3 +270,47 @@ def test_ceiling_of_a_rate_limited_path_is_the_configured_rate(lab_factory):
         "udp_ceiling_probe_loss_pct",
         "udp_ceiling_probe_goodput_mbps",
     }
+
+
+@pytest.mark.parametrize("prev, ceiling", [(430.0, 437.0), (437.0, 400.0), (100.0, 2900.0), (2900.0, 3.3)])
+def test_a_warm_start_finds_the_same_ceiling_with_fewer_probes_near_the_last_one(prev, ceiling):
+    cold_path, warm_path = Path_(ceiling), Path_(ceiling)
+    cold = search_ceiling(cold_path, repeats=3, start_mbit=100, resolution_pct=5, max_probes=200)
+    warm = search_ceiling(warm_path, repeats=3, start_mbit=prev, step=1.1, resolution_pct=5, max_probes=200)
+    assert warm.stop == "resolution"
+    assert (
+        warm.rate_mbit <= ceiling < warm.fail_mbit <= warm.rate_mbit * 1.05 + 1e-9
+    )  # same rule, same answer
+    assert warm_path.rates[0] == prev
+    # far from the last one: the factor gallops back to 2, at most three rates more than a cold bracket
+    assert len(warm.probes) <= probes_bound(prev, ceiling, 5, 3) + 3 * 3
+    if abs(math.log(ceiling / prev)) < 0.1:  # a ceiling near the last one: two rates bracket it
+        assert len(warm.probes) < len(cold.probes), (warm_path.rates, cold_path.rates)
+        assert len({p.rate_mbit for p in warm.probes}) <= 3
+    with pytest.raises(ValueError, match="step"):
+        search_ceiling(warm_path, start_mbit=prev, step=1.0)
+
+
+def test_the_workload_warm_starts_per_vpn_and_profile(tmp_path, monkeypatch):
+    calls = fake_iperf3(monkeypatch, 437)
+    wl = UdpCeiling(UdpCeilingParams(step_s=1))
+    dirs = [tmp_path / v / "baseline" / "udp-ceiling" / f"r{i}a0" for v, i in (("a", 1), ("a", 2), ("b", 1))]
+    found, n = [], []
+    for d in dirs:
+        d.mkdir(parents=True)
+        before = len(calls)
+        ctx = CaseContext(None, None, None, d, time.monotonic() + wl.expected_seconds(), {"mss": None})
+        m = {s.name: s.value for s in wl.run(ctx).samples}
+        found.append(m["udp_ceiling_mbps"])
+        n.append(len(calls) - before)
+        first_rate = int(calls[before][calls[before].index("-b") + 1]) / 1e6
+        search = json.loads((d / "udp-ceiling-search.json").read_text())
+        assert search["start_mbit"] == first_rate and search["warm"] == (d == dirs[1])
+    assert all(f <= 437 < f * 1.05 for f in found)
+    assert json.loads((dirs[1] / "udp-ceiling-search.json").read_text())["start_mbit"] == found[0]
+    assert n[1] < n[0] and n[2] == n[0]  # VPN b starts cold, like a's first repetition
+    cold = UdpCeiling(UdpCeilingParams(step_s=1, warm_start=False))
+    for d in dirs[:2]:
+        ctx = CaseContext(None, None, None, d, time.monotonic() + cold.expected_seconds(), {"mss": None})
+        cold.run(ctx)
+        assert json.loads((d / "udp-ceiling-search.json").read_text())["start_mbit"] == 100

@@ -253,3 +253,18 @@ def test_debian_and_default_builds_come_up_with_different_versions(name, lab_fac
     assert deb != default, (deb, default)
     assert "(debian " in deb and "(go proxy" in default, (deb, default)
     assert len(folders) == 2
+
+
+def test_every_driver_carries_its_own_feature_record():
+    """A subclass (boringtun of wireguard-go, the kernel IPsec family of strongswan) once showed its parent's
+    record: kernel WireGuard listed as "userspace (Go)". Each documented driver has exactly its own."""
+    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.vpns.feature_data import DOCUMENTED
+
+    wrong = [n for n, rec in DOCUMENTED.items() if n in DRIVERS and DRIVERS[n].features is not rec]
+    assert not wrong
+    parents = [(n, b.name) for n, d in DRIVERS.items() for b in d.__mro__[1:] if b in DRIVERS.values()]
+    assert parents  # the case that broke: subclassed drivers exist
+    for n, parent in parents:
+        if n in DOCUMENTED and parent in DOCUMENTED:
+            assert DRIVERS[n].features != DRIVERS[parent].features or DOCUMENTED[n] == DOCUMENTED[parent], n

@@ -415,3 +415,31 @@ def test_batched_lab_build(lab_factory):
     assert last.run(["ip", "-4", "-o", "addr", "show", "eth0"]).stdout.split()[3] == f"{last.underlay_ip}/24"
     assert "default via" in last.run(["ip", "route"]).stdout
     assert last.run(["ping", "-c1", "-W1", lab.hosts[0].underlay_ip], check=False).returncode == 0
+
+
+def _tx_bytes(host) -> int:
+    return int(host.run(["cat", f"/sys/class/net/{host.underlay_if}/statistics/tx_bytes"]).stdout)
+
+
+def test_http_api_over_tls_returns_the_pod_list(mesh):
+    """Seed 000's API test: HTTPS, a JSON list of pods, new connections (a TLS handshake each). The server's
+    underlay interface must have sent at least every body once per request; the case's key is gone after."""
+    from tunnelbench.workloads.http_api import pod_list
+
+    server = mesh.hosts[1]
+    tx0 = _tx_bytes(server)
+    m, out = run(mesh, "http_api", count=20, rate_per_s=20, tls=True, objects=200, keepalive=False)
+    sent = _tx_bytes(server) - tx0
+    declared("http_api", m)
+    body = len(pod_list(200))
+    assert m["error_rate_pct"] == 0 and m["response_bytes"] == body > 150_000
+    assert 20 * body <= sent <= 20 * body * 1.3 + 200_000, (sent, body)  # headers, TLS records, handshakes
+    lat = [v for _, v in out.series[0].points]
+    assert m["request_mean_ms"] == pytest.approx(sum(lat) / len(lat))
+    (adir,) = [
+        d for d in (mesh.run_dir / "cases").iterdir() if d.name.startswith("http-api-20rps-200obj-tls")
+    ]
+    conf = (adir / "nginx" / "nginx.conf").read_text()
+    assert " ssl backlog" in conf and "ssl_certificate " in conf
+    assert (adir / "nginx" / "api-cert.pem").exists() and not (adir / "nginx" / "api-key.pem").exists()
+    no_nginx_left(mesh)

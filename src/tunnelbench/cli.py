@@ -68,9 +68,13 @@ def main() -> None:
 @click.option("--resume", "resume_ref", metavar="RUN",
               help="continue a killed or interrupted run (its id or folder) in its folder: same scenario, seed and "
                    "round order; cases already ok are kept, unfinished ones measured again")  # fmt: skip
+@click.option("--flamegraph", is_flag=True,
+              help="profile the VPN daemons with perf during every case; the report shows the flame graphs")  # fmt: skip
+@click.option("--capture", type=click.Choice(["on-failure", "always", "off"]),
+              help="keep each case's router pcap and kernel log lines: on-failure (default), always, off")  # fmt: skip
 def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...],
         results: Path | None, no_html: bool, inventory: Path | None = None, insecure: bool = False,
-        resume_ref: str | None = None) -> None:  # fmt: skip
+        resume_ref: str | None = None, flamegraph: bool = False, capture: str | None = None) -> None:  # fmt: skip
     """Run a scenario (the built-in default when none is given) and print the summary."""
     from tunnelbench.runner import ResumeError, load_resume
     from tunnelbench.scenario import ScenarioError, load_scenario
@@ -79,7 +83,8 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
     try:
         if resume_ref is not None:
             given = [name for name, v in (("SCENARIO", scenario), ("--vpn", vpns), ("--repetitions", repetitions),
-                     ("--profile", profiles), ("--inventory", inventory), ("--insecure-no-host-key-check", insecure))
+                     ("--profile", profiles), ("--inventory", inventory), ("--insecure-no-host-key-check", insecure),
+                     ("--flamegraph", flamegraph), ("--capture", capture))
                      if v]  # fmt: skip
             if given:
                 raise click.UsageError(f"--resume continues a run with the scenario and options it started with; "
@@ -97,12 +102,13 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
             overrides = {k: v for k, v in {
                 "inventory": str(inventory.resolve()) if inventory else None, "insecure": insecure,
                 "vpns": [v for arg in vpns for v in arg.split(",")], "repetitions": repetitions,
-                "profiles": [p for arg in profiles for p in arg.split(",")]}.items() if v}  # fmt: skip
+                "profiles": [p for arg in profiles for p in arg.split(",")], "flamegraph": flamegraph,
+                "capture": capture}.items() if v}  # fmt: skip
         if overrides and plan is None:
             sc = _with_overrides(
                 text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
             )
-            text = _dump_toml_note(text, vpns, repetitions, profiles)
+            text = _dump_toml_note(text, vpns, repetitions, profiles, flamegraph, capture)
             if inventory:
                 text = (
                     f"# --inventory {inventory}{' --insecure-no-host-key-check' if insecure else ''}\n{text}"
@@ -177,13 +183,20 @@ def _with_overrides(text: str, overrides: dict, source: str):
         data.setdefault("run", {})["repetitions"] = overrides["repetitions"]
     if overrides.get("profiles"):
         data["profiles"] = overrides["profiles"]
+    if overrides.get("flamegraph"):
+        data.setdefault("run", {})["flamegraph"] = True
+    if overrides.get("capture"):
+        data.setdefault("run", {})["capture"] = overrides["capture"]
     return parse_scenario(data, source)
 
 
-def _dump_toml_note(
-    text: str, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...]
-) -> str:
+def _dump_toml_note(text: str, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...],
+                    flamegraph: bool = False, capture: str | None = None) -> str:  # fmt: skip
     note = "# command-line overrides:"
+    if flamegraph:
+        note += " --flamegraph"
+    if capture:
+        note += f" --capture {capture}"
     if vpns:
         note += f" --vpn {','.join(vpns)}"
     if profiles:
@@ -235,7 +248,7 @@ def _load_inventory(path: Path, insecure: bool):
 
 def _doctor_inventory(path: Path, insecure: bool) -> int:
     """`doctor --inventory`: the doctor's checks on every host over SSH; exit 1 if a host cannot run the lab."""
-    from tunnelbench.lab.ssh import doctor_inventory
+    from tunnelbench.doctor import doctor_inventory
 
     inv = _load_inventory(path, insecure)
     required = {"reachable", "root", "ip", "iperf3", "ping", "fping", "ss", "/dev/net/tun"}
@@ -457,6 +470,7 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
 def clean(force: bool, inventory: Path | None = None, insecure: bool = False) -> None:
     """Remove namespaces, processes and files that crashed or killed runs left (from their journals only)."""
     _need_root()
+    import tunnelbench.impair.backend  # noqa: F401  (registers the undo of what impairment journals)
     from tunnelbench.lab.clean import clean_all
 
     inv = _load_inventory(inventory, insecure) if inventory else None
@@ -617,7 +631,7 @@ def install(
 
 
 def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
-    from tunnelbench.lab.ssh_install import install_inventory
+    from tunnelbench.vpns.remote_install import install_inventory
 
     inv = _load_inventory(path, insecure)
     err.print(f"installing {', '.join(names) or 'the lab tools'} on {', '.join(inv.order)} ...")
@@ -638,12 +652,17 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
 @main.command("list")
 def list_() -> None:
     """VPNs, workloads and impairment profiles, and whether each is available here."""
+    from tunnelbench.doctor import vpn_and_workload_checks
     from tunnelbench.impair.profiles import PROFILES
     from tunnelbench.scenario import builtin_scenarios
     from tunnelbench.vpns import DRIVERS, resolve
     from tunnelbench.vpns.impossible import IMPOSSIBLE
     from tunnelbench.vpns.install import registry
     from tunnelbench.workloads import WORKLOADS
+
+    checks = vpn_and_workload_checks()  # the rows `doctor` shows
+    vpn_rows = {c.name: c for c in checks if c.group == "vpns"}
+    wl_rows = {c.name: c for c in checks if c.group == "workloads"}
 
     t = Table(title="VPNs (NAME = the pinned default build; NAME@debian, NAME@X.Y.Z select another)",
               title_justify="left")  # fmt: skip
@@ -652,16 +671,18 @@ def list_() -> None:
         t.add_column(c)
     colour = {"available": "green", "installable": "yellow", "impossible here": "red"}
     for name, cls in DRIVERS.items():
-        a = cls.availability()
+        a = vpn_rows[name]
         pin = ", ".join(s.label for s in cls.installs if registry(s)) or ("debian" if cls.installs else "")
         alt = ""
         if cls.__dict__.get("debian_installs"):  # a Debian build besides a registry default
             d = resolve(f"{name}@debian").availability()
             alt = f"{name}@debian: " + ((d.version or "") if d.ok else d.reason)
-        t.add_row(name, f"[{colour[a.state]}]{a.state}[/]", a.version if a.ok else a.reason, pin, alt,
+        t.add_row(name, f"[{colour[a.state]}]{a.state}[/]", a.detail.removeprefix(f"{a.state}: "), pin, alt,
                   ", ".join(sorted(cls.paths)), cls.summary)  # fmt: skip
-    for name, imp in IMPOSSIBLE.items():
-        t.add_row(name, "[red]impossible here[/]", imp.reason, "", "", "", imp.summary)
+    for name in IMPOSSIBLE:
+        a = vpn_rows[name]
+        t.add_row(name, "[red]impossible here[/]", a.detail.removeprefix(f"{a.state}: "), "", "", "",
+                  a.meaning)  # fmt: skip
     console.print(t)
     from tunnelbench.vpns.base import describe_options
 
@@ -675,14 +696,12 @@ def list_() -> None:
             t.add_row(name, opt, typ, "(VPN's own)" if default == "None" else default, desc)
     console.print(t)
     t = Table(title="Workloads", title_justify="left")
-    for c in ("name", "available", "parameters", "metrics"):
+    for c in ("name", "what it measures", "available", "parameters", "metrics"):
         t.add_column(c)
-    import shutil
-
     for name, wl in WORKLOADS.items():
-        missing = [x for x in wl.tools if shutil.which(x) is None]
+        w = wl_rows[name]
         params = ", ".join(f"{k}={f.default}" for k, f in wl.Params.model_fields.items())
-        t.add_row(name, "[green]yes[/]" if not missing else f"[red]no: missing {', '.join(missing)}[/]", params,
+        t.add_row(name, wl.summary, "[green]yes[/]" if w.ok else f"[red]no: {w.detail}[/]", params,
                   ", ".join(m.name for m in wl.metrics))  # fmt: skip
     console.print(t)
     t = Table(title="Impairment profiles", title_justify="left")

@@ -1,18 +1,27 @@
-"""`tunnelbench doctor`: what this machine can and cannot do, and what that means for results.
+"""`tunnelbench doctor`: what this machine (or, with `--inventory`, each SSH host) can and cannot do, and what
+that means for results.
 
-Kernel features are probed for real inside a scratch namespace (deleted afterwards), not guessed."""
+Kernel features are probed for real inside a scratch namespace (deleted afterwards), not guessed. The VPN and
+workload rows come from one function, `vpn_and_workload_checks`, which `tunnelbench list` shows too."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tunnelbench.lab.tags import TAG_PREFIX
 from tunnelbench.vpns import DRIVERS
 from tunnelbench.workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from tunnelbench.lab.inventory import Inventory, InvHost
+    from tunnelbench.lab.ssh import SshHost
 
 
 @dataclass
@@ -22,6 +31,7 @@ class Check:
     ok: bool
     detail: str
     meaning: str = ""
+    state: str = ""  # a VPN's: available | installable | impossible here (`list` colours it)
 
 
 TOOLS = {
@@ -129,6 +139,52 @@ def _probe_kernel(sh=_sh) -> list[Check]:
     return checks
 
 
+def component_tools() -> set[str]:
+    """Every binary a VPN driver runs and every tool a workload needs."""
+    names: set[str] = set()
+    for d in DRIVERS.values():
+        names.update(d.binaries)
+    for wl in WORKLOADS.values():
+        names.update(wl.tools)
+    return names
+
+
+def vpn_and_workload_checks(
+    where: dict[str, str | None] | None = None, host: SshHost | None = None
+) -> list[Check]:
+    """One row per VPN and per workload, as `doctor`, `doctor --inventory` and `list` show them.
+
+    On this machine (no arguments): each VPN's availability (binaries, version, kernel features) and the VPNs
+    that have no driver (vpns/impossible.py); each workload's tools on PATH. On an SSH host: `where` is the
+    host's `command -v` answer for at least `component_tools()` (one round trip for all of them) and `host`
+    the host itself, for the kernel probes of the drivers that need kernel features there."""
+    checks: list[Check] = []
+    for name, cls in DRIVERS.items():
+        if where is None:
+            a = cls.availability()
+            detail = a.version if a.ok else f"{a.state}: {a.reason}"
+            checks.append(Check("vpns", name, a.ok, detail or "", cls.summary, a.state))
+            continue
+        missing = [b for b in cls.binaries if where.get(b) is None]
+        why = cls.impossible_on([host]) if host is not None else None  # its kernel's own answer
+        detail = (f"impossible here: {why}" if why else "binaries present" if not missing else
+                  f"missing {', '.join(missing)} (`tunnelbench install --inventory F {name}`)")  # fmt: skip
+        state = "impossible here" if why else "available" if not missing else "installable"
+        checks.append(Check("vpns", name, not missing and not why, detail, cls.summary, state))
+    if where is None:
+        from tunnelbench.vpns.impossible import IMPOSSIBLE
+
+        for name, imp in IMPOSSIBLE.items():
+            checks.append(Check("vpns", name, False, f"impossible here: {imp.reason}", imp.summary,
+                                "impossible here"))  # fmt: skip
+    found = where if where is not None else {t: shutil.which(t) for w in WORKLOADS.values() for t in w.tools}
+    for name, wl in WORKLOADS.items():
+        missing = [t for t in wl.tools if found.get(t) is None]
+        checks.append(Check("workloads", name, not missing,
+                            "ready" if not missing else f"missing {', '.join(missing)}", wl.summary))  # fmt: skip
+    return checks
+
+
 def run_doctor() -> list[Check]:
     checks: list[Check] = []
     root = os.geteuid() == 0
@@ -140,16 +196,108 @@ def run_doctor() -> list[Check]:
     if root and shutil.which("ip"):
         checks += _probe_kernel()
         checks += tunnel_checks()
-    for name, cls in DRIVERS.items():
-        a = cls.availability()
-        detail = a.version if a.ok else f"{a.state}: {a.reason}"
-        checks.append(Check("vpns", name, a.ok, detail or "", cls.summary))
-    from tunnelbench.vpns.impossible import IMPOSSIBLE
+    return checks + vpn_and_workload_checks()
 
-    for name, imp in IMPOSSIBLE.items():
-        checks.append(Check("vpns", name, False, f"impossible here: {imp.reason}", imp.summary))
-    for name, wl in WORKLOADS.items():
-        missing = [t for t in wl.tools if shutil.which(t) is None]
-        checks.append(Check("workloads", name, not missing,
-                            "ready" if not missing else f"missing {', '.join(missing)}", wl.summary))  # fmt: skip
+
+# -- doctor --inventory: the same checks on each SSH host, plus clock, CPU and NICs --------------------------
+def doctor_host(inv: InvHost) -> list[Check]:
+    """The local doctor's checks, run on one inventory host over SSH, plus clock, CPU and NICs."""
+    from tunnelbench.lab.host import CommandError
+    from tunnelbench.lab.ssh import SshError, SshHost
+
+    h = SshHost(inv.name, inv, None, None)
+    checks: list[Check] = []
+    try:
+        h.connect()
+    except SshError as e:
+        return [Check("ssh", "reachable", False, str(e), "nothing else can be checked")]
+    try:
+        checks.append(Check("ssh", "reachable", True, inv.describe()))
+        uid = h.run(["id", "-u"]).stdout.strip()
+        checks.append(
+            Check(
+                "system", "root", uid == "0", f"uid {uid}", "namespaces, TUN devices and nftables need root"
+            )
+        )
+        where = h.which(sorted({*TOOLS, "timedatectl", "chronyc", "tc", *component_tools()}))
+        for tool, what in TOOLS.items():
+            checks.append(Check("tools", tool, where[tool] is not None, where[tool] or "missing", what))
+        checks += _probe_kernel(sh=lambda argv, input=None: h.run(argv, input=input, check=False, timeout=20))
+        checks += tunnel_checks(h.name, lambda argv: h.run(argv, check=False, timeout=60).stdout)
+        lsmod = h.run(["sh", "-c", "cat /proc/modules 2>/dev/null; ls /sys/module"], check=False).stdout
+        checks.append(Check("kernel", "wireguard module", "wireguard" in lsmod,
+                            "loaded" if "wireguard" in lsmod else "not loaded (it may still load on demand)",
+                            "kernel WireGuard cannot be measured"))  # fmt: skip
+        checks.append(Check("kernel", "sch_netem module", "netem" in lsmod,
+                            "loaded" if "netem" in lsmod else "not loaded (the tc netem probe above is authoritative)"))  # fmt: skip
+        tun = h.run(["test", "-c", "/dev/net/tun"], check=False).returncode == 0
+        checks.append(Check("kernel", "/dev/net/tun", tun, "present" if tun else "missing",
+                            "userspace VPNs cannot create interfaces"))  # fmt: skip
+        kernel = h.run(["uname", "-srm"], check=False).stdout.strip()
+        checks.append(Check("system", "kernel", True, kernel))
+        checks.append(clock_check(h, where))
+        cpu = h.run(
+            ["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2; nproc"], check=False
+        ).stdout
+        lines = [x.strip() for x in cpu.splitlines() if x.strip()]
+        checks.append(
+            Check(
+                "system",
+                "CPU",
+                True,
+                f"{lines[0] if len(lines) > 1 else 'unknown model'} x {lines[-1] if lines else '?'}",
+            )
+        )
+        checks.append(nic_check(h))
+        checks += vpn_and_workload_checks(where, h)
+    except (CommandError, SshError, TimeoutError) as e:
+        checks.append(Check("ssh", "checks", False, f"interrupted: {e}"))
+    finally:
+        h.close()
     return checks
+
+
+def clock_check(h: SshHost, where: dict[str, str | None]) -> Check:
+    meaning = "one-way delays and timestamps across hosts cannot be compared"
+    if where.get("timedatectl"):
+        r = h.run(["timedatectl", "show", "-p", "NTPSynchronized", "--value"], check=False)
+        v = r.stdout.strip()
+        if r.returncode == 0 and v in ("yes", "no"):
+            return Check("system", "clock sync", v == "yes", f"timedatectl NTPSynchronized={v}", meaning)
+    if where.get("chronyc"):
+        r = h.run(["chronyc", "tracking"], check=False)
+        if r.returncode == 0:
+            status = next(
+                (x.split(":", 1)[1].strip() for x in r.stdout.splitlines() if x.startswith("Leap status")),
+                "?",
+            )
+            offset = next(
+                (x.split(":", 1)[1].strip() for x in r.stdout.splitlines() if x.startswith("System time")),
+                "?",
+            )
+            return Check("system", "clock sync", status == "Normal", f"chrony: {status}, {offset}", meaning)
+    return Check("system", "clock sync", True, "unknown (no timedatectl or chronyc answer)", meaning)
+
+
+def nic_check(h: SshHost) -> Check:
+    r = h.run(["ip", "-j", "link"], check=False)
+    try:
+        links = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        return Check("system", "NICs", False, "ip -j link failed")
+    parts = []
+    for link in links:
+        name = link.get("ifname", "?")
+        if name == "lo":
+            continue
+        speed = h.run(["cat", f"/sys/class/net/{name}/speed"], check=False).stdout.strip()
+        speed = f"{speed} Mb/s" if speed.lstrip("-").isdigit() and not speed.startswith("-") else "speed n/a"
+        parts.append(f"{name} mtu {link.get('mtu')} {link.get('operstate', '?').lower()} {speed}")
+    return Check("system", "NICs", bool(parts), "; ".join(parts) or "none")
+
+
+def doctor_inventory(inventory: Inventory) -> list[tuple[InvHost, list[Check]]]:
+    """Every host at once (each check is a round trip; hosts are independent)."""
+    hosts = [inventory.hosts[n] for n in inventory.order]
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return list(zip(hosts, pool.map(doctor_host, hosts), strict=True))

@@ -22,11 +22,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from tunnelbench import __version__, environment, placement
+from tunnelbench.diagnostics import CaseDiagnostics
+from tunnelbench.impair import placement as impair_placement
 from tunnelbench.impair import tax
-from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend, make_backend
+from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend
 from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
-from tunnelbench.lab import Lab, counters, make_lab, pathcheck, sysctl
+from tunnelbench.lab import Lab, counters, hostfw, make_lab, pathcheck, sysctl
 from tunnelbench.lab.host import abort_running
 from tunnelbench.lab.journal import Journal, run_leftovers
 from tunnelbench.lab.tags import new_run_id, new_tag
@@ -38,7 +40,7 @@ from tunnelbench.vpns import Mesh, MeshSpec
 from tunnelbench.vpns import resolve as resolve_driver
 from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
-from tunnelbench.workloads.base import NotApplicable
+from tunnelbench.workloads.base import NotApplicable, Series
 
 LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3", "ss", "sysctl", "taskset")
 # A case fails on any error (a parser bug in one workload must not end the run); Interrupted and
@@ -404,10 +406,15 @@ class Runner:
         env["fairness.mss"] = self.sc.fairness.mss or "none (path default)"
         env["fairness.tunnel_mtu"] = self.sc.fairness.tunnel_mtu or "none (each VPN's default)"
         env["lab.path"] = self.sc.lab.path
+        env["lab.underlay_mtu"] = self.sc.lab.underlay_mtu or "1500 (veth default)"
         relay = getattr(self.lab, "relay", None)
         if relay is not None:
             env["lab.relay"] = relay.name
         self.store.set_env(self.run_id, env)
+        if self.sc.hosts.firewall == "stateful":  # before any VPN starts: every packet through conntrack
+            hostfw.install(self.lab.hosts, f"{self.tag}hostfw")
+            self.store.set_env(self.run_id, {"hosts.firewall": "stateful", "hosts.firewall.rules":
+                                             hostfw.rules(f"{self.tag}hostfw")})  # fmt: skip
         if self.sc.lab.backend == "netns":  # refuse unknown or read-only sysctls before any VPN starts
             sysctl.check(self.lab.hosts, {k for t in self.sc.tunings for k in self.sc.tuning(t)})
             sysctl.check_values(self.lab.hosts, {t: self.sc.tuning(t) for t in self.sc.tunings})
@@ -544,12 +551,8 @@ class Runner:
             self._apply_placement()
             return
         t0 = time.monotonic()
-        if self.sc.lab.backend == "ssh":  # the inventory's placement: router host or each peer's egress
-            self.backend = self.lab.impair_backend(self.sc.impair.backend)  # type: ignore[attr-defined]
-        else:
-            self.backend = make_backend(
-                self.sc.impair.backend, self.lab.router, self.lab.hosts, self.run_dir / "impair"
-            )
+        # the lab's router, or on SSH hosts the inventory's placement (router host or each peer's egress)
+        self.backend = impair_placement.backend_for(self.lab, self.sc.impair.backend, self.run_dir / "impair")
         env: dict[str, object] = {"impair.backend": self.backend.name}
         if isinstance(self.backend, NativeBackend):
             self.backend.gso_mode = self.sc.impair.gso
@@ -557,8 +560,8 @@ class Runner:
         env["impair.modes"] = {label: (tax.mode_of(self.sc.profile(p), self.sc.impair.gso)
                                        if isinstance(self.backend, NativeBackend) else None)
                                for p, _t, label in self._conditions()}  # fmt: skip
-        if hasattr(self.lab, "impairment_plan"):
-            env["impair.placement"] = self.lab.impairment_plan()
+        if (where := impair_placement.plan(self.lab)) is not None:
+            env["impair.placement"] = where
         if isinstance(self.backend, NativeBackend):
             env["impair.engine"] = f"{self.backend.binary} {self.backend.version()}"
         self.store.set_env(self.run_id, env)
@@ -1026,7 +1029,9 @@ class Runner:
             t0 = time.monotonic()
             ctx = CaseContext(mesh, client, server, adir, t0 + self._case_timeout(wl),
                               {"mss": self.sc.fairness.mss, "lab": self.lab})  # fmt: skip
+            diag = self._diagnostics(adir, mesh, client)
             try:
+                diag.start()
                 self._check_path()
                 health = self.backend.health if self.backend is not None else None
                 mon = Monitor(mesh.daemons, self.sc.run.monitor_interval_s, health, lambda _: abort_running())
@@ -1036,13 +1041,25 @@ class Runner:
                 kern_hosts = [client, server, getattr(self.lab, "router", None)]
                 kern0 = counters.sample(kern_hosts)  # kernel drop counters (lab/counters.py)
                 path0 = self._path_counters()
+                track = None
+                if path0 is not None and self.path_watch is not None:
+                    track = pathcheck.PathTrack(self.path_watch)
+                    track.start(path0)
                 try:
                     with mon:
                         out: Outcome = wl.run(ctx)
                 finally:
+                    diag.stop()
+                    if track is not None:
+                        track.stop()
                     if mon.unhealthy:  # the watchdog aborted the case: report why, not the tool's complaint
                         raise ImpairError(mon.unhealthy)
                 mon.add_to(out)
+                if track is not None:  # the path, second by second: did it change within the case?
+                    n, pts = pathcheck.changes(track.samples)
+                    if pts:
+                        out.add("path_changes", n, "count")
+                        out.series.append(Series("path_direct_pct", "%", pts))
                 self._add_engine_stats(out, eng0, self._engine_stats())
                 for name, n, unit, host in counters.deltas(kern0, counters.sample(kern_hosts)):
                     out.add(name, n, unit, host)
@@ -1054,6 +1071,7 @@ class Runner:
                     raise WorkloadError(f"VPN daemon(s) died during the case: {', '.join(dead)}")
                 if time.monotonic() > ctx.deadline:
                     raise WorkloadError(f"case exceeded its timeout of {self._case_timeout(wl):.0f} s")
+                diag.finish(failed=False)
                 self.store.finish_case(cid, "ok", out)
                 self._phase(mesh.vpn, "measure", out.measure_s)
                 self._phase(mesh.vpn, "case_overhead", time.monotonic() - t0 - out.measure_s)
@@ -1062,14 +1080,17 @@ class Runner:
                     self._phase(mesh.vpn, "tunnel_wait", mesh.driver.settle_s)
                 return
             except (Interrupted, KeyboardInterrupt):
+                diag.stop()  # its processes end now; what it took stays in the case folder
                 self.store.finish_case(cid, "interrupted", error="run interrupted")
                 raise
             except NotApplicable as e:  # not this VPN's kind of test: skipped with the reason, no retry
+                diag.finish(failed=False)
                 self.store.finish_case(cid, "skipped", error=str(e)[:2000])
                 self._say(f"{mesh.vpn} · {wl.label()}: skipped: {e}"[:400], "yellow")
                 return
             except CASE_ERRORS as e:
                 (adir / "error.txt").write_text(traceback.format_exc())
+                diag.finish(failed=True)
                 self._keep_logs(mesh.driver, adir / "daemon-logs")
                 # a case on the wrong path keeps the path share it saw (failed cases never count as results)
                 self.store.finish_case(cid, "failed", getattr(e, "outcome", None),
@@ -1079,6 +1100,11 @@ class Runner:
                     f"{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400], "red"
                 )
                 self._heal(mesh)
+
+    def _diagnostics(self, adir: Path, mesh: Mesh, client) -> CaseDiagnostics:
+        """The case's pcap, kernel log and CPU profile, as `run.capture` and `run.flamegraph` ask."""
+        return CaseDiagnostics(adir, self.sc.run.capture, self.sc.run.capture_packets, self.sc.run.flamegraph,
+                               getattr(self.lab, "router", None), client, mesh.daemons, self._lab_hosts())  # fmt: skip
 
     def _engine_stats(self) -> dict | None:
         if not isinstance(self.backend, NativeBackend) or self.backend.profile is None:

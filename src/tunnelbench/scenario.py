@@ -73,6 +73,17 @@ class RunCfg(Strict):
         2, ge=0, le=60, description="a reference measurement (raw underlay TCP) at the start of every round, "
         "seconds; 0 = off",
     )  # fmt: skip
+    capture: Literal["on-failure", "always", "off"] = Field(
+        "on-failure",
+        description="per-case artifacts: the router's pcap of the case's first `capture_packets` underlay packets "
+        "(headers only) and the kernel log lines of the case; on-failure keeps them for failed cases only",
+    )
+    capture_packets: int = Field(2000, ge=10, le=1_000_000, description="packets in a case's router pcap")
+    flamegraph: bool = Field(
+        False,
+        description="profile the VPN daemons with perf during every case; the report shows one flame graph per "
+        "VPN x workload x profile (the numbers then carry perf's cost, about 1% of a core)",
+    )
 
     @model_validator(mode="after")
     def _adaptive(self) -> RunCfg:
@@ -109,6 +120,11 @@ class LabCfg(Strict):
     relay: str | None = Field(
         None, description="relay / rendezvous host for path relay|nat (default: the last host)"
     )
+    underlay_mtu: int | None = Field(
+        None, ge=1280, le=9000,
+        description="MTU of every lab link (namespace lab; default 1500). A second no-VPN baseline at another MTU "
+        "in the same run: vpns = [\"internal\", \"internal@mtu1450\"]",
+    )  # fmt: skip
     nat_type: NatType = Field(
         "port-restricted",
         description="path nat: the type of every peer's NAT (RFC 4787): full-cone = endpoint-independent mapping "
@@ -239,6 +255,12 @@ def _sysctl_str(v: SysctlValue) -> str:
 
 
 class HostsCfg(Strict):
+    firewall: Literal["none", "stateful"] = Field(
+        "none",
+        description="stateful = an nftables conntrack rule set on every lab host (established/related accept, "
+        "invalid drop, new accept), as real deployments run one (seed 004: about 10% of throughput); "
+        "namespace lab only",
+    )
     sysctl: dict[str, SysctlValue] = Field(
         default_factory=dict,
         description='sysctls set in every lab host before any VPN starts, e.g. "net.ipv4.tcp_reordering" = 10 '
@@ -396,6 +418,13 @@ class Scenario(Strict):
             problems += [f"vpn_options.{name}.{p}" for p in probs if p not in base]
         if problems:
             raise ValueError("\n  ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _firewall(self) -> Scenario:
+        if self.hosts.firewall != "none" and self.lab.backend != "netns":
+            raise ValueError("hosts.firewall: needs the namespace lab (a real host's firewall is its own; "
+                             "set it there and record it)")  # fmt: skip
         return self
 
     @model_validator(mode="after")

@@ -24,6 +24,7 @@ from pathlib import Path
 from tunnelbench.impair.profiles import Profile
 from tunnelbench.lab.addressing import LAB_PREFIX, host_subnet
 from tunnelbench.lab.host import CommandError, Host, Process
+from tunnelbench.lab.journal import register_undo
 
 QUEUE_NUM = 0
 CHAIN = "TB_IMPAIR"
@@ -503,6 +504,23 @@ def remove_iptables_chain(host: Host, table: str, chain: str, parent: str) -> bo
         host.run(["iptables", "-t", table, "-F", chain], check=False)
         host.run(["iptables", "-t", table, "-X", chain], check=False)
     return r.returncode == 0
+
+
+def _undo_qdisc(host: Host, entry: dict) -> str | None:
+    return f"qdisc on {entry['dev']}" if clear_filtered_root(host, entry["dev"]) else None
+
+
+def _undo_iptables_chain(host: Host, entry: dict) -> str | None:
+    gone = remove_iptables_chain(
+        host, entry.get("table", "mangle"), entry["chain"], entry.get("from", "FORWARD")
+    )
+    return f"iptables chain {entry['chain']}" if gone else None
+
+
+# what a killed run's impairment left on a real host (FilteredTc's prio roots, the engine's NFQUEUE chain):
+# `clean --inventory` and the SSH teardown undo these journal entries through the lab's registry
+register_undo("qdisc", _undo_qdisc)
+register_undo("iptables_chain", _undo_iptables_chain)
 
 
 def netem_available(router: Host, probe_if: str = "tbprobe0") -> bool:

@@ -1,4 +1,8 @@
-"""`tunnelbench clean`: undo what crashed or SIGKILLed runs left behind, using their journals only."""
+"""`tunnelbench clean`: undo what crashed or SIGKILLed runs left behind, using their journals only.
+
+The lab's own kinds (processes, namespaces, files, links) are undone here; kinds other rooms journal are
+undone by the handler they registered (lab/journal.py `register_undo`), on this machine or in the entry's
+namespace. Entries made on SSH hosts are undone there (lab/ssh.py), through the same registry."""
 
 from __future__ import annotations
 
@@ -6,11 +10,13 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunnelbench.lab.journal import Leftovers, process_alive, registered_runs, registry_files
-from tunnelbench.lab.netns import destroy_netns, netns_exists
+from tunnelbench.lab.host import Host
+from tunnelbench.lab.journal import Leftovers, process_alive, registered_runs, registry_files, undo_handler
+from tunnelbench.lab.netns import NetnsHost, destroy_netns, netns_exists
 from tunnelbench.lab.tags import TAG_PREFIX
 
 
@@ -20,6 +26,24 @@ class CleanReport:
     skipped: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)  # look like ours but are in no journal: not touched
+
+
+class _ThisMachine(Host):
+    """Where `clean` runs: the host a registered undo handler gets for an entry made outside any namespace."""
+
+    name = "local"
+    underlay_ip = ""
+    journal = None
+    workdir = Path("/")
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        return list(argv)
+
+
+def _host_of(entry: dict) -> Host:
+    if entry.get("netns"):
+        return NetnsHost("local", entry["netns"], "", Path("/"), None)
+    return _ThisMachine()
 
 
 def _kill(entry: dict) -> str | None:
@@ -68,6 +92,12 @@ def clean_run(run: Leftovers, inventory=None) -> CleanReport:
             )
             if r.returncode == 0:
                 rep.removed.append(f"interface {e['name']} in {e['netns']}")
+        elif (undo := undo_handler(e["kind"])) is not None:
+            if e.get("netns") and not netns_exists(e["netns"]):
+                continue  # went with its namespace
+            what = undo(_host_of(e), e)
+            if what:
+                rep.removed.append(what)
     if not rep.problems and not rep.skipped:
         with contextlib.suppress(OSError), open(run.run_dir / "journal.jsonl", "a") as f:
             f.write('{"kind": "end", "by": "clean"}\n')

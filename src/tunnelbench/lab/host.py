@@ -1,4 +1,5 @@
-"""Hosts: where commands run and daemons live. The namespace lab and (later) SSH implement the same API."""
+"""Hosts: where commands run and daemons live. The namespace lab (lab/netns.py) and the SSH lab (lab/ssh.py)
+implement the same API."""
 
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ Entries:
   {"kind": ..., "backend": "ssh", "host": ..., "address": ...}  the same on an SSH host (see lab/ssh.py)
   {"kind": "release", "ref": {...}}                           the entry was undone by normal teardown
   {"kind": "end"}                                             teardown completed
+
+Rooms above the lab journal kinds of their own (impair/: "qdisc", "iptables_chain") and register how to undo
+them with `register_undo`; `clean` (lab/clean.py) and the SSH undo (lab/ssh.py) look the handler up by kind,
+as Mininet's cleanup does with its callbacks, so the lab never imports those rooms.
 """
 
 from __future__ import annotations
@@ -20,11 +24,31 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tunnelbench.lab.host import Host
 
 REGISTRY = Path(os.environ.get("TUNNELBENCH_REGISTRY", "/run/tunnelbench"))
+
+# kind -> how to undo such an entry on the host it was made on: returns what it removed ("qdisc on eth1"), or
+# None when nothing was there any more; either way the entry is then released
+UndoFn = Callable[["Host", dict], "str | None"]
+_UNDO: dict[str, UndoFn] = {}
+
+
+def register_undo(kind: str, fn: UndoFn) -> None:
+    """Make `clean` and the SSH teardown undo journal entries of `kind` with `fn(host, entry)`. Registered
+    when the room that journals the kind is imported; every command that may clean imports it."""
+    _UNDO[kind] = fn
+
+
+def undo_handler(kind: str) -> UndoFn | None:
+    """The registered undo of a kind (None: not registered; the lab's own kinds are undone where they live)."""
+    return _UNDO.get(kind)
 
 
 def proc_start_ticks(pid: int) -> int | None:

@@ -126,7 +126,7 @@ class NetnsLab:
 
     def __init__(self, tag: str, n_hosts: int, run_dir: Path, journal: Journal, path: str = "direct",
                  relay: str | None = None, nat_type: str = DEFAULT_NAT_TYPE,
-                 nat_types: Mapping[str, str] | None = None):  # fmt: skip
+                 nat_types: Mapping[str, str] | None = None, underlay_mtu: int | None = None):  # fmt: skip
         """nat_type: every NATted host's NAT type (path nat); nat_types: per-host overrides {"h1": ...}."""
         if path not in PATHS:
             raise ValueError(f"lab path must be one of {', '.join(PATHS)}, not {path!r}")
@@ -149,6 +149,7 @@ class NetnsLab:
                 raise ValueError(f"lab path {path!r} needs at least 3 hosts (two peers and a relay host)")
             self.relay = next(h for h in self.hosts if h.name == (relay or self.hosts[-1].name))
         self.nats: dict[str, NetnsHost] = {}
+        self.underlay_mtu = underlay_mtu
         if path == "nat":
             for i, h in enumerate(self.hosts, start=1):
                 if h is not self.relay:
@@ -193,9 +194,19 @@ class NetnsLab:
             h.run(["ip", "link", "set", "eth0", "up"])
             # a default route keeps VPNs that look up "their" address (vpncloud) working; the router drops it
             h.run(["ip", "route", "add", "default", "via", router_ip(i)])
+        if self.underlay_mtu is not None:
+            self._set_mtu(self.underlay_mtu)
         self._install_guard()
         if self.path == "relay":
             self.block_udp_between_peers()
+
+    def _set_mtu(self, mtu: int) -> None:
+        """Every veth of the lab (hosts, NATs, router) at `mtu`: both ends of a link agree, so neither the
+        router nor a NAT fragments or drops what a host sends at its MTU."""
+        for ns in [self.router, *self.hosts, *self.nats.values()]:
+            links = json.loads(ns.run(["ip", "-j", "link", "show", "type", "veth"]).stdout or "[]")
+            for link in links:
+                ns.run(["ip", "link", "set", "dev", link["ifname"], "mtu", str(mtu)])
 
     def _build_hosts_batched(self) -> None:
         """The hosts of build() for large labs (many-client scenarios): a few `ip -batch` runs plus one

@@ -14,7 +14,10 @@ any traffic but not judged: keepalives and control traffic to other hosts can ou
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import time
 from dataclasses import dataclass
 
 MIN_BYTES = 256 * 1024  # underlay bytes of client and server in a case below which no verdict is given
@@ -105,3 +108,65 @@ class PathWatch:
 
     def read(self) -> dict[str, int]:
         return parse_counters(self.router.run(["nft", "-j", "list", "table", "inet", self.table]).stdout)
+
+
+# -- path changes within a case ------------------------------------------------------------------------------
+
+TRACK_INTERVAL_S = 1.0
+SEGMENT_MIN_BYTES = 64 * 1024  # an interval with less underlay traffic is not classified (keepalives only)
+
+
+def classify(pct: float) -> str:
+    return "direct" if pct >= DIRECT_MIN_PCT else "relayed" if pct <= RELAY_MAX_PCT else "mixed"
+
+
+def changes(samples: list[tuple[float, dict[str, int]]]) -> tuple[int, list[tuple[float, float]]]:
+    """(path changes, [(t, direct %)]) from timed counter readings: every interval with at least
+    SEGMENT_MIN_BYTES is classified direct / relayed / mixed by its own share; a change is a direct interval
+    after a relayed one or the reverse (mixed intervals, the moment of a switch, neither start nor end one)."""
+    points: list[tuple[float, float]] = []
+    n, last = 0, None
+    for (_, a), (t, b) in zip(samples, samples[1:], strict=False):
+        s = share(a, b)
+        if s.total < SEGMENT_MIN_BYTES or s.direct_pct is None:
+            continue
+        points.append((t, s.direct_pct))
+        c = classify(s.direct_pct)
+        if c == "mixed":
+            continue
+        if last is not None and c != last:
+            n += 1
+        last = c
+    return n, points
+
+
+class PathTrack:
+    """Reads a PathWatch every TRACK_INTERVAL_S in a thread for the length of a case."""
+
+    def __init__(self, watch: PathWatch, interval_s: float = TRACK_INTERVAL_S) -> None:
+        self.watch = watch
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="path-track", daemon=True)
+        self._t0 = 0.0
+
+    def _read(self) -> None:
+        # a lost reading narrows the record, it does not fail the case
+        with contextlib.suppress(Exception):
+            self.samples.append((time.monotonic() - self._t0, self.watch.read()))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._read()
+
+    def start(self, first: dict[str, int]) -> None:
+        self._t0 = time.monotonic()
+        self.samples = [(0.0, first)]
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._read()

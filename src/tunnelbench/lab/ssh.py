@@ -12,6 +12,10 @@ with the host's name and address, so `tunnelbench clean --inventory F` can undo 
   {"kind": "nft_table", "backend": "ssh", "host": "router", "address": ..., "family": "inet", "name": ...}
   {"kind": "path", "backend": "ssh", "host": "h1", "address": ..., "path": ...}   e.g. a UAPI socket
 
+Kinds other rooms journal on a host (impair/: "qdisc", "iptables_chain") are undone by the handlers they
+register (lab/journal.py `register_undo`). Where impairment goes on these hosts is impair/placement.py's
+business, the doctor's checks over SSH doctor.py's: this module only runs commands and undoes.
+
 A process is "ours" only if its PID still has the start time (/proc/PID/stat field 22) we recorded.
 Long-running processes start detached (setsid) with output to a remote log file, so a lost controller
 leaves them to `clean`, never to chance."""
@@ -37,7 +41,7 @@ from tunnelbench.lab import host as _hostmod
 from tunnelbench.lab.addressing import TUNNEL_RANGES_V4, TUNNEL_RANGES_V6
 from tunnelbench.lab.host import CommandError, Host, Process, Result
 from tunnelbench.lab.inventory import Inventory, InvHost
-from tunnelbench.lab.journal import Journal, read_open_entries
+from tunnelbench.lab.journal import Journal, read_open_entries, undo_handler
 from tunnelbench.lab.tags import TAG_PREFIX
 
 REMOTE_TOOLS = ("ip", "ping", "fping", "iperf3", "ss", "sysctl")
@@ -769,28 +773,6 @@ class SshLab:
                 return int(item["counter"]["packets"])
         return -1
 
-    def impair_placement(self) -> str:
-        """inventory var tunnelbench_impair: "router" (the router host's interfaces toward each peer) or
-        "egress" (netem on each peer's underlay interface, as seed 003 did); default: router if any."""
-        where = {str(h.inv.vars.get("tunnelbench_impair")) for h in self.all_hosts()
-                 if h.inv.vars.get("tunnelbench_impair") is not None}  # fmt: skip
-        if len(where) > 1:
-            raise ValueError(f"inventory {self.inventory.path}: tunnelbench_impair is set to {sorted(where)}; "
-                             "use one placement for the whole inventory")  # fmt: skip
-        mode = where.pop() if where else ("router" if self.router else "egress")
-        if mode not in ("router", "egress"):
-            raise ValueError(f"inventory {self.inventory.path}: tunnelbench_impair must be router or egress, "
-                             f"not {mode!r}")  # fmt: skip
-        if mode == "router" and self.router is None:
-            raise ValueError(f"inventory {self.inventory.path}: tunnelbench_impair: router needs a host in "
-                             "the routers group")  # fmt: skip
-        return mode
-
-    def impairment_plan(self) -> str:
-        if self.impair_placement() == "router" and self.router is not None:
-            return f"router host {self.router.inv.name} toward each peer"
-        return "netem on each peer's egress: " + ", ".join(f"{h.name}:{h.underlay_if}" for h in self.hosts)
-
     def router_ifnames(self) -> dict[str, str]:
         """The router host's interface toward each peer, from its routing table."""
         assert self.router is not None
@@ -806,23 +788,6 @@ class SshLab:
                 raise RuntimeError(f"router {self.router.inv.name}: {h.underlay_ip} is its own address; "
                                    "the router must be a separate box on the peers' path")  # fmt: skip
         return out
-
-    def impair_backend(self, choice: str):
-        """The impairment backend for this inventory's placement (see impair_placement)."""
-        from tunnelbench.impair.backend import EgressNetemBackend, ImpairError, make_backend, netem_available
-
-        if self.impair_placement() == "router":
-            assert self.router is not None
-            return make_backend(choice, self.router, list(self.hosts), self.router.workdir / "impair",
-                                self.router_ifnames(), self.tag)  # fmt: skip
-        if choice == "native":
-            raise ImpairError("tunnelbench_impair: egress uses netem on each peer; the native engine runs on a "
-                              "router host (tunnelbench_impair: router)")  # fmt: skip
-        missing = [h.name for h in self.hosts if not netem_available(h, f"{self.tag}nprobe")]
-        if missing:
-            raise ImpairError(f"tunnelbench_impair: egress needs netem on every peer; no netem on "
-                              f"{', '.join(missing)} (see `tunnelbench doctor --inventory`)")  # fmt: skip
-        return EgressNetemBackend(list(self.hosts), self.run_dir / "impair")
 
     # -- teardown --------------------------------------------------------------------------------------
     def collect_logs(self) -> None:
@@ -922,21 +887,14 @@ def undo_entries(h: SshHost, entries: list[dict], journal: Journal | None = None
         elif kind == "nft_table":
             r = h.run(["nft", "delete", "table", e.get("family", "inet"), e["name"]], check=False)
             done(e, f"nft table {e['name']}" if r.returncode == 0 else None)
-        elif kind == "qdisc":
-            from tunnelbench.impair.backend import clear_filtered_root
-
-            done(e, f"qdisc on {e['dev']}" if clear_filtered_root(h, e["dev"]) else None)
-        elif kind == "iptables_chain":
-            from tunnelbench.impair.backend import remove_iptables_chain
-
-            gone = remove_iptables_chain(h, e.get("table", "mangle"), e["chain"], e.get("from", "FORWARD"))
-            done(e, f"iptables chain {e['chain']}" if gone else None)
         elif kind == "path":
             if h.exists(Path(e["path"])):
                 h.remove(Path(e["path"]))
                 done(e, f"file {e['path']}")
             else:
                 done(e, None)
+        elif (undo := undo_handler(kind)) is not None:  # kinds other rooms journal (impair/: qdiscs, chains)
+            done(e, undo(h, e))
     for e in entries:
         if e["kind"] == "remote_dir":
             path = e["path"]
@@ -988,127 +946,3 @@ def _find_inv(inventory: Inventory, address: str, port: int | None) -> list[InvH
     """The inventory hosts a journal entry was made on: same address and SSH port (two hosts behind one
     NAT address differ by port; journals without a port match by address alone)."""
     return [i for i in inventory.hosts.values() if i.address == address and port in (None, i.port)]
-
-
-# -- doctor ----------------------------------------------------------------------------------------------
-def doctor_host(inv: InvHost) -> list:
-    """The local doctor's checks, run on one inventory host over SSH, plus clock, CPU and NICs."""
-    from tunnelbench.doctor import TOOLS, Check, _probe_kernel, tunnel_checks
-    from tunnelbench.vpns import DRIVERS
-    from tunnelbench.workloads import WORKLOADS
-
-    h = SshHost(inv.name, inv, None, None)
-    checks: list = []
-    try:
-        h.connect()
-    except SshError as e:
-        return [Check("ssh", "reachable", False, str(e), "nothing else can be checked")]
-    try:
-        checks.append(Check("ssh", "reachable", True, inv.describe()))
-        uid = h.run(["id", "-u"]).stdout.strip()
-        checks.append(
-            Check(
-                "system", "root", uid == "0", f"uid {uid}", "namespaces, TUN devices and nftables need root"
-            )
-        )
-        names = {*TOOLS, "timedatectl", "chronyc", "tc"}
-        for d in DRIVERS.values():
-            names.update(d.binaries)
-        for wl in WORKLOADS.values():
-            names.update(wl.tools)
-        where = h.which(sorted(names))
-        for tool, what in TOOLS.items():
-            checks.append(Check("tools", tool, where[tool] is not None, where[tool] or "missing", what))
-        checks += _probe_kernel(sh=lambda argv, input=None: h.run(argv, input=input, check=False, timeout=20))
-        checks += tunnel_checks(h.name, lambda argv: h.run(argv, check=False, timeout=60).stdout)
-        lsmod = h.run(["sh", "-c", "cat /proc/modules 2>/dev/null; ls /sys/module"], check=False).stdout
-        checks.append(Check("kernel", "wireguard module", "wireguard" in lsmod,
-                            "loaded" if "wireguard" in lsmod else "not loaded (it may still load on demand)",
-                            "kernel WireGuard cannot be measured"))  # fmt: skip
-        checks.append(Check("kernel", "sch_netem module", "netem" in lsmod,
-                            "loaded" if "netem" in lsmod else "not loaded (the tc netem probe above is authoritative)"))  # fmt: skip
-        tun = h.run(["test", "-c", "/dev/net/tun"], check=False).returncode == 0
-        checks.append(Check("kernel", "/dev/net/tun", tun, "present" if tun else "missing",
-                            "userspace VPNs cannot create interfaces"))  # fmt: skip
-        kernel = h.run(["uname", "-srm"], check=False).stdout.strip()
-        checks.append(Check("system", "kernel", True, kernel))
-        checks.append(clock_check(h, where))
-        cpu = h.run(
-            ["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2; nproc"], check=False
-        ).stdout
-        lines = [x.strip() for x in cpu.splitlines() if x.strip()]
-        checks.append(
-            Check(
-                "system",
-                "CPU",
-                True,
-                f"{lines[0] if len(lines) > 1 else 'unknown model'} x {lines[-1] if lines else '?'}",
-            )
-        )
-        checks.append(nic_check(h))
-        for name, cls in DRIVERS.items():
-            missing = [b for b in cls.binaries if where.get(b) is None]
-            why = cls.impossible_on([h])  # its kernel's own answer (kernel tunnels, kernel WireGuard)
-            detail = (f"impossible here: {why}" if why else "binaries present" if not missing else
-                      f"missing {', '.join(missing)} (`tunnelbench install --inventory F {name}`)")  # fmt: skip
-            checks.append(Check("vpns", name, not missing and not why, detail, cls.summary))
-        for name, wl in WORKLOADS.items():
-            missing = [t for t in wl.tools if where.get(t) is None]
-            checks.append(Check("workloads", name, not missing, "ready" if not missing else f"missing {', '.join(missing)}", wl.summary))  # fmt: skip
-    except (CommandError, SshError, TimeoutError) as e:
-        checks.append(Check("ssh", "checks", False, f"interrupted: {e}"))
-    finally:
-        h.close()
-    return checks
-
-
-def clock_check(h: SshHost, where: dict[str, str | None]):
-    from tunnelbench.doctor import Check
-
-    meaning = "one-way delays and timestamps across hosts cannot be compared"
-    if where.get("timedatectl"):
-        r = h.run(["timedatectl", "show", "-p", "NTPSynchronized", "--value"], check=False)
-        v = r.stdout.strip()
-        if r.returncode == 0 and v in ("yes", "no"):
-            return Check("system", "clock sync", v == "yes", f"timedatectl NTPSynchronized={v}", meaning)
-    if where.get("chronyc"):
-        r = h.run(["chronyc", "tracking"], check=False)
-        if r.returncode == 0:
-            status = next(
-                (x.split(":", 1)[1].strip() for x in r.stdout.splitlines() if x.startswith("Leap status")),
-                "?",
-            )
-            offset = next(
-                (x.split(":", 1)[1].strip() for x in r.stdout.splitlines() if x.startswith("System time")),
-                "?",
-            )
-            return Check("system", "clock sync", status == "Normal", f"chrony: {status}, {offset}", meaning)
-    return Check("system", "clock sync", True, "unknown (no timedatectl or chronyc answer)", meaning)
-
-
-def nic_check(h: SshHost):
-    from tunnelbench.doctor import Check
-
-    r = h.run(["ip", "-j", "link"], check=False)
-    try:
-        links = json.loads(r.stdout)
-    except json.JSONDecodeError:
-        return Check("system", "NICs", False, "ip -j link failed")
-    parts = []
-    for link in links:
-        name = link.get("ifname", "?")
-        if name == "lo":
-            continue
-        speed = h.run(["cat", f"/sys/class/net/{name}/speed"], check=False).stdout.strip()
-        speed = f"{speed} Mb/s" if speed.lstrip("-").isdigit() and not speed.startswith("-") else "speed n/a"
-        parts.append(f"{name} mtu {link.get('mtu')} {link.get('operstate', '?').lower()} {speed}")
-    return Check("system", "NICs", bool(parts), "; ".join(parts) or "none")
-
-
-def doctor_inventory(inventory: Inventory) -> list[tuple[InvHost, list]]:
-    """Every host at once (each check is a round trip; hosts are independent)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    hosts = [inventory.hosts[n] for n in inventory.order]
-    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-        return list(zip(hosts, pool.map(doctor_host, hosts), strict=True))

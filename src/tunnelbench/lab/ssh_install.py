@@ -1,28 +1,42 @@
-"""`tunnelbench install --inventory F`: the pinned VPNs and the lab's tools on every inventory host.
+"""Installing on SSH hosts: the transport of `tunnelbench install --inventory F` (vpns/remote_install.py decides
+what goes on which host).
 
 Debian packages are installed with apt-get on the host (an `apt-get update` only if the first try fails).
-Registry builds (Go modules, Rust crates) are never built on the targets: the binaries of the local cache
-(`tunnelbench install NAME` fills it) are copied to the host's bin dir (`tunnelbench_bin_dir`, default
-/usr/local/bin) when the host's architecture is this machine's; a binary already on the host's PATH is
-left alone. The bin dir comes first on PATH for every command tunnelbench runs there, so drivers find the
-copies by their bare names. Installs are deliberate and permanent (not in any run journal)."""
+Registry builds (Go modules, Rust crates) are never built on the targets: the binaries of the local cache are
+copied to the host's bin dir (`tunnelbench_bin_dir`, default /usr/local/bin) when the host's architecture is
+this machine's; a binary already on the host's PATH is left alone. The bin dir comes first on PATH for every
+command tunnelbench runs there, so drivers find the copies by their bare names. Installs are deliberate and
+permanent (not in any run journal)."""
 
 from __future__ import annotations
 
 import platform
 import shlex
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from tunnelbench.lab.host import CommandError
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.ssh import SshError, SshHost
-from tunnelbench.vpns.install import Apt, Source
+
+
+@dataclass(frozen=True)
+class DebianPackages:
+    """Debian packages the lab itself needs on a host (its tools, not any VPN's)."""
+
+    packages: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return "apt " + " ".join(self.packages)
+
 
 # what every host needs for the lab's workloads and checks, and what the router host needs on top
-TOOLS_APT = Apt(("iproute2", "iputils-ping", "fping", "iperf3", "procps", "python3-minimal"))
-ROUTER_APT = Apt(("iproute2", "nftables", "iptables"))
+TOOLS_APT = DebianPackages(("iproute2", "iputils-ping", "fping", "iperf3", "procps", "python3-minimal"))
+ROUTER_APT = DebianPackages(("iproute2", "nftables", "iptables"))
 
 
 @dataclass
@@ -35,8 +49,13 @@ class RemoteResult:
     detail: str = ""
 
 
-def _apt(h: SshHost, s: Apt) -> tuple[str, str]:
-    q = " ".join(shlex.quote(p) for p in s.packages)
+# one thing to install on a host: (what it is for, where it comes from, do(host, host's arch) -> (status, detail))
+Step = tuple[str, str, Callable[[SshHost, str], tuple[str, str]]]
+
+
+def apt_install(h: SshHost, packages: Sequence[str]) -> tuple[str, str]:
+    """The Debian packages the host lacks, with apt-get; ("present" | "installed" | "failed", detail)."""
+    q = " ".join(shlex.quote(p) for p in packages)
     probe = f"for p in {q}; do dpkg-query -W -f='${{Status}}\\n' \"$p\" 2>/dev/null | grep -q 'ok installed' || echo \"$p\"; done"
     r = h.run(["sh", "-c", probe], check=False)
     need = r.stdout.split()
@@ -57,45 +76,39 @@ def _apt(h: SshHost, s: Apt) -> tuple[str, str]:
     return "installed", "apt " + " ".join(need)
 
 
-def _copy(h: SshHost, s: Source, arch: str) -> tuple[str, str]:
-    where = h.which(list(s.binaries))
+def copy_binaries(h: SshHost, binaries: Sequence[str], local_dir: Path | None, label: str,
+                  arch: str) -> tuple[str, str]:  # fmt: skip
+    """Copy the binaries the host does not have on its PATH from `local_dir` (a local build; None: not built
+    here) to its bin dir; ("present" | "copied" | "failed", detail)."""
+    where = h.which(list(binaries))
     missing = [b for b, p in where.items() if p is None]
     if not missing:
         return "present", ", ".join(f"{p}" for p in where.values())
     if arch != platform.machine():
         return "failed", (f"{h.name} is {arch}, this machine {platform.machine()}: the local build cannot be "
                           f"copied; install {', '.join(missing)} there by hand")  # fmt: skip
-    if not s.cached():
-        return "failed", f"not in the local cache: run `tunnelbench install` for it here first ({s.label})"
+    if local_dir is None:
+        return "failed", f"not in the local cache: run `tunnelbench install` for it here first ({label})"
     bin_dir = Path(h.bin_dir)
     for b in missing:
-        local = s.bin_dir() / b  # type: ignore[operator]
-        h.write_file(bin_dir / b, local.read_bytes(), 0o755)
+        h.write_file(bin_dir / b, (local_dir / b).read_bytes(), 0o755)
     return "copied", f"{', '.join(missing)} -> {bin_dir}"
 
 
-def install_host(inv: InvHost, vpns: list[str], router: bool, tools: bool = True) -> list[RemoteResult]:
-    from tunnelbench.vpns import DRIVERS
-
+def install_host(inv: InvHost, steps: list[Step]) -> list[RemoteResult]:
+    """Run the steps on one host over one SSH connection, each timed; a failed step does not stop the next."""
     h = SshHost(inv.name, inv, None, None)
     out: list[RemoteResult] = []
     try:
         h.connect()
         arch = h.run(["uname", "-m"]).stdout.strip()
-        todo: list[tuple[str, Source]] = []
-        if tools:
-            todo.append(("tools", TOOLS_APT))
-            if router:
-                todo.append(("router tools", ROUTER_APT))
-        for n in vpns:
-            todo += [(n, s) for s in DRIVERS[n].installs]
-        for what, s in todo:
+        for what, label, do in steps:
             t0 = time.monotonic()
             try:
-                status, detail = _apt(h, s) if isinstance(s, Apt) else _copy(h, s, arch)
+                status, detail = do(h, arch)
             except (CommandError, OSError, TimeoutError) as e:
                 status, detail = "failed", str(e)[-300:]
-            out.append(RemoteResult(inv.name, what, s.label, status, time.monotonic() - t0, detail))
+            out.append(RemoteResult(inv.name, what, label, status, time.monotonic() - t0, detail))
     except SshError as e:
         out.append(RemoteResult(inv.name, "ssh", "", "failed", 0.0, str(e)))
     finally:
@@ -103,13 +116,9 @@ def install_host(inv: InvHost, vpns: list[str], router: bool, tools: bool = True
     return out
 
 
-def install_inventory(inventory: Inventory, vpns: list[str]) -> list[RemoteResult]:
-    """Every host at once (hosts are independent; apt on each is the slow part)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def install_hosts(inventory: Inventory, steps_for: Callable[[InvHost], list[Step]]) -> list[RemoteResult]:
+    """Every host at once (hosts are independent; apt on each is the slow part), results in inventory order."""
     hosts = [inventory.hosts[n] for n in inventory.order]
-    router = inventory.router()
     with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-        futs = [pool.submit(install_host, h, [] if "router" in h.roles and "peer" not in h.roles else vpns,
-                            router is not None and h.name == router.name) for h in hosts]  # fmt: skip
+        futs = [pool.submit(install_host, h, steps_for(h)) for h in hosts]
         return [r for f in futs for r in f.result()]

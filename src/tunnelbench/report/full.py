@@ -16,6 +16,7 @@ from tunnelbench.analysis.analyze import Analysis, Family, RunData, analyze, is_
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.report import plots
+from tunnelbench.report.flamegraphs import render_all as render_flamegraphs
 from tunnelbench.report.fmt import num
 from tunnelbench.report.headline import CAPTION
 from tunnelbench.report.headline import build as build_headline
@@ -190,6 +191,9 @@ def _failures(r: RunData, a: Analysis) -> list[dict]:
             if ld.is_dir():
                 for p in sorted(ld.iterdir())[:MAX_LOG_FILES]:
                     logs.append({"name": p.name, "text": tail(p)})
+            for name in ("diagnostics.txt", "dmesg.txt"):  # the case's pcap and kernel log (diagnostics/)
+                if (d / name).is_file() and (d / name).stat().st_size:
+                    logs.append({"name": name, "text": tail(d / name)})
         out.append({"variant": a.variant_of.get((r.run_id, c.vpn), c.vpn), "profile": c.profile,
                     "label": c.label, "rep": c.repetition, "attempt": c.attempt + 1, "status": c.status,
                     "error": c.error or "", "error_txt": error_txt, "logs": logs,
@@ -271,6 +275,9 @@ def build_context(a: Analysis) -> dict:
             svg = plots.cdf(a, p, pooled, "rtt_ms", "ms", f"RTT distribution · {lb} · {p} (every echo reply)")
             if svg:
                 cdfs.append(svg)
+            svg = plots.histogram(a, pooled, "rtt_ms", "ms", f"RTT histogram · {lb} · {p} (every echo reply)")
+            if svg:
+                cdfs.append(svg)
         for wl in ("tcp", "udp"):
             for lb in sorted(labels_of.get(wl, ())):
                 s = _series_by_variant(a, p, lb, "goodput_mbps")
@@ -310,9 +317,15 @@ def build_context(a: Analysis) -> dict:
         "any_underpowered": any(f["underpowered"] for f in overview), "alpha": ALPHA, "n_min": n_min,
         "heatmaps": heatmaps, "scatter": scatter, "cdfs": cdfs, "tseries": tseries, "cpu": cpu,
         "usage": usage, "scaling": derived(a.scaling), "efficiency": derived(a.efficiency),
-        "stats_rows": stats_rows, "features": _features(a), "nat_matrix": _nat_matrix(a), "rounds": _rounds(a),
+        "stats_rows": stats_rows, "features": _features(a), "flamegraphs": _flamegraphs(a), "nat_matrix": _nat_matrix(a), "rounds": _rounds(a),
         "generated": _ts(dt.datetime.now(dt.UTC).timestamp()),
     }  # fmt: skip
+
+
+def _flamegraphs(a: Analysis) -> list[dict]:
+    return [{"variant": fg.variant, "profile": fg.profile, "label": fg.label, "cases": fg.cases,
+             "samples": fg.samples, "uri": fg.data_uri(), "file": str(fg.svg or fg.folded), "why": fg.why}
+            for fg in render_flamegraphs(a)]  # fmt: skip
 
 
 def headline_ctx(a: Analysis) -> dict:

@@ -136,7 +136,9 @@ def build(a: Analysis) -> Headline:
         if not cols:
             continue
         variants = [v for v in a.variants if any(v in c.family.groups for c in cols)]
-        base = [v for v in variants if v.split(" ")[0] == BASELINE]
+        # the baselines: internal, and internal@mtuNNNN at another underlay MTU (rows, never contenders)
+        base = sorted((v for v in variants if v.split(" ")[0].split("@")[0] == BASELINE),
+                      key=lambda v: v.split(" ")[0] != BASELINE)  # fmt: skip
         others = sorted((v for v in variants if v not in base), key=lambda v: _sort_key(cols[0], v))
         for c in cols:
             vpns = {v: g.values for v, g in c.family.groups.items() if v not in base and g.values}
@@ -231,7 +233,24 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
                                 f"{x.get('unit', '')}".rstrip() for x in cal.get("checks", []) if x.get("ok") is False)  # fmt: skip
                 out.append((f"calibration of profile {cal.get('profile')} OUT OF TOLERANCE: {bad}", "bad"))
         out += _host_drops(a, r)
+        out += _path_changes(a, r)
     return out
+
+
+def _path_changes(a: Analysis, r) -> list[tuple[str, str]]:
+    """Cases whose underlay path switched between direct and relayed while they measured (the runner's
+    `path_changes`, from the router's counters second by second: lab/pathcheck.py)."""
+    ok = {c.id: c for c in r.cases if c.status == "ok"}
+    groups: dict[tuple[str, str, str], list[int]] = {}  # -> [cases that changed, cases tracked]
+    for m in r.metrics:
+        c = ok.get(m["case_id"])
+        if c is None or m["name"] != "path_changes":
+            continue
+        g = groups.setdefault((a.variant_of.get((r.run_id, c.vpn), c.vpn), c.profile, c.label), [0, 0])
+        g[0] += m["value"] > 0
+        g[1] += 1
+    return [(f"{v} {lb} @ {p}: the path switched between direct and relayed within {n} of {total} case(s) "
+             "(series path_direct_pct per case)", "warn") for (v, p, lb), (n, total) in groups.items() if n]  # fmt: skip
 
 
 HOST_DROP_SHARE = 0.5  # flag a loss when drops on the end hosts explain at least this share of it
@@ -260,6 +279,10 @@ def _host_drops(a: Analysis, r) -> list[tuple[str, str]]:
     groups: dict[tuple[str, str, str], dict] = {}
     for cid, ms in per_case.items():
         c = ok[cid]
+        # a ceiling search offers more than the path carries on purpose: its drops above the ceiling are how
+        # it finds it, and its probes' loss is judged probe by probe
+        if c.workload == "udp_ceiling":
+            continue
         drops = {(kind, h): ms[(name, h)] for h in dict.fromkeys((c.client, c.server))
                  for kind, name in HOST_DROPS.items() if (name, h) in ms}  # fmt: skip
         if not drops:

@@ -211,6 +211,41 @@ def cdf(a: Analysis, profile: str, series: dict[str, list[float]], metric: str, 
     return to_svg(fig)
 
 
+def histogram_shares(
+    series: dict[str, list[float]], bins: int = 40
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Shared log-spaced bin edges over every variant's positive samples, and each variant's share of its own
+    samples per bin (each sums to 1)."""
+    pos = {v: np.asarray([x for x in xs if x > 0], float) for v, xs in series.items()}
+    pos = {v: x for v, x in pos.items() if x.size}
+    if not pos:
+        return np.array([]), {}
+    lo, hi = min(x.min() for x in pos.values()), max(x.max() for x in pos.values())
+    edges = np.geomspace(lo, hi * 1.0001, bins + 1) if hi > lo else np.array([lo * 0.9, hi * 1.1])
+    return edges, {v: np.histogram(x, bins=edges)[0] / x.size for v, x in pos.items()}
+
+
+def histogram(a: Analysis, series: dict[str, list[float]], metric: str, unit: str, title: str,
+              bins: int = 40) -> str | None:  # fmt: skip
+    """The same pooled samples as cdf(), as a histogram (a second mode, e.g. a VPN's periodic stall, shows
+    as its own hump where a CDF only bends)."""
+    edges, shares = histogram_shares(series, bins)
+    if not shares:
+        return None
+    colors = variant_colors(a.variants)
+    fig, ax = plt.subplots(figsize=(6.2, 3.6))
+    for v in a.variants:
+        if v in shares:
+            n = len([x for x in series[v] if x > 0])
+            ax.stairs(shares[v], edges, lw=1.5, color=colors[v], label=f"{v} (n={n})")
+    ax.set_xscale("log")
+    ax.set_xlabel(axis_label(metric, unit) + " (log scale)")
+    ax.set_ylabel("share of samples")
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="upper right")
+    return to_svg(fig)
+
+
 def timeseries(a: Analysis, series: dict[str, list[list[tuple[float, float]]]], metric: str, unit: str,
                title: str) -> str | None:  # fmt: skip
     """One thin line per repetition, one colour per variant."""

@@ -78,9 +78,11 @@ DRIVERS: dict[str, type[VpnDriver]] = {
 
 from tunnelbench.vpns.feature_data import DOCUMENTED  # noqa: E402
 
-for _d in DRIVERS.values():
-    if not _d.features and _d.name in DOCUMENTED:
-        _d.features = DOCUMENTED[_d.name]
+# each driver its own record: a subclass (boringtun of wireguard-go, the kernel IPsec family of strongswan)
+# must not keep its parent's, so the test is on the class's own attribute, not an inherited one
+for _name, _d in DRIVERS.items():
+    if "features" not in _d.__dict__ and _name in DOCUMENTED:
+        _d.features = DOCUMENTED[_name]
 
 
 def debian_build(cls: type[VpnDriver]) -> tuple:
@@ -129,6 +131,10 @@ def resolve(spec: str) -> type[VpnDriver]:
     cls = DRIVERS[name]
     if not at:
         return cls
+    if name == "internal":  # no build to pin: its variant is a second baseline at another underlay MTU
+        from tunnelbench.vpns.internal import mtu_variant
+
+        return mtu_variant(spec)
     if version == "debian":
         installs = debian_build(cls)
         if not installs:

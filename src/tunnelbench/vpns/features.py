@@ -4,7 +4,7 @@ ACLs, unattended join, self-hostable control plane, platforms, license), every f
 A fact is `{"value": ..., "source": "<doc URL>" | "probe: <what the lab checked>", "probed": bool}`.
 Facts the lab can check (does the relay carry traffic when UDP between peers is blocked, does the mesh
 come up with peers behind NAT, the NAT-traversal matrix per pair of NAT types) are measured by
-`tests/test_paths.py` (or `tunnelbench probe`) and `tunnelbench nat-matrix` (tunnelbench/natmatrix.py), and
+`tests/test_paths.py` (the relay and NAT probes) and `tunnelbench nat-matrix` (tunnelbench/natmatrix.py), and
 recorded in $TUNNELBENCH_CACHE/probes.json; `record()` merges the latest probe into the documented
 record, so a run stores what was last observed on this kind of machine, with the date."""
 
@@ -17,8 +17,6 @@ from pathlib import Path
 
 from tunnelbench.vpns.install import cache_root
 
-FIELDS = ("protocol", "ciphers", "data_plane", "topology", "nat_traversal", "relay", "acl",
-          "unattended_join", "self_hosted_control", "platforms", "license")  # fmt: skip
 # documented field -> the probe that checks it; a probe with `data` (the NAT-traversal matrix: NAT pair ->
 # "direct (97% direct)" | "relayed (0% direct)" | "failed", from `tunnelbench nat-matrix`) has that as its value
 PROBED_FIELDS = {"relay": "relay_probe", "nat_traversal": "nat_probe", "nat_traversal_matrix": "nat_matrix"}

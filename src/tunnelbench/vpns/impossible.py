@@ -2,8 +2,8 @@
 
 They have no driver (a driver that can never start would only be dead code); `tunnelbench list` and
 `tunnelbench doctor` show them so that a reader of a report knows they were considered, not forgotten.
-The reasons were checked on this machine (notes/sandbox.md): the registries reachable here are Debian,
-the Go module proxy, crates.io and npm."""
+The reasons were checked on the machine tunnelbench is developed on, whose only reachable registries are
+Debian, the Go module proxy, crates.io and npm."""
 
 from __future__ import annotations
 

@@ -205,16 +205,6 @@ def upstream_version(debian_version: str) -> str:
     return re.split(r"[+~](?:dfsg|ds|repack)", v)[0]
 
 
-def installed_record(source: Source) -> dict | None:
-    d = getattr(source, "cache_dir", None)
-    if d is None:
-        return None
-    try:
-        return json.loads((d() / "installed.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def _dpkg_version(pkg: str) -> str | None:
     if shutil.which("dpkg-query") is None:
         return None

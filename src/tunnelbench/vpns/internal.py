@@ -1,17 +1,28 @@
-"""No VPN: workloads run over the underlay addresses. The baseline every ratio is taken against."""
+"""No VPN: workloads run over the underlay addresses. The baseline every ratio is taken against.
+
+`internal@mtuNNNN` is a second baseline with every host's underlay interface at MTU NNNN while it runs
+(seed 000 ran its no-VPN baseline at 1450 and 1230 besides 1500, the MTUs the VPNs leave a packet): it is
+reported as its own row, a baseline, never a contender, and the ratios stay against plain `internal`."""
 
 from __future__ import annotations
 
+import functools
+import json
 import platform
+import re
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import _VERSION_HOST, VpnDriver
+
+MTU_VARIANT = re.compile(r"mtu(\d{3,4})")
+MTU_RANGE = (576, 9000)  # IPv4 minimum (below 1280 the kernel takes IPv6 off the link; internal is IPv4)
 
 
 class Internal(VpnDriver):
     name = "internal"
     summary = "no VPN: plain underlay path through the router (the baseline)"
     topologies = frozenset({"mesh", "star"})  # the underlay is a star around the router anyway
+    underlay_mtu: int | None = None  # internal@mtuNNNN: the hosts' underlay MTU while this baseline runs
 
     @classmethod
     def version(cls) -> str:
@@ -27,7 +38,42 @@ class Internal(VpnDriver):
         pass
 
     def start(self, host: Host) -> None:
-        pass
+        if self.underlay_mtu is None:
+            return
+        if host.remote:
+            raise RuntimeError(f"{self.key}: changing a real host's interface MTU is not done over SSH; "
+                               "use the namespace lab")  # fmt: skip
+        link = json.loads(host.run(["ip", "-j", "link", "show", "dev", host.underlay_if]).stdout)[0]
+        self._saved_mtu = getattr(self, "_saved_mtu", {})
+        self._saved_mtu.setdefault(host.name, int(link["mtu"]))
+        host.run(["ip", "link", "set", "dev", host.underlay_if, "mtu", str(self.underlay_mtu)])
+
+    def after_stop(self, host: Host) -> None:
+        saved = getattr(self, "_saved_mtu", {}).pop(host.name, None)
+        if saved is not None:  # the lab's own MTU again for the VPNs after this baseline
+            host.run(["ip", "link", "set", "dev", host.underlay_if, "mtu", str(saved)], check=False)
 
     def leftovers(self, host: Host) -> list[str]:
         return []
+
+
+@functools.cache
+def mtu_variant(spec: str) -> type[Internal]:
+    """The class of `internal@mtuNNNN` (vpns.resolve); the same spec always gives the same class."""
+    _, _, variant = spec.partition("@")
+    m = MTU_VARIANT.fullmatch(variant)
+    if not m or not MTU_RANGE[0] <= int(m.group(1)) <= MTU_RANGE[1]:
+        why = "Debian has no build of internal (it is the kernel's path); " if variant == "debian" else ""
+        raise ValueError(f"{spec!r}: {why}internal's variant is mtuNNNN, an underlay MTU from {MTU_RANGE[0]} to "
+                         f"{MTU_RANGE[1]}; allowed: internal, internal@mtuNNNN (e.g. internal@mtu1450)")  # fmt: skip
+    mtu = int(m.group(1))
+
+    @classmethod  # type: ignore[misc]
+    def version(cls) -> str:
+        return f"{Internal.version.__func__(cls)} (underlay MTU {mtu})"  # type: ignore[attr-defined]
+
+    return type(Internal)(f"Internal_mtu{mtu}", (Internal,), {
+        "key": spec, "variant": f"mtu{mtu}", "underlay_mtu": mtu, "version": version,
+        "summary": f"no VPN, underlay MTU {mtu}: a second baseline", "__module__": __name__,
+        "__qualname__": f"Internal_mtu{mtu}", "__doc__": f"internal with the hosts' underlay MTU at {mtu}",
+    })  # fmt: skip

@@ -5,7 +5,7 @@ exchange their peer lists, so each pair talks directly (full mesh, no hub). Cryp
 (in a 0600 config file, never on the command line), from which vpncloud derives Ed25519 identities and
 runs its own handshake, then AES-256-GCM or ChaCha20-Poly1305 (negotiated, the fastest both support).
 
-Gotchas (notes/sandbox.md): with current Rust, `--ip` assigns a wrong address, so the driver assigns the
+Gotchas: with current Rust, `--ip` assigns a wrong address, so the driver assigns the
 address and MTU itself and claims it (`--no-auto-claim --claim <ip>/32`); vpncloud UDP-connects to a
 public address at start to learn its own IP and panics without a default route, so lab hosts have a
 default route into the lab and the router drops (and counts) anything not addressed to the lab. No UPnP

@@ -14,8 +14,10 @@ from tunnelbench.workloads.many_clients import ManyClients
 from tunnelbench.workloads.multihost import Multihost
 from tunnelbench.workloads.overhead import Overhead
 from tunnelbench.workloads.ping import Ping
+from tunnelbench.workloads.quic import Quic
 from tunnelbench.workloads.resilience import Resilience
 from tunnelbench.workloads.revoke import Revoke
+from tunnelbench.workloads.rr import Rr
 from tunnelbench.workloads.streaming import Streaming
 from tunnelbench.workloads.tcp import Tcp
 from tunnelbench.workloads.udp import Udp
@@ -34,6 +36,8 @@ WORKLOADS: dict[str, type[Workload]] = {
         HttpDownload,
         HttpApi,
         Crr,
+        Rr,
+        Quic,
         Overhead,
         ManyClients,
         Streaming,

@@ -74,6 +74,7 @@ def parse_tcp(data: dict[str, Any], out: Outcome) -> None:
     retr = sent.get("retransmits")
     out.add("retransmits", retr, "count")
     mss = data["start"].get("tcp_mss") or data["start"].get("tcp_mss_default")
+    out.add("tcp_mss_bytes", mss or None, "B")  # the MSS the connection used: the tunnel's MTU shows here
     if retr is not None and mss and sent["bytes"]:
         # segments sent estimated from bytes and MSS: VPN-agnostic (an outer TCP would pollute kernel counters)
         out.add("retransmit_rate", retr / (sent["bytes"] / mss), "ratio")
@@ -101,6 +102,8 @@ def parse_udp(data: dict[str, Any], out: Outcome) -> None:
     out.add("udp_jitter_ms", recv.get("jitter_ms", s.get("jitter_ms")), "ms")
     out.add("udp_packets", recv.get("packets", s.get("packets")), "count")
     out.add("udp_lost_packets", recv.get("lost_packets", s.get("lost_packets")), "count")
+    # the datagram payload iperf3 sent (-l, or its default: the path MTU's worth)
+    out.add("udp_payload_bytes", data.get("start", {}).get("test_start", {}).get("blksize"), "B")
     cpu = end.get("cpu_utilization_percent", {})
     out.add("iperf_cpu_client_pct", cpu.get("host_total"), "%")
     out.add("iperf_cpu_server_pct", cpu.get("remote_total"), "%")

@@ -30,11 +30,17 @@ http {{
   keepalive_timeout 30s;
   default_type application/octet-stream;
   server {{
-    listen {ip}:{port} backlog=4096;
-    root {root};
-    location = /api {{ default_type text/plain; return 200 "OK\\n"; }}
+    listen {ip}:{port}{ssl} backlog=4096;
+{tls}    root {root};
+    {api}
   }}
 }}
+"""
+API_OK = 'location = /api { default_type text/plain; return 200 "OK\\n"; }'
+API_JSON = "location = /api { default_type application/json; try_files /api.json =404; }"
+TLS = """    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    ssl_protocols TLSv1.2 TLSv1.3;
 """
 
 
@@ -45,17 +51,29 @@ def nginx_version() -> str:
     return (p.stderr or p.stdout).strip().split("/")[-1]
 
 
-def start_nginx(
-    host: Host, ip: str, port: int, workdir: Path, root: Path | None = None, workers: int = 1
-) -> Process:
-    """Start nginx on `host` listening on ip:port; everything it writes stays under `workdir`."""
+def make_certificate(host: Host, workdir: Path) -> tuple[Path, Path]:
+    """A self-signed ECDSA P-256 certificate for one case's TLS endpoint (openssl; the key 0600, removed with
+    the nginx folder's tmp by stop_nginx). hey does not verify certificates, as a benchmark client need not."""
+    cert, key = workdir / "api-cert.pem", workdir / "api-key.pem"
+    host.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+              "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=tunnelbench-api"])  # fmt: skip
+    host.run(["chmod", "600", str(key)])
+    return cert, key
+
+
+def start_nginx(host: Host, ip: str, port: int, workdir: Path, root: Path | None = None, workers: int = 1,
+                tls: tuple[Path, Path] | None = None, api_json: bool = False) -> Process:  # fmt: skip
+    """Start nginx on `host` listening on ip:port; everything it writes stays under `workdir`. `tls` =
+    (certificate, key) serves HTTPS; `api_json` serves `<root>/api.json` at /api instead of "OK"."""
     d = workdir
     for sub in ("tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     root = root or d / "www"
     root.mkdir(parents=True, exist_ok=True)
     conf = d / "nginx.conf"
-    host.write_file(conf, CONF.format(workers=workers, d=d, ip=ip, port=port, root=root))
+    tls_conf = TLS.format(cert=tls[0], key=tls[1]) if tls else ""
+    host.write_file(conf, CONF.format(workers=workers, d=d, ip=ip, port=port, root=root, ssl=" ssl" if tls else "",
+                                      tls=tls_conf, api=API_JSON if api_json else API_OK))  # fmt: skip
     argv = [tool("nginx"), "-p", str(d), "-c", str(conf), "-e", str(d / "error.log"), "-g", "daemon off;"]
     check = host.run([*argv, "-t"], check=False)
     if check.returncode != 0:

@@ -1,9 +1,24 @@
-"""iperf3 TCP bulk transfer, client -> server over the tunnel: one stream, or N parallel streams (-P)."""
+"""TCP bulk transfer, client -> server over the tunnel: one stream, or N parallel streams (-P).
+
+Two engines measure it under the same metric names, so one tool can be checked against the other:
+  iperf3 (default): a timed transfer with an omit_s warm-up (-O); every metric below.
+  iperf2 (`engine = "iperf2"`, Debian's `iperf` 2.1, seed 002's tool): a timed transfer, or with
+      `bytes = "100M"` a byte-count transfer (iperf -n; K/M/G are powers of 1024, k/m/g of 1000). iperf2
+      has no -O: the warm-up runs omit_s longer and only the one-second reports after it count; a
+      byte-count transfer counts from its first byte, so omit_s is not allowed with bytes. Its enhanced
+      reports (-e) give retransmits (Rtry), the congestion window and the sRTT per second; it does not
+      measure CPU, so iperf_cpu_client_pct and iperf_cpu_server_pct are absent. tcp_rtt_mean_ms is the
+      mean of the sender's per-second sRTT samples, max_cwnd_kbytes the largest of them.
+`reverse` (server sends) is -R on both engines."""
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+from typing import Literal
 
+from pydantic import Field, field_validator, model_validator
+
+from tunnelbench.workloads import iperf2
 from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload
 from tunnelbench.workloads.iperf3 import parse_tcp, run_client
 
@@ -14,9 +29,18 @@ TCP_METRICS = (
     MetricSpec("retransmit_rate", "ratio", "lower", "retransmits / segments sent (bytes sent / MSS)"),
     MetricSpec("max_cwnd_kbytes", "KiB", "none", "largest sender congestion window seen"),
     MetricSpec("tcp_rtt_mean_ms", "ms", "lower", "mean smoothed RTT of the TCP connection(s)"),
-    MetricSpec("iperf_cpu_client_pct", "%", "none", "iperf3 client CPU (saturation check)"),
-    MetricSpec("iperf_cpu_server_pct", "%", "none", "iperf3 server CPU (saturation check)"),
+    MetricSpec("tcp_mss_bytes", "B", "none", "maximum segment size the connection used (iperf3's tcp_mss)"),
+    MetricSpec("iperf_cpu_client_pct", "%", "none", "iperf3 client CPU (saturation check; iperf3 only)"),
+    MetricSpec("iperf_cpu_server_pct", "%", "none", "iperf3 server CPU (saturation check; iperf3 only)"),
 )
+BYTES = re.compile(r"\d+[kmgKMG]?")
+BYTES_FLOOR_MBPS = 20  # a byte-count case's expected time assumes at least this rate
+
+
+def byte_count(v: str) -> int:
+    """iperf2's reading of -n: K/M/G are powers of 1024, k/m/g of 1000."""
+    mult = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+    return int(v.rstrip("kmgKMG")) * mult[v.lstrip("0123456789")]
 
 
 class TcpParams(Params):
@@ -24,28 +48,76 @@ class TcpParams(Params):
     omit_s: int = Field(1, ge=0, le=60, description="warm-up seconds excluded (iperf3 -O)")
     streams: int = Field(1, ge=1, le=128, description="parallel streams (iperf3 -P)")
     reverse: bool = Field(False, description="server sends to client (iperf3 -R)")
+    engine: Literal["iperf3", "iperf2"] = Field("iperf3", description="the tool: iperf3, or iperf2 (iperf)")
+    bytes: str | None = Field(
+        None, description="iperf2 only: transfer this much instead of duration_s (-n 100M)"
+    )
+
+    @field_validator("bytes")
+    @classmethod
+    def _bytes(cls, v: str | None) -> str | None:
+        if v is not None and (not BYTES.fullmatch(v) or byte_count(v) == 0):
+            raise ValueError("bytes must look like 100M (MiB), 500K, 1G or 100m (10^6 bytes)")
+        return v
+
+    @model_validator(mode="after")
+    def _engine(self) -> TcpParams:
+        if self.bytes and self.engine != "iperf2":
+            raise ValueError(
+                'bytes: a byte-count transfer needs engine = "iperf2" (the iperf3 engine is timed)'
+            )
+        if self.bytes and self.omit_s and "omit_s" in self.model_fields_set:
+            raise ValueError(
+                "omit_s: a byte-count transfer (bytes) is measured from its first byte; drop omit_s"
+            )
+        return self
 
 
 class Tcp(Workload):
     name = "tcp"
-    summary = "iperf3 TCP bulk transfer (single stream by default; streams = N for -P N)"
-    tools = ("iperf3", "ss")
+    summary = "TCP bulk transfer, iperf3 or iperf2 (single stream by default; streams = N for -P N)"
+    tools = ("iperf3", "iperf", "ss")
     headline = ("goodput_mbps", "retransmit_rate")
     Params = TcpParams
     metrics = TCP_METRICS
 
     def label(self) -> str:
         p = self.params
-        return f"tcp-p{p.streams}" if p.streams > 1 else "tcp"
+        label = f"tcp-p{p.streams}" if p.streams > 1 else "tcp"
+        if p.engine == "iperf2":
+            label += "-iperf2" + (f"-{p.bytes}" if p.bytes else "")
+        return label
+
+    def omit(self) -> int:
+        return 0 if self.params.bytes else self.params.omit_s
 
     def expected_seconds(self) -> float:
-        return self.params.duration_s + self.params.omit_s + 1
+        p = self.params
+        if p.bytes:
+            return byte_count(p.bytes) * 8 / (BYTES_FLOOR_MBPS * 1e6) + 2
+        return p.duration_s + p.omit_s + 1
 
     def run(self, ctx: CaseContext) -> Outcome:
+        if self.params.engine == "iperf2":
+            return self.run_iperf2(ctx)
         p = self.params
         args = ["-P", str(p.streams)] + (["-R"] if p.reverse else [])
         data, ran = run_client(ctx, args, p.duration_s, p.omit_s, self.label())
         # measuring = the kept intervals; the -O warm-up and tool start-up are case overhead
         out = Outcome(measure_s=min(ran, p.duration_s))
         parse_tcp(data, out)
+        return out
+
+    def run_iperf2(self, ctx: CaseContext) -> Outcome:
+        p, omit = self.params, self.omit()
+        args = ["-P", str(p.streams)] + (["-R"] if p.reverse else [])
+        r = iperf2.run(ctx, args, udp=False, streams=p.streams, seconds=p.duration_s + omit, nbytes=p.bytes,
+                       omit_s=omit, tag=self.label(), expected_s=self.expected_seconds())  # fmt: skip
+        sender, receiver = (r.server, r.client.local) if p.reverse else (r.client.local, r.server)
+        # measuring = the kept intervals (a byte-count transfer: all of it); tool start-up is case overhead
+        out = Outcome(measure_s=r.seconds if p.bytes else min(max(0.0, r.seconds - omit), p.duration_s))
+        iperf2.add_tcp(out, sender, receiver, omit)
+        series = iperf2.interval_series(r.client.local, omit)
+        if series.points:  # a byte-count transfer shorter than a second has no interval
+            out.series.append(series)
         return out

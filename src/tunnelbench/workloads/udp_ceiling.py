@@ -105,6 +105,7 @@ def search_ceiling(
     hi_mbit: float = 10_000.0,
     resolution_pct: float = 5.0,
     max_probes: int = 30,
+    step: float = 2.0,
     deadline: float = math.inf,
     probe_s: float = 0.0,
     clock: Callable[[], float] = time.monotonic,
@@ -112,7 +113,12 @@ def search_ceiling(
     """Find the highest rate (Mbit/s) at which `repeats` consecutive probes all have loss <= the target.
 
     probe(rate) runs one probe and returns what it measured. No probe starts unless it can end by
-    `deadline` (a `clock()` time), judged by probe_s or the longest probe so far, whichever is longer."""
+    `deadline` (a `clock()` time), judged by probe_s or the longest probe so far, whichever is longer.
+    `step` is the first bracketing factor: 2 (double or halve) from a cold start; a warm start (start_mbit
+    = a previous ceiling) steps by less, squaring the factor on every further step the same way (galloping
+    back up to 2), so a ceiling near the previous one is bracketed in two rates."""
+    if not step > 1:
+        raise ValueError("need step > 1")
     if not 0 < lo_mbit <= hi_mbit:
         raise ValueError("need 0 < lo_mbit <= hi_mbit")
     lo_mbit, hi_mbit = _round(lo_mbit), _round(hi_mbit)  # the rates tried are rounded: so are the bounds
@@ -160,12 +166,14 @@ def search_ceiling(
             if rate >= hi_mbit:
                 stop = "hi_mbit"
                 break
-            rate = _round(min(hi_mbit, rate * 2))
+            rate = _round(min(hi_mbit, rate * step))
+            step = min(2.0, step * step)
         elif passed is None:  # bracketing downwards
             if rate <= lo_mbit:
                 stop = "lo_mbit"
                 break
-            rate = _round(max(lo_mbit, rate / 2))
+            rate = _round(max(lo_mbit, rate / step))
+            step = min(2.0, step * step)
         else:
             if failed <= passed * (1 + resolution_pct / 100):
                 stop = "resolution"
@@ -195,6 +203,12 @@ class UdpCeilingParams(Params):
         90.0, ge=5, le=7200, description="seconds for the whole search: no probe starts that would end later"
     )
     length: int | None = Field(None, ge=16, le=65507, description="datagram payload bytes (iperf3 -l)")
+    warm_start: bool = Field(
+        True,
+        description="start each repetition at the same VPN's (and profile's) previous ceiling, bracketing by "
+        "2 x resolution_pct first: about half the probes of a cold search; the first repetition starts at "
+        "start_mbit",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> UdpCeilingParams:
@@ -231,6 +245,10 @@ class UdpCeiling(Workload):
         MetricSpec("iperf_cpu_client_pct", "%", "none", "iperf3 client CPU at the ceiling (saturation check)"),
         MetricSpec("iperf_cpu_server_pct", "%", "none", "iperf3 server CPU at the ceiling (saturation check)"),
     )  # fmt: skip
+
+    def __init__(self, params: Params) -> None:
+        super().__init__(params)
+        self._last: dict[str, float] = {}  # warm start: case folder's parent -> the last ceiling found there
 
     def label(self) -> str:
         p = self.params
@@ -279,12 +297,17 @@ class UdpCeiling(Workload):
             extra = {k: m[k] for k in ("iperf_cpu_client_pct", "iperf_cpu_server_pct") if k in m}
             return ProbeResult(m["udp_loss_pct"], m.get("goodput_mbps"), m.get("goodput_sender_mbps"), extra)
 
+        # warm start: the previous ceiling of this VPN x profile x label (its case folders' parent)
+        key = str(ctx.artifact_dir.parent)
+        prev = self._last.get(key) if p.warm_start else None
+        start, step = (prev, 1 + 2 * p.resolution_pct / 100) if prev else (p.start_mbit, 2.0)
         t0 = time.monotonic()
         res = search_ceiling(
             probe,
             loss_target_pct=p.loss_target_pct,
             repeats=p.repeats,
-            start_mbit=p.start_mbit,
+            start_mbit=min(p.hi_mbit, max(p.lo_mbit, start)),
+            step=step,
             lo_mbit=p.lo_mbit,
             hi_mbit=p.hi_mbit,
             resolution_pct=p.resolution_pct,
@@ -293,7 +316,8 @@ class UdpCeiling(Workload):
             probe_s=p.step_s + 0.3,
         )
         (ctx.artifact_dir / f"{label}-search.json").write_text(
-            json.dumps({"params": p.model_dump(), "ceiling_mbit": res.rate_mbit, "fail_mbit": res.fail_mbit,
+            json.dumps({"params": p.model_dump(), "start_mbit": start, "warm": bool(prev),
+                        "ceiling_mbit": res.rate_mbit, "fail_mbit": res.fail_mbit,
                         "stop": res.stop, "mtu_retries": mtu_retries,
                         "probes": [asdict(x) for x in res.probes]}, indent=1)
         )  # fmt: skip
@@ -302,6 +326,8 @@ class UdpCeiling(Workload):
                 f"UDP ceiling search stopped ({res.stop}) after {len(res.probes)} probes before any rate passed "
                 f"or lo_mbit {p.lo_mbit:g} failed; raise budget_s / max_probes or lower start_mbit"
             )
+        if res.rate_mbit:
+            self._last[key] = res.rate_mbit
         out = Outcome(measure_s=measured)
         out.add("udp_ceiling_mbps", res.rate_mbit, "Mbit/s")
         at = res.at(res.rate_mbit) if res.rate_mbit else []
