@@ -97,6 +97,10 @@ hey_tool() {
 }
 step "hey ${HEY_VERSION}" hey_tool
 
+# quicperf, the quic workload's tool (Rust, quinn pinned by native/quicperf/Cargo.lock)
+source scripts/build-quicperf.sh
+step "quicperf (cargo build --locked)" quicperf_tool
+
 # VPNs built from the Go module proxy and crates.io at pinned versions, into the install cache
 # (/var/cache/tunnelbench/<name>-<version>, TUNNELBENCH_CACHE overrides): cached builds are skipped, so
 # only a fresh machine pays for them (about 25 min on 2 cores, see the README). SKIP_VPN_BUILDS=1 skips

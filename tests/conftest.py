@@ -14,11 +14,12 @@ from skipguard import (  # noqa: F401
     pytest_terminal_summary,
 )
 
+from tunnelbench.lab import tools
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.netns import NetnsLab
 from tunnelbench.lab.tags import new_run_id, new_tag
 
-LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3")
+LAB_TOOLS = tools.LAB_TOOLS  # one list: lab/tools.py
 
 
 def emulated_cpu() -> bool:

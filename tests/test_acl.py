@@ -13,12 +13,15 @@ from test_driver_options import hosts
 from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 from tunnelbench.vpns.acl import ISOLATE, NOT_APPLIED
+from tunnelbench.vpns.innernet import Innernet
 from tunnelbench.vpns.nebula import Nebula
 from tunnelbench.vpns.tailscale import Tailscale
 from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
 from tunnelbench.workloads.acl import Acl, AclParams
 
-ACL_VPNS = ["nebula", "tailscale"]  # drivers with acl_support that this file brings up
+ACL_VPNS = ["nebula", "tailscale", "innernet"]  # drivers with acl_support that this file brings up
+# innernet's coordination server (the last host) is exempt from the policy: a fourth host to isolate
+LAB_HOSTS = {"innernet": 4}
 
 
 def nebula(tmp_path: Path, acl: str, n: int = 3) -> Nebula:
@@ -91,6 +94,29 @@ def test_tailscale_policy_tags_the_roles_and_allows_client_to_server_only(tmp_pa
     assert ctl.settings["acl"]["enforced"] is False
 
 
+def test_innernet_policy_gives_each_role_a_cidr_and_associates_client_with_server_only(tmp_path):
+    def drv(mode: str, n: int = 4) -> Innernet:
+        return Innernet(
+            MeshSpec(hosts=hosts(tmp_path / mode, n), tag="tbacl", workdir=tmp_path, options={"acl": mode})
+        )
+
+    d = drv(ISOLATE)
+    h1, h2, h3, h4 = d.spec.hosts
+    assert d.server is h4 and d.settings["acl"]["exempt"].keys() == {"h4"}
+    assert [d.cidr(h) for h in (h1, h2, h3)] == ["tb-client", "tb-server", "tb-isolated-h3"]
+    assert d.associations() == [("tb-client", "tb-server")]
+    assert d.settings["acl"]["allow"] == [["h1", "h2"]] and d.settings["acl"]["isolated"] == ["h3"]
+    assert [p.name for p in d.peers(h1)] == ["h2"] and d.peers(h3) == [] and d.peers(h4) == []
+    ctl = drv(NOT_APPLIED)
+    assert ctl.settings["acl"]["enforced"] is False and [ctl.cidr(h) for h in ctl.spec.hosts[:3]] == [
+        "tb-client", "tb-server", "tb-isolated-h3"]  # fmt: skip
+    assert set(ctl.associations()) == {("tb-client", "tb-server"), ("tb-client", "tb-isolated-h3"),
+                                       ("tb-server", "tb-isolated-h3")}  # fmt: skip
+    off = drv("off", 3)
+    assert off.cidr(off.spec.hosts[0]) == "peers" and off.associations() == [] and "acl" not in off.settings
+    assert drv(ISOLATE, 3).settings["acl"]["isolated"] == []  # 3 hosts: nothing left to isolate
+
+
 def test_the_check_refuses_an_unapplied_policy_and_a_two_host_lab(tmp_path):
     wl = Acl(AclParams())
     with pytest.raises(WorkloadError, match=r"policy not applied: set vpn_options.nebula.acl = 'isolate'"):
@@ -108,7 +134,7 @@ def test_acl_check_passes_the_policy_and_fails_the_unenforced_control(vpn, mode,
     avail = cls.availability()
     if not avail.ok:
         pytest.skip(f"{vpn}: {avail.reason}")
-    lab = lab_factory(3)
+    lab = lab_factory(LAB_HOSTS.get(vpn, 3))
     driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir, options={"acl": mode}))
     driver.configure()
     mesh = Mesh(driver)

@@ -143,6 +143,7 @@ def test_flamegraph_samples_match_the_daemons_cpu_time_and_the_pcap_holds_every_
     assert parse_folded((fg / "wireguard-go.baseline.tcp.folded").read_text()) == stacks  # one case: same sum
     html = (run_dir / "report.html").read_text()
     assert 'id="flamegraphs"' in html and html.count("data:image/svg+xml;base64,") >= 2
+    assert "flamegraphs/wireguard-go.baseline.tcp.svg" in (run_dir / "report.md").read_text()
 
     # the router's pcap of the ping case on the plain path: each echo request and reply crosses it once,
     # in on the sender's veth and out on the receiver's: 4 ICMP frames per ping, nothing lost

@@ -14,7 +14,8 @@ from tunnelbench.workloads.resilience import REPLY
 
 pytestmark = pytest.mark.lab
 
-VPNS = ["wireguard-go", "boringtun", "tailscale", "nebula"]
+VPNS = ["wireguard-go", "boringtun", "tailscale", "nebula", "innernet"]
+LAB_HOSTS = {"innernet": 4}  # innernet's server is the last host, and it cannot be revoked: h3 must be a peer
 MARGIN_S = 0.5  # a reply in flight when the workload took its last timestamp
 
 
@@ -23,7 +24,7 @@ def up(lab_factory, vpn: str) -> Mesh:
     a = cls.availability()
     if not a.ok:
         pytest.skip(f"{vpn}: {a.reason}")
-    lab = lab_factory(3)
+    lab = lab_factory(LAB_HOSTS.get(vpn, 3))
     driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
     driver.configure()
     m = Mesh(driver)

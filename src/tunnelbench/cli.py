@@ -649,6 +649,49 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
     return 1 if failed else 0
 
 
+@main.command()
+@click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all')")
+@click.option("--repetitions", "-n", type=int, help="override run.repetitions")
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+              show_default=True, help="earlier runs whose case times are the estimate")  # fmt: skip
+def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path) -> None:
+    """How long a scenario takes here: cases per VPN and workload, seconds per case from earlier runs on this
+    machine (else the workload's declared upper bound), and the total, before anything runs."""
+    from tunnelbench.plan import make_plan
+    from tunnelbench.scenario import ScenarioError, load_scenario
+    from tunnelbench.vpns import resolve
+
+    try:
+        sc, text = load_scenario(scenario)
+        overrides = {k: v for k, v in {"vpns": [v for a in vpns for v in a.split(",")],
+                                        "repetitions": repetitions}.items() if v}  # fmt: skip
+        if overrides:
+            sc = _with_overrides(
+                text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
+            )
+    except ScenarioError as e:
+        err.print(Text(f"{e}", style="red"))
+        sys.exit(2)
+
+    def available(vpn: str) -> str | None:
+        a = resolve(vpn).availability()
+        return None if a.ok else a.reason
+
+    p = make_plan(sc, results, available)
+    t = Table(title=f"plan: {sc.name} · {sc.run.repetitions} repetition(s) x {len(sc.profiles)} profile(s)",
+              title_justify="left")  # fmt: skip
+    for c in ("VPN", "workload", "cases", "s per case", "from", "minutes"):
+        t.add_column(c, justify="right" if c in ("cases", "s per case", "minutes") else "left")
+    for x in p.lines:
+        t.add_row(x.vpn, x.label, str(x.cases), f"{x.per_case_s:.1f}", x.source, f"{x.seconds / 60:.1f}")
+    console.print(t)
+    for vpn, why in p.unavailable.items():
+        console.print(Text(f"{vpn}: not counted, unavailable here: {why}"[:300], style="yellow"))
+    console.print(f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min; "
+                  f"total about {p.seconds / 60:.0f} min ({p.seconds / 3600:.1f} h)")  # fmt: skip
+
+
 @main.command("list")
 def list_() -> None:
     """VPNs, workloads and impairment profiles, and whether each is available here."""

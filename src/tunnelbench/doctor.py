@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tunnelbench.lab.tags import TAG_PREFIX
+from tunnelbench.lab.tools import DOCTOR_TOOLS
 from tunnelbench.vpns import DRIVERS
 from tunnelbench.workloads import WORKLOADS
 
@@ -34,17 +35,7 @@ class Check:
     state: str = ""  # a VPN's: available | installable | impossible here (`list` colours it)
 
 
-TOOLS = {
-    "ip": "iproute2: namespaces, veth, routes (required)",
-    "nft": "nftables: the router's guard table (required)",
-    "iptables": "iptables: NFQUEUE target for the native impairment engine",
-    "tc": "traffic control: rate limiting (TBF/HTB), netem where the kernel has it",
-    "iperf3": "TCP/UDP throughput workloads (required)",
-    "ping": "latency and readiness probes (required)",
-    "fping": "mesh readiness checks (required)",
-    "ss": "socket state, iperf3 server readiness (required)",
-    "ethtool": "offload settings recorded with each run",
-}
+TOOLS = DOCTOR_TOOLS  # the lab's tools and what each is for: lab/tools.py
 
 
 def _sh(argv: list[str], input: str | None = None) -> subprocess.CompletedProcess:

@@ -53,6 +53,7 @@ def tool_versions() -> dict[str, str]:
         "nginx": _out(["nginx", "-v"]) if shutil.which("nginx") else "missing",
         "curl": _out(["curl", "--version"]).splitlines()[0] if shutil.which("curl") else "missing",
         "hey": "github.com/rakyll/hey v0.1.5 (pinned)" if shutil.which("hey") else "missing",
+        "quicperf": _out(["quicperf", "version"]) if shutil.which("quicperf") else "missing",
         "ristsender": _out(["ristsender", "-h"]).split("ristsender version:")[-1].split("\n")[0].strip()
         if shutil.which("ristsender")
         else "missing",

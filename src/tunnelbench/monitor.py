@@ -1,9 +1,11 @@
 """Per-process CPU and memory of VPN daemons, sampled in a thread while a case runs.
 
-CPU is reported as % of one core (100 = one core busy), summed over a host's daemon processes; RSS as the
-peak of the sampled resident set (MiB). Machine-wide CPU is sampled too: a busy machine means the tools or
-the emulator, not the VPN, may be the bottleneck. On SSH hosts (`machines`) it is each target's /proc/stat,
-not the controller's: machine_cpu_pct is then the busiest target's mean, with one series per target."""
+CPU is reported as % of one core (100 = one core busy), summed over a host's daemon processes; RSS (MiB,
+summed the same way) as its peak and its mean over the samples. Both are also stored as series per host
+(`daemon_cpu_pct`, `daemon_rss_mb`): memory over time shows a daemon that grows during a case.
+Machine-wide CPU is sampled too: a busy machine means the tools or the emulator, not the VPN, may be the
+bottleneck. On SSH hosts (`machines`) it is each target's /proc/stat, not the controller's: machine_cpu_pct
+is then the busiest target's mean, with one series per target."""
 
 from __future__ import annotations
 
@@ -15,7 +17,19 @@ from dataclasses import dataclass, field
 import psutil
 
 from tunnelbench.lab.host import Process
-from tunnelbench.workloads.base import Outcome, Series
+from tunnelbench.workloads.base import MetricSpec, Outcome, Series
+
+# What the monitor adds to every case, declared like a workload's metrics (analysis reads units and direction
+# here). The daemon_* metrics carry the host they were sampled on; machine_cpu_pct carries none.
+MONITOR_METRICS = (
+    MetricSpec("daemon_cpu_pct", "%", "lower", "daemon CPU over the case, % of one core (per host)"),
+    MetricSpec("daemon_cpu_peak_pct", "%", "lower", "highest sampled daemon CPU, % of one core (per host)"),
+    MetricSpec("daemon_rss_mb", "MiB", "lower", "peak sampled daemon resident memory (per host)"),
+    MetricSpec("daemon_rss_mean_mb", "MiB", "lower", "mean sampled daemon resident memory (per host)"),
+    MetricSpec("machine_cpu_pct", "%", "none", "whole-machine CPU during the case"),
+)
+# the per-host metrics of the VPN daemons (analysed as CPU and memory, not as workload results)
+DAEMON_METRICS = tuple(m.name for m in MONITOR_METRICS if m.name.startswith("daemon_"))
 
 
 @dataclass
@@ -152,6 +166,8 @@ class Monitor:
         for host, pts in self._rss.items():
             if pts:
                 out.add("daemon_rss_mb", max(v for _, v in pts), "MiB", host)
+                out.add("daemon_rss_mean_mb", sum(v for _, v in pts) / len(pts), "MiB", host)
+                out.series.append(Series("daemon_rss_mb", "MiB", pts, host))
         if self._sys:
             out.add("machine_cpu_pct", sum(self._sys) / len(self._sys), "%")
         if self._mcpu:

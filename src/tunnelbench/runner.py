@@ -32,6 +32,7 @@ from tunnelbench.lab import Lab, counters, hostfw, make_lab, pathcheck, sysctl
 from tunnelbench.lab.host import abort_running
 from tunnelbench.lab.journal import Journal, run_leftovers
 from tunnelbench.lab.tags import new_run_id, new_tag
+from tunnelbench.lab.tools import LAB_TOOLS  # the one list of the lab's tools
 from tunnelbench.monitor import Monitor
 from tunnelbench.scenario import Scenario
 from tunnelbench.security import keys
@@ -42,7 +43,6 @@ from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
 from tunnelbench.workloads.base import NotApplicable, Series
 
-LAB_TOOLS = ("ip", "nft", "ping", "fping", "iperf3", "ss", "sysctl", "taskset")
 # A case fails on any error (a parser bug in one workload must not end the run); Interrupted and
 # KeyboardInterrupt are not Exceptions of this kind and always end it.
 CASE_ERRORS = (Exception,)

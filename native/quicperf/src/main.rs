@@ -10,8 +10,9 @@
 //!   quicperf server -listen IP:PORT
 //!       prints `ready` once listening; on SIGTERM/SIGINT prints one JSON line {"server": {...}} with its own
 //!       counts (connections accepted after a completed handshake, streams, payload bytes sent and received,
-//!       errors) and its largest response (bytes, CLOCK_MONOTONIC before its first and before its last write,
-//!       after its last write, CPU seconds, the connection's packet counters), and exits 0
+//!       errors) and its largest response (bytes; CLOCK_MONOTONIC before its first write, before its last write
+//!       and when the client had acknowledged all of it; CPU seconds over that; the connection's packet
+//!       counters), and exits 0
 //!   quicperf client -server IP:PORT [-handshakes N] [-retries R] [-timeout D] [-ttfb-bytes B]
 //!                   [-bulk-bytes N] [-bulk-timeout D] [-interval D]          (D: 2s, 150ms, 500us)
 //!       N probes, each a new connection from a new UDP socket (made before the clock starts) without session
@@ -41,7 +42,10 @@ const QUINN_VERSION: &str = "0.11.12"; // Cargo.toml's exact pin
 const ALPN: &[u8] = b"perf";
 
 fn mono() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
@@ -72,7 +76,9 @@ fn duration(s: &str) -> Duration {
         Some(i) => s.split_at(i),
         None => fail(&format!("duration {s:?} needs a unit (s, ms, us)")),
     };
-    let n: f64 = num.parse().unwrap_or_else(|_| fail(&format!("bad duration {s:?}")));
+    let n: f64 = num
+        .parse()
+        .unwrap_or_else(|_| fail(&format!("bad duration {s:?}")));
     let secs = match unit {
         "s" => n,
         "ms" => n / 1e3,
@@ -92,9 +98,14 @@ fn flags(args: &[String], known: &[&str]) -> BTreeMap<String, String> {
     while let Some(a) = it.next() {
         let name = a.trim_start_matches('-');
         if !a.starts_with('-') || !known.contains(&name) {
-            fail(&format!("unknown argument {a:?} (flags: {})", known.join(", ")));
+            fail(&format!(
+                "unknown argument {a:?} (flags: {})",
+                known.join(", ")
+            ));
         }
-        let v = it.next().unwrap_or_else(|| fail(&format!("{a} needs a value")));
+        let v = it
+            .next()
+            .unwrap_or_else(|| fail(&format!("{a} needs a value")));
         out.insert(name.to_string(), v.clone());
     }
     out
@@ -102,35 +113,60 @@ fn flags(args: &[String], known: &[&str]) -> BTreeMap<String, String> {
 
 fn num<T: std::str::FromStr>(f: &BTreeMap<String, String>, name: &str, default: T) -> T {
     match f.get(name) {
-        Some(v) => v.parse().unwrap_or_else(|_| fail(&format!("-{name}: bad number {v:?}"))),
+        Some(v) => v
+            .parse()
+            .unwrap_or_else(|_| fail(&format!("-{name}: bad number {v:?}"))),
         None => default,
     }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     match args.get(1).map(String::as_str) {
         Some("version") => println!("{}", serde_json::to_string(&version()).unwrap()),
         Some("server") => {
             let f = flags(&args[2..], &["listen"]);
-            let listen = f.get("listen").unwrap_or_else(|| fail("server: -listen IP:PORT is required"));
-            let addr: SocketAddr = listen.parse().unwrap_or_else(|_| fail(&format!("bad address {listen:?}")));
+            let listen = f
+                .get("listen")
+                .unwrap_or_else(|| fail("server: -listen IP:PORT is required"));
+            let addr: SocketAddr = listen
+                .parse()
+                .unwrap_or_else(|_| fail(&format!("bad address {listen:?}")));
             rt.block_on(server(addr));
         }
         Some("client") => {
-            let known = ["server", "handshakes", "retries", "timeout", "ttfb-bytes", "bulk-bytes", "bulk-timeout",
-                         "interval"];
+            let known = [
+                "server",
+                "handshakes",
+                "retries",
+                "timeout",
+                "ttfb-bytes",
+                "bulk-bytes",
+                "bulk-timeout",
+                "interval",
+            ];
             let f = flags(&args[2..], &known);
-            let server = f.get("server").unwrap_or_else(|| fail("client: -server IP:PORT is required"));
+            let server = f
+                .get("server")
+                .unwrap_or_else(|| fail("client: -server IP:PORT is required"));
             let o = ClientOpts {
-                server: server.parse().unwrap_or_else(|_| fail(&format!("bad address {server:?}"))),
+                server: server
+                    .parse()
+                    .unwrap_or_else(|_| fail(&format!("bad address {server:?}"))),
                 handshakes: num(&f, "handshakes", 20),
                 retries: num(&f, "retries", 2),
-                timeout: f.get("timeout").map_or(Duration::from_secs(2), |s| duration(s)),
+                timeout: f
+                    .get("timeout")
+                    .map_or(Duration::from_secs(2), |s| duration(s)),
                 ttfb_bytes: num(&f, "ttfb-bytes", 1),
                 bulk_bytes: num(&f, "bulk-bytes", 0),
-                bulk_timeout: f.get("bulk-timeout").map_or(Duration::from_secs(60), |s| duration(s)),
+                bulk_timeout: f
+                    .get("bulk-timeout")
+                    .map_or(Duration::from_secs(60), |s| duration(s)),
                 interval: f.get("interval").map_or(Duration::ZERO, |s| duration(s)),
             };
             if o.ttfb_bytes < 1 {
@@ -138,12 +174,46 @@ fn main() {
             }
             let res = rt.block_on(client(o));
             println!("{}", serde_json::to_string(&res).unwrap());
-            if res.probes.is_empty() && res.bulk.as_ref().map_or(true, |b| b.error.is_some()) {
+            if res.probes.is_empty() && res.bulk.as_ref().is_none_or(|b| b.error.is_some()) {
                 std::process::exit(1);
             }
         }
-        _ => fail("usage: quicperf version | server -listen IP:PORT | client -server IP:PORT [options]"),
+        _ => fail(
+            "usage: quicperf version | server -listen IP:PORT | client -server IP:PORT [options]",
+        ),
     }
+}
+
+/// A UDP socket with 8 MiB buffers each way (forced past net.core.{r,w}mem_max as root, as quic-go does): with
+/// the kernel's default of about 200 KiB a receiver descheduled for half a millisecond at a few Gbit/s drops
+/// datagrams (UdpRcvbufErrors), which the sender takes for congestion.
+fn endpoint(bind: SocketAddr, server: Option<quinn::ServerConfig>) -> std::io::Result<Endpoint> {
+    let sock = std::net::UdpSocket::bind(bind)?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    let size: libc::c_int = 8 << 20;
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        let set = |opt| unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &size as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if set(force) != 0 {
+            set(plain); // not root: as far as the *mem_max sysctl lets it
+        }
+    }
+    Endpoint::new(
+        quinn::EndpointConfig::default(),
+        server,
+        sock,
+        Arc::new(quinn::TokioRuntime),
+    )
 }
 
 fn transport() -> quinn::TransportConfig {
@@ -151,7 +221,7 @@ fn transport() -> quinn::TransportConfig {
     // room for a long fat path (a 50 ms RTT at a few Gbit/s); quinn's defaults would cap it
     t.stream_receive_window(VarInt::from_u32(32 << 20));
     t.receive_window(VarInt::from_u32(48 << 20));
-    t.send_window(48 << 20);
+    t.send_window(32 << 20);
     t.max_idle_timeout(Some(VarInt::from_u32(30_000).into()));
     t
 }
@@ -160,10 +230,10 @@ fn conn_kind(e: &ConnectionError) -> String {
     match e {
         ConnectionError::TimedOut => "timeout".into(),
         ConnectionError::ApplicationClosed(a) => format!("application_{}", a.error_code),
-        ConnectionError::ConnectionClosed(c) => format!("transport_{}", c.error_code),
+        ConnectionError::ConnectionClosed(c) => format!("transport_{:?}", c.error_code),
         ConnectionError::Reset => "reset".into(),
         ConnectionError::VersionMismatch => "version_mismatch".into(),
-        ConnectionError::TransportError(t) => format!("transport_{}", t.code),
+        ConnectionError::TransportError(t) => format!("transport_{:?}", t.code),
         ConnectionError::LocallyClosed => "locally_closed".into(),
         ConnectionError::CidsExhausted => "cids_exhausted".into(),
     }
@@ -197,8 +267,9 @@ struct Response {
     bytes: u64,
     start_mono: f64, // before the first write
     end_mono: f64,   // before the last write: its bytes cannot reach the client before then
-    done_mono: f64,  // after the last write returned (the data is in quinn's send buffer)
-    cpu_s: f64,      // the server's CPU from the first write until done_mono
+    // when the client had acknowledged every byte (writes return once the data is in quinn's send buffer)
+    acked_mono: f64,
+    cpu_s: f64, // the server's CPU from the first write until acked_mono
     // the connection's counters when the response was written
     packets_sent: u64,
     packets_lost: u64,
@@ -210,6 +281,8 @@ struct Response {
 
 #[derive(Serialize, Default)]
 struct ServerStats {
+    #[serde(skip)]
+    active: u64, // streams being answered
     connections: u64, // accepted with a completed handshake
     streams: u64,
     answered: u64, // responses sent whole
@@ -230,7 +303,8 @@ fn server_err(st: &Shared, kind: String) {
 }
 
 async fn server(addr: SocketAddr) {
-    let cert = rcgen::generate_simple_self_signed(vec!["quicperf".into()]).unwrap_or_else(|e| fail(&e.to_string()));
+    let cert = rcgen::generate_simple_self_signed(vec!["quicperf".into()])
+        .unwrap_or_else(|e| fail(&e.to_string()));
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
@@ -240,10 +314,15 @@ async fn server(addr: SocketAddr) {
         .with_single_cert(vec![cert.cert.der().clone()], key)
         .unwrap_or_else(|e| fail(&e.to_string()));
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let mut sc = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls).unwrap()));
+    tls.send_tls13_tickets = 0; // no session tickets: no client can resume, every handshake is a full one
+    let mut sc =
+        quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls).unwrap()));
     sc.transport_config(Arc::new(transport()));
-    let ep = Endpoint::server(sc, addr).unwrap_or_else(|e| fail(&format!("listen {addr}: {e}")));
-    let st: Shared = Arc::new(Mutex::new(ServerStats { version: version(), ..Default::default() }));
+    let ep = endpoint(addr, Some(sc)).unwrap_or_else(|e| fail(&format!("listen {addr}: {e}")));
+    let st: Shared = Arc::new(Mutex::new(ServerStats {
+        version: version(),
+        ..Default::default()
+    }));
     println!("ready");
     let accept = {
         let (ep, st) = (ep.clone(), st.clone());
@@ -262,22 +341,34 @@ async fn server(addr: SocketAddr) {
             }
         }
     };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
     tokio::select! {
         _ = accept => {},
         _ = term.recv() => {},
         _ = tokio::signal::ctrl_c() => {},
     }
+    // a response whose acknowledgement is still on its way is recorded before the counts are printed
+    let end = Instant::now() + Duration::from_secs(1);
+    while st.lock().unwrap().active > 0 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     ep.close(VarInt::from_u32(0), b"");
     let s = st.lock().unwrap();
-    println!("{}", serde_json::to_string(&BTreeMap::from([("server", &*s)])).unwrap());
+    println!(
+        "{}",
+        serde_json::to_string(&BTreeMap::from([("server", &*s)])).unwrap()
+    );
 }
 
 async fn serve_conn(conn: quinn::Connection, st: Shared) {
     loop {
         match conn.accept_bi().await {
             Ok((send, recv)) => {
-                st.lock().unwrap().streams += 1;
+                let mut s = st.lock().unwrap();
+                s.streams += 1;
+                s.active += 1;
+                drop(s);
                 tokio::spawn(serve_stream(conn.clone(), send, recv, st.clone()));
             }
             Err(e) => {
@@ -290,7 +381,23 @@ async fn serve_conn(conn: quinn::Connection, st: Shared) {
     }
 }
 
-async fn serve_stream(conn: quinn::Connection, mut send: quinn::SendStream, mut recv: quinn::RecvStream, st: Shared) {
+async fn serve_stream(
+    conn: quinn::Connection,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    st: Shared,
+) {
+    answer(conn, send, recv, &st).await;
+    st.lock().unwrap().active -= 1;
+}
+
+async fn answer(
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    st: &Shared,
+) {
+    let st = st.clone();
     let mut hdr = [0u8; 8];
     if recv.read_exact(&mut hdr).await.is_err() {
         server_err(&st, "short_request".into());
@@ -312,8 +419,15 @@ async fn serve_stream(conn: quinn::Connection, mut send: quinn::SendStream, mut 
     }
     st.lock().unwrap().bytes_received += 8 + up;
     let want = u64::from_be_bytes(hdr);
-    let buf = Bytes::from((0..256 << 10).map(|i: u32| (i.wrapping_mul(131)) as u8).collect::<Vec<u8>>());
-    let mut r = Response { start_mono: mono(), ..Default::default() };
+    let buf = Bytes::from(
+        (0..256 << 10)
+            .map(|i: u32| (i.wrapping_mul(131)) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    let mut r = Response {
+        start_mono: mono(),
+        ..Default::default()
+    };
     let cpu0 = cpu_seconds();
     let mut err = None;
     while r.bytes < want {
@@ -330,12 +444,31 @@ async fn serve_stream(conn: quinn::Connection, mut send: quinn::SendStream, mut 
     if r.bytes < want || want == 0 {
         r.end_mono = mono();
     }
-    r.cpu_s = cpu_seconds() - cpu0;
-    r.done_mono = mono();
     let _ = send.finish();
+    if err.is_none() {
+        match send.stopped().await {
+            Ok(None) => {}
+            Ok(Some(code)) => err = Some(format!("stopped_{code}")),
+            // the client closed once it had everything, before its last acknowledgement arrived
+            Err(quinn::StoppedError::ConnectionLost(e)) if clean_close(&e) => {}
+            Err(quinn::StoppedError::ConnectionLost(e)) => err = Some(conn_kind(&e)),
+            Err(e) => err = Some(format!("{e}")),
+        }
+    }
+    r.acked_mono = mono();
+    r.cpu_s = cpu_seconds() - cpu0;
     let p = conn.stats().path;
-    (r.packets_sent, r.packets_lost, r.bytes_lost, r.congestion_events) =
-        (p.sent_packets, p.lost_packets, p.lost_bytes, p.congestion_events);
+    (
+        r.packets_sent,
+        r.packets_lost,
+        r.bytes_lost,
+        r.congestion_events,
+    ) = (
+        p.sent_packets,
+        p.lost_packets,
+        p.lost_bytes,
+        p.congestion_events,
+    );
     (r.min_rtt_ms, r.mtu) = (ms(p.min_rtt), p.current_mtu);
     {
         let mut s = st.lock().unwrap();
@@ -343,14 +476,13 @@ async fn serve_stream(conn: quinn::Connection, mut send: quinn::SendStream, mut 
         if r.bytes == want {
             s.answered += 1;
         }
-        if s.largest.as_ref().map_or(true, |l| r.bytes > l.bytes) {
+        if s.largest.as_ref().is_none_or(|l| r.bytes > l.bytes) {
             s.largest = Some(r.clone());
         }
     }
     if let Some(kind) = err {
         server_err(&st, format!("short_response:{kind}"));
     }
-    let _ = send.stopped().await; // the client read it all (or went away)
 }
 
 // -- client ---------------------------------------------------------------------------------------------------
@@ -372,8 +504,8 @@ struct Probe {
     attempt: u32, // 0 = the first try
     handshake_ms: f64,
     ttfb_ms: f64,
-    total_ms: f64,  // until the whole response arrived
-    rtt_ms: f64,    // quinn's RTT estimate (smoothed) once the response arrived
+    total_ms: f64, // until the whole response arrived
+    rtt_ms: f64,   // quinn's RTT estimate (smoothed) once the response arrived
 }
 
 #[derive(Serialize, Default)]
@@ -445,17 +577,30 @@ fn client_config() -> quinn::ClientConfig {
 }
 
 /// a fresh UDP socket (made before the clock starts) and a full handshake; the time it took
-async fn dial(o: &ClientOpts, cc: &quinn::ClientConfig) -> (Instant, Duration, Result<Dialed, String>) {
-    let bind: SocketAddr = if o.server.is_ipv6() { "[::]:0".parse().unwrap() } else { "0.0.0.0:0".parse().unwrap() };
+async fn dial(
+    o: &ClientOpts,
+    cc: &quinn::ClientConfig,
+) -> (Instant, Duration, Result<Dialed, String>) {
+    let bind: SocketAddr = if o.server.is_ipv6() {
+        "[::]:0".parse().unwrap()
+    } else {
+        "0.0.0.0:0".parse().unwrap()
+    };
     let t0 = Instant::now();
-    let ep = match Endpoint::client(bind) {
+    let ep = match endpoint(bind, None) {
         Ok(ep) => ep,
         Err(e) => return (t0, Duration::ZERO, Err(format!("socket: {e}"))),
     };
     let t0 = Instant::now();
     let connecting = match ep.connect_with(cc.clone(), o.server, "quicperf") {
         Ok(c) => c,
-        Err(e) => return (t0, t0.elapsed(), Err(format!("connect_{e}").chars().take(60).collect())),
+        Err(e) => {
+            return (
+                t0,
+                t0.elapsed(),
+                Err(format!("connect_{e}").chars().take(60).collect()),
+            )
+        }
     };
     let r = tokio::time::timeout(o.timeout, connecting).await;
     let hs = t0.elapsed();
@@ -467,17 +612,29 @@ async fn dial(o: &ClientOpts, cc: &quinn::ClientConfig) -> (Instant, Duration, R
 }
 
 async fn request(send: &mut quinn::SendStream, n: u64) -> Result<(), String> {
-    send.write_all(&n.to_be_bytes()).await.map_err(|e| write_kind(&e))?;
+    send.write_all(&n.to_be_bytes())
+        .await
+        .map_err(|e| write_kind(&e))?;
     send.finish().map_err(|_| "closed_stream".to_string())
 }
 
 /// one probe: handshake, then a ttfb_bytes response on the first stream; the error says which stage failed
-async fn probe_once(o: &ClientOpts, cc: &quinn::ClientConfig, start: Instant,
-                    drains: &mut Vec<tokio::task::JoinHandle<()>>) -> Result<Probe, (&'static str, String)> {
+async fn probe_once(
+    o: &ClientOpts,
+    cc: &quinn::ClientConfig,
+    start: Instant,
+    drains: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<Probe, (&'static str, String)> {
     let (t0, hs, d) = dial(o, cc).await;
     let d = d.map_err(|e| ("handshake", e))?;
-    let mut p = Probe { start_s: (t0 - start).as_secs_f64(), attempt: 0, handshake_ms: ms(hs), ttfb_ms: 0.0,
-                        total_ms: 0.0, rtt_ms: 0.0 };
+    let mut p = Probe {
+        start_s: (t0 - start).as_secs_f64(),
+        attempt: 0,
+        handshake_ms: ms(hs),
+        ttfb_ms: 0.0,
+        total_ms: 0.0,
+        rtt_ms: 0.0,
+    };
     let conn = d.conn.clone();
     let r = tokio::time::timeout(o.timeout, async {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| conn_kind(&e))?;
@@ -550,7 +707,9 @@ async fn client(o: ClientOpts) -> ClientResult {
                     } else {
                         res.request_failures += 1;
                     }
-                    *res.error_kinds.entry(format!("{stage}:{kind}")).or_default() += 1;
+                    *res.error_kinds
+                        .entry(format!("{stage}:{kind}"))
+                        .or_default() += 1;
                 }
             }
         }
@@ -572,9 +731,16 @@ async fn client(o: ClientOpts) -> ClientResult {
     res
 }
 
-async fn bulk_download(o: &ClientOpts, cc: &quinn::ClientConfig, res: &mut ClientResult,
-                       drains: &mut Vec<tokio::task::JoinHandle<()>>) -> Bulk {
-    let mut b = Bulk { requested_bytes: o.bulk_bytes, ..Default::default() };
+async fn bulk_download(
+    o: &ClientOpts,
+    cc: &quinn::ClientConfig,
+    res: &mut ClientResult,
+    drains: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Bulk {
+    let mut b = Bulk {
+        requested_bytes: o.bulk_bytes,
+        ..Default::default()
+    };
     let mut dialed = None;
     for attempt in 0..=o.retries {
         b.attempts += 1;
@@ -590,7 +756,9 @@ async fn bulk_download(o: &ClientOpts, cc: &quinn::ClientConfig, res: &mut Clien
             }
             Err(kind) => {
                 res.handshake_failures += 1;
-                *res.error_kinds.entry(format!("handshake:{kind}")).or_default() += 1;
+                *res.error_kinds
+                    .entry(format!("handshake:{kind}"))
+                    .or_default() += 1;
                 b.error = Some(format!("handshake: {kind}"));
             }
         }
@@ -645,17 +813,30 @@ async fn bulk_download(o: &ClientOpts, cc: &quinn::ClientConfig, res: &mut Clien
 struct AnyCert(Arc<rustls::crypto::CryptoProvider>);
 
 impl rustls::client::danger::ServerCertVerifier for AnyCert {
-    fn verify_server_cert(&self, _: &rustls::pki_types::CertificateDer<'_>, _: &[rustls::pki_types::CertificateDer<'_>],
-                          _: &rustls::pki_types::ServerName<'_>, _: &[u8], _: rustls::pki_types::UnixTime)
-                          -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
         Ok(rustls::client::danger::ServerCertVerified::assertion())
     }
-    fn verify_tls12_signature(&self, m: &[u8], c: &rustls::pki_types::CertificateDer<'_>, d: &rustls::DigitallySignedStruct)
-                              -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
     }
-    fn verify_tls13_signature(&self, m: &[u8], c: &rustls::pki_types::CertificateDer<'_>, d: &rustls::DigitallySignedStruct)
-                              -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {

@@ -24,6 +24,7 @@ from tunnelbench.analysis.stats import (
     ratio_ci,
     tiers,
 )
+from tunnelbench.monitor import DAEMON_METRICS, MONITOR_METRICS
 from tunnelbench.store import CaseRow, Store
 from tunnelbench.workloads import WORKLOADS
 
@@ -40,8 +41,10 @@ def has_ratio(metric: str, unit: str) -> bool:
 
 
 FAILED = ("failed", "interrupted", "error")
-# metrics that the monitor adds to every case (per host); they are analysed separately as CPU and memory
-DAEMON_METRICS = ("daemon_cpu_pct", "daemon_cpu_peak_pct", "daemon_rss_mb")
+# DAEMON_METRICS (from monitor.py): what the monitor adds to every case per host; analysed separately as CPU
+# and memory. Efficiency divides a case's goodput (one stream pair, or multihost's sum over every stream) by
+# the daemon CPU of the client and server (goodput_mbps) or of every host (aggregate_goodput_mbps).
+EFFICIENCY_GOODPUT = ("goodput_mbps", "aggregate_goodput_mbps")
 
 
 def metric_spec(workload: str, metric: str) -> tuple[str, str]:
@@ -51,8 +54,9 @@ def metric_spec(workload: str, metric: str) -> tuple[str, str]:
         for m in wl.metrics:
             if m.name == metric:
                 return m.better, m.description
-    if metric == "machine_cpu_pct":
-        return "none", "whole-machine CPU during the case"
+    for m in MONITOR_METRICS:
+        if m.name == metric:
+            return m.better, m.description
     return "none", ""
 
 
@@ -266,6 +270,10 @@ def analyze(runs: list[RunData]) -> Analysis:
             var = variant_of[(r.run_id, c.vpn)]
             name, host = m["name"], m["host"]
             if name in DAEMON_METRICS:
+                if name == "daemon_cpu_pct" and host is not None:  # every host's daemons, for multihost
+                    d = per_case[(r.run_id, cid)]
+                    d["daemon_cpu_pct:all"] = d.get("daemon_cpu_pct:all", 0.0) + m["value"]
+                    d["hosts"] = d.get("hosts", 0) + 1
                 role = "client" if host == c.client else "server" if host == c.server else None
                 if role:
                     per_case[(r.run_id, cid)][f"{name}:{role}"] = m["value"]
@@ -281,8 +289,8 @@ def analyze(runs: list[RunData]) -> Analysis:
                                         name, m["unit"], better)  # fmt: skip
             g.values.append(m["value"])
             g.case_ids.append(cid)
-            if name == "goodput_mbps":
-                per_case[(r.run_id, cid)]["goodput_mbps"] = m["value"]
+            if name in EFFICIENCY_GOODPUT:
+                per_case[(r.run_id, cid)][name] = m["value"]
     # statistics and ratios to the baseline of the same run and profile
     base_variant = {r.run_id: variant_of.get((r.run_id, BASELINE)) for r in runs}
     for g in groups.values():
@@ -332,27 +340,35 @@ def _scaling(groups: dict[tuple[str, str, str, str], Group], variants: list[str]
 
 def _efficiency(runs: list[RunData], variant_of: dict[tuple[str, str], str],
                 per_case: dict[tuple[str, int], dict[str, float]]) -> list[Derived]:  # fmt: skip
-    """Goodput per daemon CPU-core: per case goodput / ((client + server daemon CPU %) / 100)."""
+    """Goodput per daemon CPU-core: per case goodput / ((client + server daemon CPU %) / 100); for multihost
+    (aggregate_goodput_mbps: many peers at once) the sum of every stream over every host's daemon CPU."""
     vals: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    order: list[tuple[str, str, str]] = []
+    notes: dict[tuple[str, str, str], str] = {}
     for r in runs:
         for c in r.cases:
             d = per_case.get((r.run_id, c.id))
-            if not d or "goodput_mbps" not in d:
+            if not d:
                 continue
-            cores = (d.get("daemon_cpu_pct:client", 0.0) + d.get("daemon_cpu_pct:server", 0.0)) / 100
-            if "daemon_cpu_pct:client" not in d and "daemon_cpu_pct:server" not in d:
+            if "aggregate_goodput_mbps" in d:
+                goodput, cpu = d["aggregate_goodput_mbps"], d.get("daemon_cpu_pct:all")
+                note = f"daemon CPU of every host ({int(d.get('hosts', 0))})"
+            elif "goodput_mbps" in d:
+                goodput, cpu = d["goodput_mbps"], None
+                if "daemon_cpu_pct:client" in d or "daemon_cpu_pct:server" in d:
+                    cpu = d.get("daemon_cpu_pct:client", 0.0) + d.get("daemon_cpu_pct:server", 0.0)
+                note = "client + server daemon CPU"
+            else:
+                continue
+            if cpu is None:
                 continue
             key = (variant_of[(r.run_id, c.vpn)], c.profile, c.label)
-            if cores > 0.005:  # below half a percent of a core the quotient means nothing
-                vals[key].append(d["goodput_mbps"] / cores)
-                if key not in order:
-                    order.append(key)
+            if cpu / 100 > 0.005:  # below half a percent of a core the quotient means nothing
+                vals[key].append(goodput / (cpu / 100))
+                notes.setdefault(key, note)
     out = []
-    for key in order:
+    for key, note in notes.items():
         d = describe(vals[key])
-        out.append(Derived(*key, d.median, d.ci_lo, d.ci_hi, d.n, "Mbit/s per core",
-                           "client + server daemon CPU"))  # fmt: skip
+        out.append(Derived(*key, d.median, d.ci_lo, d.ci_hi, d.n, "Mbit/s per core", note))
     return out
 
 

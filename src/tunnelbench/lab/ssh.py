@@ -42,11 +42,12 @@ from tunnelbench.lab.addressing import TUNNEL_RANGES_V4, TUNNEL_RANGES_V6
 from tunnelbench.lab.host import CommandError, Host, Process, Result
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.journal import Journal, read_open_entries, undo_handler
+from tunnelbench.lab.procstat import ProcStat, parse_stat, starttime_sh, stat_argv
 from tunnelbench.lab.tags import TAG_PREFIX
+from tunnelbench.lab.tools import HOST_TOOLS
 
-REMOTE_TOOLS = ("ip", "ping", "fping", "iperf3", "ss", "sysctl")
+REMOTE_TOOLS = HOST_TOOLS
 DEFAULT_BIN_DIR = "/usr/local/bin"
-_STAT_FIELDS = "cut -d' ' -f1,12,13,20,22"  # after "pid (comm) ": state utime stime starttime rss
 
 
 class SshError(RuntimeError):
@@ -170,37 +171,31 @@ class RemoteProc:
 
         self._err = psutil.NoSuchProcess
         self.host, self.pid = host, pid
-        self._last: list[str] | None = None
+        self._last: ProcStat | None = None
         if not self._read():
             raise self._err(pid)
 
     def _read(self) -> bool:
         try:
-            r = self.host.run(
-                ["sh", "-c", f"sed 's/.*) //' /proc/{self.pid}/stat | {_STAT_FIELDS}"], check=False
-            )
+            st = _remote_stat(self.host, self.pid)
         except (CommandError, SshError, TimeoutError):
-            self._last = None
-            return False
-        f = r.stdout.split()
+            st = None
         start = self.host._starts.get(self.pid)
-        if r.returncode != 0 or len(f) != 5 or f[0] == "Z" or (start is not None and int(f[3]) != start):
-            self._last = None
-            return False
-        self._last = f
-        return True
+        ok = st is not None and st.state != "Z" and (start is None or st.starttime == start)
+        self._last = st if ok else None
+        return ok
 
     def cpu_times(self) -> _CpuTimes:
         if not self._read():
             raise self._err(self.pid)
         assert self._last is not None
         tck = self.host.sysconf()["CLK_TCK"]
-        return _CpuTimes(int(self._last[1]) / tck, int(self._last[2]) / tck)
+        return _CpuTimes(self._last.utime / tck, self._last.stime / tck)
 
     def memory_info(self) -> _Mem:  # from the read cpu_times just made: one round trip per sample
         if self._last is None:
             raise self._err(self.pid)
-        return _Mem(int(self._last[4]) * self.host.sysconf()["PAGESIZE"])
+        return _Mem(self._last.rss * self.host.sysconf()["PAGESIZE"])
 
 
 # -- journal view that tags every entry with the host -------------------------------------------------
@@ -569,7 +564,7 @@ class SshHost(Host):
         remote_log, local_log = self._remote_log(log_path, label)
         log = _q(remote_log) if remote_log else "/dev/null"
         # the PID and its start time (kept across exec) in one line: one round trip per spawn
-        inner = f'echo $$ $(sed "s/.*) //" /proc/$$/stat | cut -d" " -f20); exec "$@" >>{log} 2>&1 </dev/null'
+        inner = f'echo $$ $({starttime_sh("$$")}); exec "$@" >>{log} 2>&1 </dev/null'
         mk = f"mkdir -p {_q(remote_log.parent)} && " if remote_log else ""
         cmd = f"{self._path()}{mk}cd / && exec setsid sh -c {shlex.quote(inner)} tb {shlex.join(_wrap(argv, env))}"
         pid, start = _Loop.get().call(self._aspawn(cmd), 40)
@@ -579,9 +574,8 @@ class SshHost(Host):
                           None, entry, start=start, local_log=local_log)  # fmt: skip
 
     def proc_start(self, pid: int) -> int | None:
-        r = self.run(["sh", "-c", f"sed 's/.*) //' /proc/{pid}/stat | {_STAT_FIELDS}"], check=False)
-        f = r.stdout.split()
-        return int(f[3]) if r.returncode == 0 and len(f) == 5 else None
+        st = _remote_stat(self, pid)
+        return st.starttime if st else None
 
     def pid_alive(self, pid: int) -> bool:
         return remote_alive(self, pid, self._starts.get(pid))
@@ -636,16 +630,18 @@ def _kill_script(pid: int, start: int | None, sig: int) -> str:
     """Signal `pid` only if it is still the process started at `start` ticks (PIDs get reused)."""
     if start is None:
         return f"kill -{sig} {pid} 2>/dev/null; true"
-    return (f"s=$(sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20) && "
+    return (f"s=$({starttime_sh(pid)}) && "
             f"[ \"$s\" = {start} ] && kill -{sig} {pid} 2>/dev/null; true")  # fmt: skip
 
 
+def _remote_stat(host: SshHost, pid: int) -> ProcStat | None:
+    r = host.run(stat_argv(pid), check=False)
+    return parse_stat(r.stdout) if r.returncode == 0 else None
+
+
 def remote_alive(host: SshHost, pid: int, start: int | None) -> bool:
-    r = host.run(["sh", "-c", f"sed 's/.*) //' /proc/{pid}/stat | {_STAT_FIELDS}"], check=False)
-    f = r.stdout.split()
-    if r.returncode != 0 or len(f) != 5 or f[0] == "Z":
-        return False
-    return start is None or int(f[3]) == start
+    st = _remote_stat(host, pid)
+    return st is not None and st.state != "Z" and (start is None or st.starttime == start)
 
 
 # -- the lab ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 from tunnelbench.lab.host import CommandError
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.ssh import SshError, SshHost
+from tunnelbench.lab.tools import HOST_PACKAGES, ROUTER_PACKAGES
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,8 @@ class DebianPackages:
 
 
 # what every host needs for the lab's workloads and checks, and what the router host needs on top
-TOOLS_APT = DebianPackages(("iproute2", "iputils-ping", "fping", "iperf3", "procps", "python3-minimal"))
-ROUTER_APT = DebianPackages(("iproute2", "nftables", "iptables"))
+TOOLS_APT = DebianPackages(HOST_PACKAGES)  # from the one list, lab/tools.py
+ROUTER_APT = DebianPackages(ROUTER_PACKAGES)
 
 
 @dataclass

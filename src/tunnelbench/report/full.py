@@ -98,6 +98,17 @@ def _series_by_variant(a: Analysis, profile: str, label: str, name: str):
     return out
 
 
+def _rss_lines(a: Analysis, profile: str) -> plots.RssLines:
+    """The stored daemon RSS series (per host) of every successful case of a profile, pooled."""
+    rows, cases = [], {}
+    for r in a.runs:
+        ok = {c.id: c for c in r.cases if c.status == "ok" and c.profile == profile}
+        for c in ok.values():
+            cases[(r.run_id, c.id)] = (a.variant_of[(r.run_id, c.vpn)], c.label, c.client, c.server)
+        rows += [{**x, "case_id": (r.run_id, x["case_id"])} for x in r.series(list(ok), "daemon_rss_mb")]
+    return plots.rss_lines(rows, cases)
+
+
 def _features(a: Analysis) -> list[dict]:
     """Feature records a driver may expose: a `features` dict on the driver class, in the stored VPN
     settings, or environment keys `features.VPN...`. Shows whatever exists."""
@@ -288,6 +299,9 @@ def build_context(a: Analysis) -> dict:
         svg = plots.cpu_memory(a, p)
         if svg:
             cpu.append(svg)
+        svg = plots.memory_over_time(a, p, _rss_lines(a, p))
+        if svg:
+            cpu.append(svg)
     scatter = plots.latency_vs_throughput(a)
     stats_rows = []
     for f in a.families:
@@ -420,7 +434,8 @@ def render_markdown(a: Analysis) -> str:
         lines += ["", "Parallel scaling (goodput N streams / 1 stream): " + "; ".join(
             f"{d.variant} {d.label} @ {d.profile}: {d.value:.2f} [{d.lo:.2f}, {d.hi:.2f}]" for d in a.scaling)]  # fmt: skip
     if a.efficiency:
-        lines += ["", "CPU efficiency (Mbit/s per daemon CPU-core, client + server): " + "; ".join(
+        lines += ["", "CPU efficiency (Mbit/s per daemon CPU-core, client + server; multihost: all hosts): "
+                  + "; ".join(
             f"{d.variant} {d.label} @ {d.profile}: {num(d.value)} {ci(d.lo, d.hi)}" for d in a.efficiency)]  # fmt: skip
     for r in a.runs:
         facts = facts_lines(emulator_facts(r.env, r.metrics))
@@ -439,6 +454,11 @@ def render_markdown(a: Analysis) -> str:
             lines.append(f"| {row['variant']} | {row['version']} | " + " | ".join(cells) + " |")
         if sec["scan"]:
             lines += ["", f"Key scan: {sec['scan'][0]}"]
+    for r in a.runs:  # drawn by the HTML report (report/flamegraphs.py), named here
+        svgs = sorted((r.run_dir / "flamegraphs").glob("*.svg"))
+        if svgs:
+            names = ", ".join(f"`flamegraphs/{p.name}`" for p in svgs)
+            lines += ["", f"Flame graphs (run `{r.run_id}`): {names}"]
     fails = [(r, c) for r in a.runs for c in r.cases if c.status not in ("ok", "running")]
     if fails:
         lines += ["", f"{len(fails)} case(s) failed or were skipped:"]

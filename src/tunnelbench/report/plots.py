@@ -355,3 +355,68 @@ def pooled(rows: list[dict]) -> dict[int, list[tuple[float, float]]]:
     for r in rows:
         out[r["case_id"]].append((r["t"], r["value"]))
     return out
+
+
+ROLE_STYLE = {"client": "-", "server": "--", "peer": ":"}
+# label -> variant -> [(host role, [(t, RSS MiB)])]
+RssLines = dict[str, dict[str, list[tuple[str, list[tuple[float, float]]]]]]
+
+
+def rss_lines(rows: list[dict], cases: dict) -> RssLines:
+    """Stored `daemon_rss_mb` series rows ({case_id, host, t, value}) pooled for memory_over_time():
+    label -> variant -> [(role, points sorted by time)], one entry per (case, host), in case then role order.
+    `cases` maps a row's case_id to (variant, label, client host, server host); rows of other cases are left
+    out. Role: "client", "server", or "peer" for any other host (multihost's further peers)."""
+    per: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        if r["case_id"] in cases and r["host"] is not None:
+            per[(r["case_id"], r["host"])].append((float(r["t"]), float(r["value"])))
+    rank = {"client": 0, "server": 1, "peer": 2}
+    case_rank = {cid: i for i, cid in enumerate(cases)}
+    keyed = []
+    for (cid, host), pts in per.items():
+        variant, label, client, server = cases[cid]
+        role = "client" if host == client else "server" if host == server else "peer"
+        keyed.append(((case_rank[cid], rank[role], host), variant, label, role, sorted(pts)))
+    out: RssLines = {}
+    for _, variant, label, role, pts in sorted(keyed, key=lambda k: k[0]):
+        out.setdefault(label, {}).setdefault(variant, []).append((role, pts))
+    return out
+
+
+def memory_over_time(a: Analysis, profile: str, lines: RssLines) -> str | None:
+    """Daemon RSS over each case (from rss_lines()): one panel per workload label, one line per repetition and
+    host, colour = VPN, line style = client / server / other peer. A climbing line: a daemon that grows."""
+    labels = [lb for lb in a.labels if any(pts for reps in lines.get(lb, {}).values() for _, pts in reps)]
+    if not labels:
+        return None
+    colors = variant_colors(a.variants)
+    ncol = min(3, len(labels))
+    nrow = math.ceil(len(labels) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol + 0.4, 2.5 * nrow + 0.9), squeeze=False,
+                             sharey=True)  # fmt: skip
+    roles, variants = set(), []
+    for ax, lb in zip(axes.flat, labels, strict=False):
+        for v in a.variants:
+            for role, pts in lines[lb].get(v, []):
+                if not pts:
+                    continue
+                t, y = zip(*pts, strict=True)
+                ax.plot(t, y, color=colors[v], ls=ROLE_STYLE[role], lw=1.0, alpha=0.75)
+                roles.add(role)
+                if v not in variants:
+                    variants.append(v)
+        ax.set_title(lb, fontsize=8, loc="left")
+        ax.set_xlim(left=0)
+        ax.set_xlabel("time since the case started [s]")
+    for ax in axes.flat[len(labels) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("daemon RSS [MiB]")
+    handles = [plt.Line2D([], [], color=colors[v], lw=2, label=v) for v in variants]
+    handles += [plt.Line2D([], [], color="#444", ls=ROLE_STYLE[r], label=r) for r in ROLE_STYLE if r in roles]
+    fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=min(6, len(handles)), frameon=False)
+    fig.suptitle(f"memory over time of the VPN daemons · {profile} (one line per repetition and host)",
+                 fontsize=9, x=0.01, ha="left")  # fmt: skip
+    fig.tight_layout(rect=(0, 0.08 if nrow == 1 else 0.05, 1, 1))
+    return to_svg(fig)

@@ -472,8 +472,17 @@ class VpnDriver(ABC):
         daemons running; returns what was done. Restarting the mesh (stop, start every host) undoes it."""
         raise NotImplementedError(f"{self.name}: revocation not supported")
 
-    def after_stop(self, host: Host) -> None:  # noqa: B027 (optional hook)
-        """Remove what the daemon leaves behind on exit (sockets, interfaces)."""
+    def stop_links(self, host: Host) -> list[str]:
+        """The interfaces the daemon may leave behind on `host`, deleted after stop (default: its tunnel
+        interface, `ifname`)."""
+        return [self.ifname(host)]
+
+    def after_stop(self, host: Host) -> None:
+        """Remove what the daemon leaves behind on exit: the interfaces `stop_links` names that are still
+        there. A driver with more to remove (sockets, pid files) extends this and calls super() first."""
+        for name in self.stop_links(host):
+            if self.link_exists(host, name):
+                host.run(["ip", "link", "del", name], check=False)
 
     def leftovers(self, host: Host) -> list[str]:
         """What of this VPN is still on the host after stop: processes, interfaces, routes, files."""

@@ -104,8 +104,3 @@ class EasyTier(VpnDriver):
         if not proc.alive():
             raise RuntimeError(f"easytier-core exited: {proc.log_tail()}")
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu)])
-
-    def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)

@@ -92,8 +92,3 @@ class Fastd(VpnDriver):
         self.wait_for("fastd tap address (on up)", addressed, timeout=10)
         if not proc.alive():
             raise RuntimeError(f"fastd exited: {proc.log_tail()}")
-
-    def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)

@@ -14,19 +14,47 @@ innernet hung with boringtun here). Interface names are unique on the machine (w
 in /var/run/wireguard are shared by every namespace), so the server's network name and every client's
 `--name` are the host's ifname. Configuration and state go to per-host directories in the run folder
 (`--config-dir`, `--data-dir`), never to /etc/innernet*; `--no-write-hosts` keeps /etc/hosts untouched.
-The configs hold the WireGuard private keys (0600, written by innernet)."""
+The configs hold the WireGuard private keys (0600, written by innernet).
+
+ACL (vpn_options.innernet.acl, vpns/acl.py): innernet's own CIDRs and associations. A peer sees (gets WireGuard
+peers for) only the peers of its own CIDR and of CIDRs associated with it, plus the server. Under a policy each
+host gets its own /32 CIDR under the root, named by its role (tb-client, tb-server, tb-isolated-<host>), instead
+of the shared `peers` CIDR; "isolate" associates tb-client with tb-server only, so an isolated host has no
+WireGuard peer for either (and they none for it); the test-only control associates every pair of them. The
+coordination server (its own CIDR, reachable from every peer by design) is exempt from the policy, so the
+check needs a host beyond client, server and innernet server ([lab] hosts >= 4). innernet-server 2.0.0 has no
+`add-association` command (only the admin client `innernet add-association`, over the server's API): the driver
+writes the association rows into the server's database (`associations` table, the rows that API writes) before
+`serve`.
+
+Revocation: `innernet-server disable-peer <network> --name <host> --yes` on the server host. The server stops
+listing the disabled peer, and every other peer's `innernet up --interval 2` drops its WireGuard peer on its
+next fetch. A start of the server after a revocation re-enables the peer (`enable-peer`), so a restarted mesh
+is whole again. The coordination server itself cannot be revoked."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
+import sys
 from pathlib import Path as Path
 
 from tunnelbench.lab.host import Host, Process
+from tunnelbench.vpns.acl import OFF, AclMode, AclPolicy, acl_option, acl_policy, may_open
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt, Crate
 
 VERSION = "2.0.0"
 PORT = 51820
+# associate CIDRs by name, pairwise from argv[2:], in the server's database (argv[1]); prints the association count
+ASSOCIATE = (
+    "import sqlite3,sys\n"
+    "c=sqlite3.connect(sys.argv[1]);a=sys.argv[2:]\n"
+    "for x,y in zip(a[::2],a[1::2]):\n"
+    "    c.execute('INSERT INTO associations (cidr_id_1,cidr_id_2) SELECT a.id,b.id FROM cidrs a,cidrs b "
+    "WHERE a.name=? AND b.name=?',(x,y))\n"
+    "c.commit();print(c.execute('SELECT count(*) FROM associations').fetchone()[0])\n"
+)
 
 
 class Innernet(VpnDriver):
@@ -37,7 +65,12 @@ class Innernet(VpnDriver):
                 Apt(("wireguard-go", "wireguard-tools")))  # fmt: skip
     versioned_sources = ("innernet", "innernet-server")  # innernet@X.Y.Z pins both crates (vpns.resolve)
     default_mtu = 1280  # innernet's default (`innernet --mtu`, "default: 1280")
-    Options = TunnelOptions  # vpn_options: mtu
+    acl_support = True
+    revocation = "`innernet-server disable-peer <network> --name <host>` on the server; peers drop it on their next fetch"
+
+    class Options(TunnelOptions):
+        acl: AclMode = acl_option()
+
     settle_s = 1.0
     paths = frozenset({"direct"})
     # the WireGuard private key lives in the interface config innernet writes (etc/<network>.conf)
@@ -51,6 +84,16 @@ class Innernet(VpnDriver):
         self.settings = {"mode": "WireGuard full mesh, peers from the innernet server", "server": self.server.name,
                          "backend": "userspace (wireguard-go)", "cipher": "ChaCha20-Poly1305 (WireGuard)",
                          "mtu": self.mtu, "port": PORT}  # fmt: skip
+        self.revoked: set[str] = set()  # peers disabled on the server: re-enabled when the server starts
+        acl = self.options.acl
+        exempt = {self.server.name: "innernet's coordination server: every peer reaches it by design"}
+        self.acl: AclPolicy | None = None if acl == OFF else acl_policy(spec, acl, exempt=exempt)
+        if self.acl is not None:
+            self.settings["acl"] = self.acl.record(
+                "innernet CIDRs: one /32 per host named by role (tb-client, tb-server, tb-isolated-<host>), "
+                + ("association tb-client <-> tb-server only" if self.acl.enforced
+                   else "every pair of them associated (not enforced)")
+            )  # fmt: skip
 
     @classmethod
     def control_host(cls, spec) -> Host:
@@ -60,6 +103,26 @@ class Innernet(VpnDriver):
     @classmethod
     def version(cls) -> str:
         return cls._first_line([cls.bin("innernet"), "--version"], "innernet").split()[-1]
+
+    def peers(self, host: Host) -> list[Host]:
+        return may_open(self.acl, host, super().peers(host))
+
+    def cidr(self, host: Host) -> str:
+        """The innernet CIDR `host` joins: `peers` without a policy, else its own role CIDR."""
+        if self.acl is None:
+            return "peers"
+        role = self.acl.role(host)
+        return f"tb-{role}-{host.name}" if role == "isolated" else f"tb-{role}"
+
+    def associations(self) -> list[tuple[str, str]]:
+        """The CIDR pairs to associate: client <-> server under "isolate", every pair under the control."""
+        if self.acl is None:
+            return []
+        if self.acl.enforced:
+            return [("tb-client", "tb-server")]
+        return list(
+            itertools.combinations([self.cidr(h) for h in self.spec.hosts if h is not self.server], 2)
+        )
 
     def tunnel_ip(self, host: Host) -> str:
         return "10.77.0.1" if host is self.server else f"10.77.0.{128 + self.index(host)}"
@@ -80,17 +143,59 @@ class Innernet(VpnDriver):
         srv = [self.bin("innernet-server"), *self._dirs(s)]
         s.run([*srv, "new", "--network-name", net, "--network-cidr", "10.77.0.0/24",
                "--external-endpoint", f"{s.public_ip}:{PORT}", "--listen-port", str(PORT)], env=self._env())  # fmt: skip
-        s.run(
-            [*srv, "add-cidr", net, "--name", "peers", "--cidr", "10.77.0.128/25", "--parent", net, "--yes"]
-        )
+        if self.acl is None:
+            s.run(
+                [
+                    *srv,
+                    "add-cidr",
+                    net,
+                    "--name",
+                    "peers",
+                    "--cidr",
+                    "10.77.0.128/25",
+                    "--parent",
+                    net,
+                    "--yes",
+                ]
+            )
+        else:
+            for h in self.spec.hosts:
+                if h is not s:
+                    s.run([*srv, "add-cidr", net, "--name", self.cidr(h), "--cidr", f"{self.tunnel_ip(h)}/32",
+                           "--parent", net, "--yes"])  # fmt: skip
+            self._associate(s, net)
         for h in self.spec.hosts:
             if h is s:
                 continue
             invite = self.host_dir(s) / f"invite-{h.name}.toml"
-            s.run([*srv, "add-peer", net, "--name", h.name, "--cidr", "peers", "--ip", self.tunnel_ip(h),
+            s.run([*srv, "add-peer", net, "--name", h.name, "--cidr", self.cidr(h), "--ip", self.tunnel_ip(h),
                    "--admin", "false", "--save-config", str(invite), "--invite-expires", "1h", "--yes"])  # fmt: skip
             h.write_file(self.host_dir(h) / "invite.toml", s.read_file(invite), 0o600)
             s.remove(invite)
+
+    def _associate(self, s: Host, net: str) -> None:
+        """innernet-server 2.0.0 has no add-association: insert the rows its API (`innernet add-association`)
+        would, into the server's database, before it serves."""
+        pairs = self.associations()
+        if not pairs:
+            return
+        db = self.host_dir(s) / "data" / f"{net}.db"
+        py = "python3" if s.remote else sys.executable
+        n = s.run([py, "-c", ASSOCIATE, str(db), *(c for pair in pairs for c in pair)]).stdout.strip()
+        if n != str(len(pairs)):
+            raise RuntimeError(f"innernet: {n} associations in {db}, expected {len(pairs)} ({pairs})")
+        self.settings["associations"] = [f"{a} <-> {b}" for a, b in pairs]
+
+    def revoke(self, host: Host) -> str:
+        """Disable the host's peer on the innernet server: the others drop it on their next fetch (2 s)."""
+        if host is self.server:
+            raise NotImplementedError(f"{host.name} is innernet's coordination server, which cannot be revoked: "
+                                      "revoke a peer ([lab] hosts >= 4 puts the server on the last host)")  # fmt: skip
+        net = self.ifname(self.server)
+        self.server.run([self.bin("innernet-server"), *self._dirs(self.server), "disable-peer", net,
+                         "--name", host.name, "--yes"])  # fmt: skip
+        self.revoked.add(host.name)
+        return f"innernet-server disable-peer {net} --name {host.name} on {self.server.name}"
 
     def start(self, host: Host) -> None:
         if any(p.alive() for p in self.procs[host.name]):
@@ -98,6 +203,10 @@ class Innernet(VpnDriver):
         d = self.host_dir(host)
         ifname = self.ifname(host)
         if host is self.server:
+            for name in sorted(self.revoked):  # a revoked peer is welcome again in a restarted mesh
+                host.run([self.bin("innernet-server"), *self._dirs(host), "enable-peer", ifname, "--name", name,
+                          "--yes"])  # fmt: skip
+            self.revoked.clear()
             argv = [self.bin("innernet-server"), *self._dirs(host), "serve", ifname, "--backend", "userspace",
                     "--mtu", str(self.mtu), "--no-write-hosts"]  # fmt: skip
             proc = host.spawn(argv, label="innernet-server", log_path=d / "daemon.log", env=self._env())
@@ -129,7 +238,5 @@ class Innernet(VpnDriver):
                 self.procs[host.name].append(Process(host, "wireguard-go", argv, int(pid), None, None, entry))
 
     def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):  # wireguard-go (forked by innernet) exits with its device
-            host.run(["ip", "link", "del", ifname], check=False)
-        host.remove(Path("/var/run/wireguard") / f"{ifname}.sock")
+        super().after_stop(host)  # wireguard-go (forked by innernet) exits with its device
+        host.remove(Path("/var/run/wireguard") / f"{self.ifname(host)}.sock")

@@ -84,8 +84,3 @@ class N2n(VpnDriver):
         self.wait_for("n2n edge tap address", addressed, timeout=10)
         if not proc.alive():
             raise RuntimeError(f"n2n edge exited: {proc.log_tail()}")
-
-    def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)

@@ -255,8 +255,3 @@ class Nebula(VpnDriver):
         )
         if not proc.alive():
             raise RuntimeError(f"nebula exited: {proc.log_tail()}")
-
-    def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)

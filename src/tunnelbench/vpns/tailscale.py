@@ -295,9 +295,7 @@ class Tailscale(VpnDriver):
             host.run(["chmod", "600", str(state)])
 
     def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)
+        super().after_stop(host)
         for sock in (self._sock(host), *([self._hs_sock()] if host is self.infra else [])):
             host.remove(sock)
             if host.journal:

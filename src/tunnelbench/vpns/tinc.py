@@ -209,9 +209,7 @@ class Tinc(VpnDriver):
             raise RuntimeError(f"tincd exited: {proc.log_tail()}")
 
     def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)
+        super().after_stop(host)
         host.run(["rm", "-f", str(self.pidfile(host))], check=False)
 
     def leftovers(self, host: Host) -> list[str]:

@@ -76,8 +76,3 @@ class VpnCloud(VpnDriver):
             raise RuntimeError(f"vpncloud exited: {proc.log_tail()}")
         host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/{self.tunnel_prefixlen}", "dev", ifname])
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
-
-    def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)

@@ -72,8 +72,7 @@ class Vxlan(VpnDriver):
                           "nud", "permanent"])  # fmt: skip
 
     def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)
+        super().after_stop(host)
         if host.journal:
-            host.journal.release({"kind": "link", "netns": getattr(host, "netns", ""), "name": ifname})
+            name = self.ifname(host)
+            host.journal.release({"kind": "link", "netns": getattr(host, "netns", ""), "name": name})

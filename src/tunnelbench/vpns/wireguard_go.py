@@ -173,10 +173,8 @@ class WireguardGo(VpnDriver):
         )  # fmt: skip
 
     def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)
-        sock = UAPI_DIR / f"{ifname}.sock"
+        super().after_stop(host)
+        sock = UAPI_DIR / f"{self.ifname(host)}.sock"
         host.remove(sock)
         if host.journal:
             host.journal.release({"kind": "path", "path": str(sock)})

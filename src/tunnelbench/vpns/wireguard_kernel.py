@@ -9,7 +9,7 @@ host's own kernel), so it is that kernel's answer, not a guess."""
 from __future__ import annotations
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions
+from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt
 from tunnelbench.vpns.wireguard_go import WireguardGo
 
@@ -46,6 +46,4 @@ class WireguardKernel(WireguardGo):
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
 
     def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)
+        VpnDriver.after_stop(self, host)  # the interface only: the kernel keeps no wireguard-go UAPI socket

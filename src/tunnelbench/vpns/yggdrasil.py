@@ -128,8 +128,3 @@ class Yggdrasil(VpnDriver):
         self.wait_for("yggdrasil tun address and listener", ready, timeout=30)
         if not proc.alive():
             raise RuntimeError(f"yggdrasil exited: {proc.log_tail()}")
-
-    def after_stop(self, host: Host) -> None:
-        ifname = self.ifname(host)
-        if self.link_exists(host, ifname):
-            host.run(["ip", "link", "del", ifname], check=False)

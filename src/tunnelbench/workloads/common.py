@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import CaseContext, Outcome, WorkloadError
-from tunnelbench.workloads.iperf3 import wait_listening
+from tunnelbench.workloads.iperf3 import client_argv, start_server, wait_listening
 
 
 def tool(name: str) -> str:
@@ -67,32 +66,11 @@ class Iperf3Run:
 def start_iperf3(ctx: CaseContext, client: Host, server: Host, server_ip: str, port: int, args: list[str],
                  duration_s: float, label: str, omit_s: float = 0.0, mss: int | None = None) -> Iperf3Run:  # fmt: skip
     """Start a one-off iperf3 server on `server` (bound to server_ip:port) and a client on `client`."""
-    srv = server.spawn(["iperf3", "-s", "-1", "-p", str(port), "-B", server_ip], label=f"iperf3-server-{label}",
-                       log_path=ctx.artifact_dir / f"{label}-server.log")  # fmt: skip
-    try:
-        wait_listening(server, port)
-    except WorkloadError:
-        srv.stop(grace=1)
-        raise
+    log = ctx.artifact_dir / f"{label}-server.log"
+    srv = start_server(server, server_ip, port, f"iperf3-server-{label}", log)
     json_path = ctx.artifact_dir / f"{label}-client.json"
     json_path.unlink(missing_ok=True)
-    argv = [
-        "iperf3",
-        "-c",
-        server_ip,
-        "-p",
-        str(port),
-        "-J",
-        "-t",
-        f"{duration_s:g}",
-        "--connect-timeout",
-        "5000",
-    ]
-    if omit_s:
-        argv += ["-O", f"{omit_s:g}"]
-    if mss:
-        argv += ["-M", str(mss)]
-    argv += ["--logfile", str(json_path), *args]
+    argv = client_argv(server_ip, port, duration_s, omit_s, mss, ["--logfile", str(json_path), *args])
     cli = client.spawn(
         argv, label=f"iperf3-client-{label}", log_path=ctx.artifact_dir / f"{label}-client.log"
     )
@@ -114,9 +92,4 @@ def interface_of(host: Host, ip: str) -> str | None:
 
 
 def wait_tcp_listening(host: Host, port: int, timeout: float = 5.0, what: str = "server") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if host.run(["ss", "-Hltn", f"sport = :{port}"], check=False).stdout.strip():
-            return
-        time.sleep(0.02)
-    raise WorkloadError(f"{what} on {host.name} not listening on :{port} after {timeout:.0f} s")
+    wait_listening(host, port, timeout, what)  # the one listen wait: workloads/iperf3.py

@@ -1,24 +1,53 @@
-"""Shared iperf3 plumbing: a one-off server on the server host, the client on the client host, JSON parsing."""
+"""Shared iperf3 plumbing: a one-off server on the server host, the client on the client host, JSON parsing.
+
+The one way to launch iperf3 (`start_server`, `client_argv`, `wait_listening`): `run_client` here (a client
+run to completion) and `common.start_iperf3` (a client in the background) are both built from it."""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
-from tunnelbench.lab.host import CommandError, Host
+from tunnelbench.lab.host import CommandError, Host, Process
 from tunnelbench.workloads.base import CaseContext, Outcome, Series, WorkloadError
 
 PORT = 5201
 
 
-def wait_listening(host: Host, port: int, timeout: float = 5.0) -> None:
+def wait_listening(host: Host, port: int, timeout: float = 5.0, what: str = "iperf3 server") -> None:
+    """Wait until a TCP socket listens on `port` on the host (any server: iperf3, nginx, sockperf, ...)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if host.run(["ss", "-Hltn", f"sport = :{port}"], check=False).stdout.strip():
             return
         time.sleep(0.01)
-    raise WorkloadError(f"iperf3 server on {host.name} not listening on :{port} after {timeout:.0f} s")
+    raise WorkloadError(f"{what} on {host.name} not listening on :{port} after {timeout:.0f} s")
+
+
+def start_server(host: Host, bind_ip: str, port: int, label: str, log_path: Path | None) -> Process:
+    """A one-off iperf3 server (one test, then it exits) bound to bind_ip:port, listening when this returns
+    (stopped again if it never listens)."""
+    srv = host.spawn(["iperf3", "-s", "-1", "-p", str(port), "-B", bind_ip], label=label, log_path=log_path)
+    try:
+        wait_listening(host, port)
+    except WorkloadError:
+        srv.stop(grace=1)
+        raise
+    return srv
+
+
+def client_argv(
+    server_ip: str, port: int, duration_s: float, omit_s: float = 0.0, mss: int | None = None, extra=()
+) -> list[str]:
+    """The iperf3 client's command line (JSON output, a 5 s connect timeout, `extra` last)."""
+    argv = ["iperf3", "-c", server_ip, "-p", str(port), "-J", "-t", f"{duration_s:g}"]
+    if omit_s:
+        argv += ["-O", f"{omit_s:g}"]
+    if mss:
+        argv += ["-M", str(mss)]
+    return [*argv, "--connect-timeout", "5000", *extra]
 
 
 def run_client(
@@ -26,17 +55,9 @@ def run_client(
 ) -> tuple[dict, float]:
     """Run one iperf3 test (server one-off) and return (parsed JSON, seconds the client ran)."""
     srv_log = ctx.artifact_dir / f"{tag}-server.log"
-    server = ctx.server.spawn(
-        ["iperf3", "-s", "-1", "-p", str(PORT), "-B", ctx.server_ip], label="iperf3-server", log_path=srv_log
-    )
+    server = start_server(ctx.server, ctx.server_ip, PORT, "iperf3-server", srv_log)
     try:
-        wait_listening(ctx.server, PORT)
-        argv = ["iperf3", "-c", ctx.server_ip, "-p", str(PORT), "-J", "-t", f"{duration_s:g}"]
-        if omit_s:
-            argv += ["-O", f"{omit_s:g}"]
-        if ctx.options.get("mss"):
-            argv += ["-M", str(ctx.options["mss"])]
-        argv += ["--connect-timeout", "5000", *args]
+        argv = client_argv(ctx.server_ip, PORT, duration_s, omit_s, ctx.options.get("mss"), args)
         t0 = time.monotonic()
         try:
             res = ctx.client.run(argv, timeout=min(ctx.remaining(), duration_s + omit_s + 30), check=False)

@@ -1,25 +1,27 @@
 """QUIC (issue 15, seed 003's qperf: connection set-up time and time to first byte, with retries) plus a bulk
-download for goodput, with quicperf: a small Go program on quic-go (native/quicperf, pinned in its go.mod;
-scripts/build-quicperf.sh builds it into the install cache and links /usr/local/bin/quicperf).
+download for goodput, with quicperf: a small Rust program on quinn (native/quicperf, every crate pinned by its
+Cargo.lock; scripts/build-quicperf.sh builds it into the install cache and links /usr/local/bin/quicperf).
 
-quic-go, not aioquic: the tool must not be the bottleneck. On this 2-core machine quic-go carries about
-2 Gbit/s over loopback and the internal path, above the fastest VPN's 1-1.5 Gbit/s; aioquic (pure Python
-packet handling) carried about 75 Mbit/s. GitHub's quic-go/perf is not served by the module proxy.
+quinn, because the tool must not be the bottleneck: on this 2-core lab's internal path (no VPN), in runs
+interleaved on one lab, a quinn bulk download carried 2.9 Gbit/s where quic-go (Go, one P) carried 1.4; with
+quicperf's 8 MiB socket buffers quinn carries 3.0-3.5 Gbit/s there, against 1.3 Gbit/s of iperf3 TCP through
+wireguard-go, the fastest VPN of the default set. aioquic (pure Python) carried 75 Mbit/s on loopback. quinn
+receives with UDP GRO and sends with GSO, one thread per side. (GitHub's quic-go/perf, a ready perf tool, is
+not served by the Go module proxy.)
 
 The protocol is the QUIC perf protocol (ALPN "perf"): a stream carrying the requested response size, answered
 with that many bytes. The case:
   - `handshakes` probes, each a new connection from a new UDP socket without session resumption (a full
-    1-RTT handshake, TLS 1.3, ECDSA P-256 certificate): the handshake time is from Dial until the client's
-    handshake is complete (>= 1 RTT); the time to first byte from Dial until the first byte of a
-    `ttfb_bytes` response on the connection's first stream (>= handshake + 1 RTT), as qperf's. A probe
+    1-RTT handshake, TLS 1.3, ECDSA P-256 certificate): the handshake time is from connect until the
+    client's handshake is complete (>= 1 RTT); the time to first byte from connect until the first byte of
+    a `ttfb_bytes` response on the connection's first stream (>= handshake + 1 RTT), as qperf's. A probe
     whose handshake or request fails (no answer within `timeout_s`, an error) is retried up to `retries`
     times; every failed attempt is counted, and a probe failing all of its attempts is given up.
   - a bulk download of `bulk_mb` MB (10^6 bytes) on one more connection: goodput = payload bits / the time
     from the request until the last byte arrived (the handshake is not in it).
-The server reports its own counts when stopped (connections, payload bytes sent, CLOCK_MONOTONIC start and
-end of its largest response, its CPU over it): `quic_server_sent_mb` is its count, independent of the
-client's, and both tools' CPU (% of one core, over the bulk download) says when the tool, not the path, was
-the limit."""
+The server reports its own counts when stopped (connections, payload bytes sent, CLOCK_MONOTONIC stamps of
+its largest response, its CPU over it): `quic_server_sent_mb` is its count, independent of the client's, and
+both tools' CPU (% of one core, over the bulk download) says when the tool, not the path, was the limit."""
 
 from __future__ import annotations
 
@@ -43,9 +45,9 @@ from tunnelbench.workloads.base import (
 from tunnelbench.workloads.common import add_percentiles, tool
 
 QUIC_PORT = 8444  # UDP
-# what native/quicperf is at (its toolVersion and go.mod's quic-go pin; tests/test_quic.py keeps them equal)
+# what native/quicperf is at (its TOOL_VERSION and the quinn in its Cargo.lock; tests/test_quic.py keeps them equal)
 QUICPERF_VERSION = "1"
-QUIC_GO_VERSION = "v0.65.0"
+QUINN_VERSION = "0.11.12"
 BUILD_HINT = "run scripts/build-quicperf.sh (scripts/setup.sh does)"
 
 
@@ -70,7 +72,7 @@ class QuicParams(Params):
 
 class Quic(Workload):
     name = "quic"
-    summary = "QUIC handshake time, time to first byte (with retries) and bulk goodput (quicperf on quic-go)"
+    summary = "QUIC handshake time, time to first byte (with retries) and bulk goodput (quicperf on quinn)"
     tools = ("quicperf",)
     headline = ("quic_handshake_p50_ms", "quic_ttfb_p50_ms", "quic_goodput_mbps")
     Params = QuicParams
@@ -89,7 +91,7 @@ class Quic(Workload):
         MetricSpec("quic_request_failures", "count", "lower", "attempts that failed after the handshake"),
         MetricSpec("quic_handshake_retries", "count", "lower", "attempts made again after a failure"),
         MetricSpec("quic_probes_given_up", "count", "lower", "probes that failed all of their attempts"),
-        MetricSpec("quic_min_rtt_ms", "ms", "none", "quic-go's minimum RTT estimate on the bulk connection"),
+        MetricSpec("quic_min_rtt_ms", "ms", "none", "the QUIC stack's minimum RTT on the bulk connection"),
         MetricSpec("quic_server_sent_mb", "MB", "none", "payload bytes the server sent, its own count (10^6)"),
         MetricSpec("quic_client_cpu_pct", "%", "none", "client tool CPU over the bulk download, % of one core"),
         MetricSpec("quic_server_cpu_pct", "%", "none", "server tool CPU over its bulk response, % of one core"),
@@ -114,9 +116,9 @@ class Quic(Workload):
             wait_ready(srv, 10)
             bulk_timeout = max(5.0, ctx.remaining() - 5)
             argv = [exe, "client", "-server", hostport(ctx.server_ip, QUIC_PORT), "-handshakes", str(p.handshakes),
-                    "-retries", str(p.retries), "-timeout", f"{p.timeout_s:g}s", "-ttfb-bytes", str(p.ttfb_bytes),
+                    "-retries", str(p.retries), "-timeout", f"{p.timeout_s:.6f}s", "-ttfb-bytes", str(p.ttfb_bytes),
                     "-bulk-bytes", str(round(p.bulk_mb * 1e6)), "-bulk-timeout", f"{bulk_timeout:.0f}s",
-                    "-interval", f"{p.interval_s:g}s"]  # fmt: skip
+                    "-interval", f"{p.interval_s:.6f}s"]  # fmt: skip
             res = ctx.client.run(argv, timeout=ctx.remaining(), check=False)
         finally:
             srv.stop(grace=3)
@@ -146,9 +148,9 @@ def quicperf(host: Host) -> str:
         raise WorkloadError(
             f"{exe} does not run (exit {r.returncode}: {r.stderr[-200:]}); {BUILD_HINT}"
         ) from None
-    if (v.get("quicperf"), v.get("quic_go")) != (QUICPERF_VERSION, QUIC_GO_VERSION):
-        raise WorkloadError(f"{exe} is quicperf {v.get('quicperf')} on quic-go {v.get('quic_go')}, expected "
-                            f"{QUICPERF_VERSION} on {QUIC_GO_VERSION}: {BUILD_HINT}")  # fmt: skip
+    if (v.get("quicperf"), v.get("quinn")) != (QUICPERF_VERSION, QUINN_VERSION):
+        raise WorkloadError(f"{exe} is quicperf {v.get('quicperf')} on quinn {v.get('quinn')}, expected "
+                            f"{QUICPERF_VERSION} on quinn {QUINN_VERSION}: {BUILD_HINT}")  # fmt: skip
     host.__dict__["_tb_quicperf"] = exe
     return exe
 
@@ -216,6 +218,6 @@ def outcome(cli: dict, server: dict | None) -> Outcome:
         out.add("quic_server_sent_mb", server["bytes_sent"] / 1e6, "MB")
         big = server.get("largest")
         if bulk is not None and big and big["bytes"] == bulk["bytes"]:
-            wall = big["done_mono"] - big["start_mono"]
+            wall = big["acked_mono"] - big["start_mono"]
             out.add("quic_server_cpu_pct", 100 * big["cpu_s"] / wall if wall > 0 else None, "%")
     return out

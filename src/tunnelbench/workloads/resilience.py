@@ -4,6 +4,13 @@ client to the server's tunnel address (every 10 ms) while
 - `restart_one`: the server host's VPN daemon is stopped and started again (state kept, as after a
   daemon restart or a reboot),
 - `restart_all`: every host's daemon is restarted (the whole mesh reboots),
+- `restart_each` (seed 003 rebooted every machine and reported per node): each host's daemon in turn (h1,
+  h2, ...; the first `each_hosts` of the mesh) is stopped and started again while every host it has a tunnel
+  to (driver.peers) probes it (one `ping -D` per prober, started before the restart). Per node (metric host
+  = the restarted node): node_reconnect_s = restart -> every prober answered again, node_gap_s = the longest
+  reply gap any prober saw (node_probe_gap_s: per prober, host "node<-prober"); then the max and mean over
+  the nodes. A node some prober gets no reply from within `each_timeout_s` (or the case's time left) is
+  node_back = 0: the case fails there keeping the metrics measured so far.
 - `failover` (lab.path = "relay" only): the lab first lets UDP flow between the peers (the VPN may take
   the direct path), then blocks UDP between them mid-probe so the VPN must move to its relay, then
   unblocks it again (and restores the block the scenario asked for).
@@ -29,14 +36,17 @@ case fails with the reason."""
 
 from __future__ import annotations
 
-import re
+import json
+import statistics
 import threading
 import time
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 from pydantic import Field
 
 from tunnelbench.lab.blackhole import Blackhole
+from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import MeshNotReady
 from tunnelbench.workloads.base import (
     CaseContext,
@@ -47,12 +57,11 @@ from tunnelbench.workloads.base import (
     Workload,
     WorkloadError,
 )
+from tunnelbench.workloads.ping import REPLY, echo_replies
 
-# an echo reply ("64 bytes from ...: icmp_seq=N"), never an ICMP error ping prints with a timestamp too
-# ("From 10.77.0.2 icmp_seq=N Destination Host Unreachable", e.g. a TAP VPN whose peer stopped answering ARP)
-REPLY = re.compile(r"^\[(?P<ts>[\d.]+)\] \d+ bytes from .*icmp_seq=(?P<seq>\d+) ")
+__all__ = ["REPLY", "Probe", "Resilience", "ResilienceParams", "longest_gap", "node_result", "summarise_each"]
 
-Event = Literal["restart_one", "restart_all", "failover", "control_loss", "relay_loss"]
+Event = Literal["restart_one", "restart_all", "restart_each", "failover", "control_loss", "relay_loss"]
 CUTS = ("control_loss", "relay_loss")  # events that blackhole one host at the router
 
 
@@ -84,15 +93,25 @@ class ResilienceParams(Params):
         120.0, gt=0, le=600, description="control_loss / relay_loss: how long replies may take to come back "
         "once the host is let back in (bounded by the case's time left)"
     )  # fmt: skip
+    each_timeout_s: float = Field(
+        60.0, gt=0, le=600, description="restart_each: a node not answering every prober this long after its "
+        "restart is node_back = 0 and fails the case (bounded by the case's time left)"
+    )  # fmt: skip
+    each_hosts: int = Field(
+        5, ge=1, le=1023, description="restart_each: restart the first this many hosts in turn (all of a smaller "
+        "mesh); the case timeout is sized for this many, set it to lab.hosts to cover a larger mesh"
+    )  # fmt: skip
 
 
 class Probe:
-    """ping -D running in the background; reply timestamps read from its output file."""
+    """ping -D running in the background (from the case's client to its server unless `src` / `dst` say
+    otherwise); reply timestamps read from its output file."""
 
-    def __init__(self, ctx: CaseContext, name: str, interval: float):
+    def __init__(self, ctx: CaseContext, name: str, interval: float, src: Host | None = None,
+                 dst: str | None = None):  # fmt: skip
         self.path = ctx.artifact_dir / f"{name}.txt"
-        argv = ["ping", "-D", "-n", "-i", f"{interval:g}", "-W", "1", ctx.server_ip]
-        self.proc = ctx.client.spawn(argv, label=f"probe-{name}", log_path=self.path)
+        argv = ["ping", "-D", "-n", "-i", f"{interval:g}", "-W", "1", dst or ctx.server_ip]
+        self.proc = (src or ctx.client).spawn(argv, label=f"probe-{name}", log_path=self.path)
 
     def replies(self) -> list[float]:
         return [ts for ts, _ in self.replies_seq()]
@@ -103,7 +122,7 @@ class Probe:
             text = self.path.read_text(errors="replace")
         except OSError:
             return []
-        return [(float(m["ts"]), int(m["seq"])) for line in text.splitlines() if (m := REPLY.match(line))]
+        return [(ts, seq) for ts, seq, _ in echo_replies(text)]
 
     def answered_pct(self, start: float, end: float) -> float | None:
         """Share of the echo requests sent in [start, end] that were answered there. ping's real send rate
@@ -131,8 +150,79 @@ class Probe:
 
 def longest_gap(ts: list[float], start: float, end: float) -> float:
     """Longest interval without a reply in [start, end], bounded by the window edges."""
-    pts = [start] + [t for t in ts if start < t < end] + [end]
+    pts = [start] + sorted(t for t in ts if start < t < end) + [end]
     return max(b - a for a, b in zip(pts, pts[1:], strict=False))
+
+
+@dataclass
+class NodeResult:
+    """One node's restart as its probers saw it (restart_each)."""
+
+    node: str
+    t_restart: float  # time.time() when the stop command was given
+    t_stopped: float  # time.time() when the stop returned (the old daemon gone)
+    reconnect_s: float | None  # restart -> the last prober's first reply; None = a prober got none in time
+    probe_reconnect_s: dict[str, float | None]  # per prober: restart -> its first reply after it
+    probe_gap_s: dict[str, float]  # per prober: longest reply gap in the window around the restart
+    missing: list[str]  # probers without a reply within the cap
+
+    @property
+    def back(self) -> bool:
+        return self.reconnect_s is not None
+
+    @property
+    def gap_s(self) -> float:
+        return max(self.probe_gap_s.values())
+
+
+def node_result(node: str, replies: dict[str, list[float]], t_restart: float, cap_s: float, before_s: float,
+                after_s: float, t_stopped: float | None = None) -> NodeResult:  # fmt: skip
+    """Per-node numbers from each prober's reply timestamps (time.time() clock, as ping -D prints them).
+    A prober's reconnect is its first reply in (t_stopped, t_restart + cap_s] (t_stopped: the old daemon
+    gone, default t_restart; a reply before it may still be the old daemon's) minus t_restart; the node's
+    is the slowest prober's (every other host reaches it again). Gaps are taken in [t_restart - before_s/2,
+    end], end = the node's reconnect + after_s/2, or t_restart + cap_s when a prober never got a reply
+    (gap ~ the cap)."""
+    if not replies:
+        raise ValueError(f"{node}: no prober")
+    t_stopped = t_restart if t_stopped is None else t_stopped
+    firsts = {a: next((t for t in sorted(ts) if t_stopped < t <= t_restart + cap_s), None) for a, ts in replies.items()}  # fmt: skip
+    missing = [a for a, t in firsts.items() if t is None]
+    t_back = None if missing else max(t for t in firsts.values() if t is not None)
+    end = t_restart + cap_s if t_back is None else t_back + after_s / 2
+    start = t_restart - before_s / 2
+    return NodeResult(
+        node=node,
+        t_restart=t_restart,
+        t_stopped=t_stopped,
+        reconnect_s=None if t_back is None else t_back - t_restart,
+        probe_reconnect_s={a: None if t is None else t - t_restart for a, t in firsts.items()},
+        probe_gap_s={a: longest_gap(ts, start, end) for a, ts in replies.items()},
+        missing=missing,
+    )
+
+
+def summarise_each(results: list[NodeResult]) -> list[tuple[str, float, str, str | None]]:
+    """(metric, value, unit, host) of restart_each: per node, then over the nodes. The max / mean reconnect
+    only when every node came back (a missing node would make them look better than they were)."""
+    out: list[tuple[str, float, str, str | None]] = []
+    for r in results:
+        out.append(("node_back", 1.0 if r.back else 0.0, "bool", r.node))
+        if r.reconnect_s is not None:
+            out.append(("node_reconnect_s", r.reconnect_s, "s", r.node))
+        out.append(("node_gap_s", r.gap_s, "s", r.node))
+        out += [("node_probe_gap_s", g, "s", f"{r.node}<-{a}") for a, g in r.probe_gap_s.items()]
+    if not results:
+        return out
+    failed = sum(not r.back for r in results)
+    out.append(("reconnect_each_failed", float(failed), "count", None))
+    out.append(("reconnect_each_nodes", float(len(results)), "count", None))
+    if not failed:
+        rec = [r.reconnect_s for r in results if r.reconnect_s is not None]
+        out.append(("reconnect_each_max_s", max(rec), "s", None))
+        out.append(("reconnect_each_mean_s", statistics.fmean(rec), "s", None))
+    out.append(("outage_each_max_s", max(r.gap_s for r in results), "s", None))
+    return out
 
 
 class Resilience(Workload):
@@ -147,6 +237,19 @@ class Resilience(Workload):
         MetricSpec("outage_one_s", "s", "lower", "longest reply gap around the server daemon restart"),
         MetricSpec("reconnect_all_s", "s", "lower", "all daemons restarted -> first reply"),
         MetricSpec("outage_all_s", "s", "lower", "longest reply gap around the mesh restart"),
+        MetricSpec("node_reconnect_s", "s", "lower",
+                   "restart_each, host = the restarted node: its restart -> every other host's probe answered"),
+        MetricSpec("node_gap_s", "s", "lower",
+                   "restart_each, host = the restarted node: longest reply gap any other host's probe saw"),
+        MetricSpec("node_probe_gap_s", "s", "lower",
+                   "restart_each, host = 'node<-prober': longest reply gap that prober saw around the restart"),
+        MetricSpec("node_back", "bool", "higher",
+                   "restart_each, host = the restarted node: 1 = every prober answered within each_timeout_s"),
+        MetricSpec("reconnect_each_max_s", "s", "lower", "restart_each: slowest node's reconnect (all back)"),
+        MetricSpec("reconnect_each_mean_s", "s", "lower", "restart_each: mean node reconnect (all back)"),
+        MetricSpec("outage_each_max_s", "s", "lower", "restart_each: longest reply gap over every node and prober"),
+        MetricSpec("reconnect_each_failed", "count", "lower", "restart_each: nodes not back within the cap"),
+        MetricSpec("reconnect_each_nodes", "count", "none", "restart_each: nodes restarted"),
         MetricSpec("failover_s", "s", "lower", "longest reply gap after UDP between peers is blocked"),
         MetricSpec("failback_s", "s", "lower", "longest reply gap after UDP is allowed again"),
         MetricSpec("relay_bytes_during_block", "B", "none", "bytes the relay host carried while blocked"),
@@ -181,6 +284,9 @@ class Resilience(Workload):
         extra += sum(p.control_watch_s for e in p.events if e in CUTS)
         if "control_loss" in p.events and p.control_join:
             extra += p.control_join_timeout_s
+        # restart_each: per node the probers' first replies (<= 5 s), before, stop + start + reconnect (20 s,
+        # as the other restarts), after
+        extra += (p.each_hosts - 1) * (p.before_s + p.after_s + 25) + 5 if "restart_each" in p.events else 0
         return len(p.events) * (p.before_s + p.after_s + 20) + extra
 
     def run(self, ctx: CaseContext) -> Outcome:
@@ -192,6 +298,8 @@ class Resilience(Workload):
                 self._failover(ctx, out)
             elif ev in CUTS:
                 self._cut(ctx, out, ev)
+            elif ev == "restart_each":
+                self._restart_each(ctx, out)
             else:
                 self._restart(ctx, out, ev)
         # the whole mesh must answer again before the next case
@@ -226,6 +334,60 @@ class Resilience(Workload):
             )
         finally:
             probe.stop()
+
+    def _restart_each(self, ctx: CaseContext, out: Outcome) -> None:
+        p = self.params
+        driver = ctx.mesh.driver
+        results: list[NodeResult] = []
+        try:
+            for node in ctx.mesh.hosts[: p.each_hosts]:
+                probers = [a for a in ctx.mesh.hosts if a is not node and node in driver.peers(a)]
+                if not probers:
+                    raise WorkloadError(f"restart_each: no host has a tunnel to {node.name}")
+                r = self._restart_node(ctx, node, probers)
+                results.append(r)
+                if not r.back:
+                    raise WorkloadError(f"restart_each: {node.name} not answering {', '.join(r.missing)} within "
+                                        f"{p.each_timeout_s:g} s of its restart (or the case's time left)")  # fmt: skip
+        except WorkloadError as e:
+            e.outcome = out  # type: ignore[attr-defined]  # the runner stores a failed case's metrics
+            raise
+        finally:
+            for name, value, unit, host in summarise_each(results):
+                out.add(name, value, unit, host)
+            (ctx.artifact_dir / "restart-each.json").write_text(
+                json.dumps([asdict(r) for r in results], indent=1)
+            )
+
+    def _restart_node(self, ctx: CaseContext, node: Host, probers: list[Host]) -> NodeResult:
+        """Probe `node` from each of `probers` (one ping each), restart its daemon, wait for every probe."""
+        p = self.params
+        ip = ctx.mesh.tunnel_ip(node)
+        probes = {
+            a.name: Probe(ctx, f"each-{node.name}-from-{a.name}", p.probe_interval_s, a, ip) for a in probers
+        }
+        try:
+            limit = time.time() + min(p.each_timeout_s, ctx.remaining())
+            for a, probe in probes.items():
+                if probe.wait_reply_after(0, max(0.1, limit - time.time())) is None:
+                    raise WorkloadError(
+                        f"restart_each: {a} got no echo reply from {node.name} before its restart"
+                    )
+            time.sleep(p.before_s)
+            t_ev = time.time()
+            ctx.mesh.driver.stop(node)
+            t_stopped = time.time()  # replies before this may be the old daemon's
+            ctx.mesh.driver.start(node)
+            cap = min(p.each_timeout_s, ctx.remaining())
+            end = t_ev + cap
+            for probe in probes.values():  # the slowest prober bounds the wait; each waits until `end`
+                probe.wait_reply_after(t_stopped, max(0.0, end - time.time()))
+            time.sleep(p.after_s)
+            return node_result(node.name, {a: pr.replies() for a, pr in probes.items()}, t_ev, cap, p.before_s,
+                               p.after_s, t_stopped)  # fmt: skip
+        finally:
+            for probe in probes.values():
+                probe.stop()
 
     def _failover(self, ctx: CaseContext, out: Outcome) -> None:
         p = self.params
