@@ -52,6 +52,8 @@ def test_the_built_in_scenario_loads():
     assert [w.name for w in sc.workloads] == ["acl"] and "nebula" in sc.vpns
     assert sc.vpn_options["nebula"]["acl"] == ISOLATE
     assert "tailscale" in sc.vpns and sc.vpn_options["tailscale"]["acl"] == ISOLATE
+    assert "innernet" in sc.vpns and sc.vpn_options["innernet"]["acl"] == ISOLATE
+    assert sc.lab.hosts >= 4  # innernet's server is exempt: a host beyond client, server and it to isolate
     assert "acl" in WORKLOADS
 
 

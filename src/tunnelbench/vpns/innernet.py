@@ -68,7 +68,7 @@ class Innernet(VpnDriver):
     acl_support = True
     revocation = "`innernet-server disable-peer <network> --name <host>` on the server; peers drop it on their next fetch"
 
-    class Options(TunnelOptions):
+    class Options(TunnelOptions):  # vpn_options: mtu, acl
         acl: AclMode = acl_option()
 
     settle_s = 1.0
@@ -88,6 +88,9 @@ class Innernet(VpnDriver):
         acl = self.options.acl
         exempt = {self.server.name: "innernet's coordination server: every peer reaches it by design"}
         self.acl: AclPolicy | None = None if acl == OFF else acl_policy(spec, acl, exempt=exempt)
+        if self.acl is not None and self.acl.server is self.server:
+            raise ValueError(f"innernet acl: the case's server {self.server.name} is innernet's coordination server, "
+                             "which every peer reaches by design: put [lab] server on another host")  # fmt: skip
         if self.acl is not None:
             self.settings["acl"] = self.acl.record(
                 "innernet CIDRs: one /32 per host named by role (tb-client, tb-server, tb-isolated-<host>), "
@@ -192,8 +195,9 @@ class Innernet(VpnDriver):
             raise NotImplementedError(f"{host.name} is innernet's coordination server, which cannot be revoked: "
                                       "revoke a peer ([lab] hosts >= 4 puts the server on the last host)")  # fmt: skip
         net = self.ifname(self.server)
-        self.server.run([self.bin("innernet-server"), *self._dirs(self.server), "disable-peer", net,
-                         "--name", host.name, "--yes"])  # fmt: skip
+        # the server also removes the peer from its own WireGuard device: its backend, as for serve
+        self.server.run([self.bin("innernet-server"), *self._dirs(self.server), "--backend", "userspace",
+                         "disable-peer", net, "--name", host.name, "--yes"], env=self._env())  # fmt: skip
         self.revoked.add(host.name)
         return f"innernet-server disable-peer {net} --name {host.name} on {self.server.name}"
 
@@ -204,8 +208,8 @@ class Innernet(VpnDriver):
         ifname = self.ifname(host)
         if host is self.server:
             for name in sorted(self.revoked):  # a revoked peer is welcome again in a restarted mesh
-                host.run([self.bin("innernet-server"), *self._dirs(host), "enable-peer", ifname, "--name", name,
-                          "--yes"])  # fmt: skip
+                host.run([self.bin("innernet-server"), *self._dirs(host), "--backend", "userspace", "enable-peer",
+                          ifname, "--name", name, "--yes"], env=self._env())  # fmt: skip
             self.revoked.clear()
             argv = [self.bin("innernet-server"), *self._dirs(host), "serve", ifname, "--backend", "userspace",
                     "--mtu", str(self.mtu), "--no-write-hosts"]  # fmt: skip
