@@ -66,7 +66,10 @@ def metrics(out: Outcome) -> dict[tuple[str, str | None], float]:
     return {(s.name, s.host): s.value for s in out.samples}
 
 
-BUSY = "print('ready', flush=True)\nwhile True: pass"
+# ends by itself after 60 s: a test run killed before its teardown leaves no core busy for long
+BUSY = (
+    "import time\nend = time.monotonic() + 60\nprint('ready', flush=True)\nwhile time.monotonic() < end: pass"
+)
 SLEEP = "import time; print('ready', flush=True); time.sleep(60)"
 
 
