@@ -131,6 +131,7 @@ vpns = ["easytier"]
 [run]
 repetitions = 1
 retries = 0
+tunnel_timeout_s = 20
 [lab]
 hosts = 3
 {plant}
@@ -161,7 +162,7 @@ def test_a_relayed_case_in_a_direct_scenario_fails_as_path_not_direct(tmp_path, 
     pct = [v for (v,) in db.execute("SELECT value FROM metric WHERE name='path_direct_pct'")]
     # the case's diagnostics (run.capture = on-failure): router pcap and kernel log kept only when it failed
     (adir,) = [Path(d) for (d,) in db.execute("SELECT artifact_dir FROM \"case\" WHERE vpn='easytier'")]
-    assert (adir / "router.pcap").exists() == plant and (adir / "dmesg.txt").exists() == plant
+    assert (adir / "router.pcap").exists() == plant and (adir / "dmesg.txt").exists() == plant, rows
     if not plant:
         assert [r[0] for r in rows] == ["ok"], rows
         assert len(pct) == 1 and pct[0] > 95, pct
@@ -182,3 +183,53 @@ def test_only_a_failover_event_is_exempt_from_the_path_verdict():
     assert res(res.Params(events=["failover"])).moves_path()
     assert not res(res.Params(events=["restart_one"])).moves_path()
     assert not WORKLOADS["tcp"](WORKLOADS["tcp"].Params()).moves_path()
+
+
+ROUTE_TABLE = """\
+┌──────────────┬──────────┬─────────────┬───────────────┬───────────────────┬──────────────┬──────┬─────────┐
+│ ipv4         │ hostname │ proxy_cidrs │ next_hop_ipv4 │ next_hop_hostname │ next_hop_lat │ cost │ version │
+├──────────────┼──────────┼─────────────┼───────────────┼───────────────────┼──────────────┼──────┼─────────┤
+│ 10.77.0.1/24 │ h1       │             │ -             │ Local             │ 0            │ 0    │ 2.0.3   │
+├──────────────┼──────────┼─────────────┼───────────────┼───────────────────┼──────────────┼──────┼─────────┤
+│ 10.77.0.3/24 │ h3       │             │ DIRECT        │                   │ 0.193        │ 1    │ 2.0.3   │
+├──────────────┼──────────┼─────────────┼───────────────┼───────────────────┼──────────────┼──────┼─────────┤
+│ 10.77.0.2/24 │ h2       │             │ 10.77.0.3     │ h3                │ 0.054        │ 2    │ 2.0.3   │
+└──────────────┴──────────┴─────────────┴───────────────┴───────────────────┴──────────────┴──────┴─────────┘
+"""
+
+
+def test_easytier_route_table_next_hops():
+    from tunnelbench.vpns.easytier import route_next_hops
+
+    assert route_next_hops(ROUTE_TABLE) == {"h1": "-", "h3": "DIRECT", "h2": "h3"}
+    assert route_next_hops("") == {}
+
+
+def test_wait_ready_waits_until_the_driver_says_the_paths_settled(monkeypatch):
+    from types import SimpleNamespace
+
+    from tunnelbench.vpns.base import Mesh, MeshNotReady
+
+    answers = [["h1 -> h2 via h3"], ["h1 -> h2 via h3"], []]
+    calls: list[float] = []
+
+    def unsettled():
+        calls.append(time.monotonic())
+        return answers.pop(0) if answers else []
+
+    hosts = [SimpleNamespace(name="h1"), SimpleNamespace(name="h2")]
+    driver = SimpleNamespace(
+        spec=SimpleNamespace(hosts=hosts), key="x", daemons=lambda h: [], unsettled=unsettled
+    )
+    mesh = Mesh(driver)  # type: ignore[arg-type]
+    monkeypatch.setattr(mesh, "pairs_down", lambda *a: [])
+    waited = mesh.wait_ready(10)
+    assert len(calls) == 3 and not answers and waited >= 0.4  # two 0.2 s waits while relayed
+    driver.unsettled = lambda: ["h1 -> h2 via h3"]
+    # never settles: wait_ready gives up at the timeout and leaves the verdict to the case's path check
+    assert 1 <= mesh.wait_ready(1) < 3 and mesh.unsettled_at_ready == ["h1 -> h2 via h3"]
+    # a pair that never answers still raises
+    monkeypatch.setattr(mesh, "pairs_down", lambda *a: [("h1", "h2")])
+    with pytest.raises(MeshNotReady, match=r"pairs not answering after 1 s"):
+        mesh.wait_ready(1)
+    assert mesh.unsettled_at_ready == []

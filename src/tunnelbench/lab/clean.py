@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,8 @@ from tunnelbench.lab.host import Host
 from tunnelbench.lab.journal import Leftovers, process_alive, registered_runs, registry_files, undo_handler
 from tunnelbench.lab.netns import NetnsHost, destroy_netns, netns_exists
 from tunnelbench.lab.tags import TAG_PREFIX
+
+KILL_WAIT_S = 5.0  # how long an undo waits for a SIGKILLed process to be gone before calling it a problem
 
 
 @dataclass
@@ -52,6 +55,10 @@ def _kill(entry: dict) -> str | None:
         return None  # gone, or the PID was reused by an unrelated process: not ours
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+    # SIGKILL is asynchronous: a many-threaded daemon takes a moment to exit, and callers verify right after
+    end = time.monotonic() + KILL_WAIT_S
+    while process_alive(pid, start) and time.monotonic() < end:
+        time.sleep(0.02)
     return f"process {pid} ({' '.join(entry.get('argv', [])[:3])})"
 
 
@@ -75,7 +82,9 @@ def clean_run(run: Leftovers, inventory=None) -> CleanReport:
     for e in run.entries:
         if e["kind"] == "process":
             what = _kill(e)
-            if what:
+            if what and process_alive(e["pid"], e.get("start")):
+                rep.problems.append(f"{what} still runs {KILL_WAIT_S:g} s after SIGKILL")
+            elif what:
                 rep.removed.append(what)
     for e in run.entries:
         if e["kind"] == "netns" and netns_exists(e["name"]):

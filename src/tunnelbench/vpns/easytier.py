@@ -104,3 +104,37 @@ class EasyTier(VpnDriver):
         if not proc.alive():
             raise RuntimeError(f"easytier-core exited: {proc.log_tail()}")
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu)])
+
+    def unsettled(self) -> list[str]:
+        """Direct path: every node's route to every other must be DIRECT. Pairs answer as soon as any
+        route exists, and EasyTier first routes over whichever node connected first (seen in CI: 63% of a
+        case's h1 <-> h2 bytes went through h3 until the h2 -> h1 link came up)."""
+        if self.spec.path != "direct":
+            return []
+        out: list[str] = []
+        for h in self.spec.hosts:
+            res = h.run([self.bin("easytier-cli"), "-p", "127.0.0.1:15888", "route"], check=False, timeout=10)
+            hops = route_next_hops(res.stdout) if res.returncode == 0 else {}
+            for p in self.peers(h):
+                hop = hops.get(p.name)
+                if hop != "DIRECT":
+                    out.append(f"{h.name} -> {p.name} via {hop or 'no route'}")
+        return out
+
+
+def route_next_hops(table: str) -> dict[str, str]:
+    """`easytier-cli route`'s box table -> {hostname: next hop}: "DIRECT", a relay's hostname, or "Local"."""
+    header: list[str] | None = None
+    hops: dict[str, str] = {}
+    for line in table.splitlines():
+        if "│" not in line:
+            continue
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if header is None:
+            header = cells
+            continue
+        row = dict(zip(header, cells, strict=False))
+        name, via = row.get("hostname", ""), row.get("next_hop_ipv4", "")
+        if name:
+            hops[name] = via if via in ("DIRECT", "-") else (row.get("next_hop_hostname") or via)
+    return hops
