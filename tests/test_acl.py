@@ -15,11 +15,17 @@ from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 from tunnelbench.vpns.acl import ISOLATE, NOT_APPLIED
 from tunnelbench.vpns.innernet import Innernet
 from tunnelbench.vpns.nebula import Nebula
+from tunnelbench.vpns.softether import SoftEther
 from tunnelbench.vpns.tailscale import Tailscale
 from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
 from tunnelbench.workloads.acl import Acl, AclParams
 
-ACL_VPNS = ["nebula", "tailscale", "innernet"]  # drivers with acl_support that this file brings up
+ACL_VPNS = [
+    "nebula",
+    "tailscale",
+    "innernet",
+    "softether",
+]  # drivers with acl_support that this file brings up
 # innernet's coordination server (the last host) is exempt from the policy: a fourth host to isolate
 LAB_HOSTS = {"innernet": 4}
 
@@ -117,6 +123,29 @@ def test_innernet_policy_gives_each_role_a_cidr_and_associates_client_with_serve
     off = drv("off", 3)
     assert off.cidr(off.spec.hosts[0]) == "peers" and off.associations() == [] and "acl" not in off.settings
     assert drv(ISOLATE, 3).settings["acl"]["isolated"] == []  # 3 hosts: nothing left to isolate
+
+
+def test_softether_policy_is_a_hub_access_list_from_each_isolated_host(tmp_path):
+    def drv(mode: str, n: int = 4) -> SoftEther:
+        return SoftEther(
+            MeshSpec(hosts=hosts(tmp_path / mode, n), tag="tbacl", workdir=tmp_path, options={"acl": mode})
+        )
+
+    d = drv(ISOLATE)
+    h1, h2, h3, h4 = d.spec.hosts
+    assert d.hub is h4 and d.settings["acl"]["isolated"] == ["h3", "h4"]  # the hub host is isolated too
+    rules = d._access_list()
+    pairs = [(r.split("/SRCIP:")[1].split()[0], r.split("/DESTIP:")[1].split()[0]) for r in rules]
+    ip = {h.name: d.tunnel_ip(h) + "/32" for h in d.spec.hosts}
+    assert pairs == [(ip["h3"], ip["h1"]), (ip["h3"], ip["h2"]), (ip["h4"], ip["h1"]), (ip["h4"], ip["h2"])]
+    assert all(r.startswith("AccessAdd discard ") and "/PROTOCOL:0 " in r for r in rules)
+    assert len({r.split("/PRIORITY:")[1].split()[0] for r in rules}) == 4  # one priority each
+    assert [p.name for p in d.peers(h1)] == ["h2"] and d.peers(h3) == [] and d.peers(h4) == []
+    ctl = drv(NOT_APPLIED)
+    assert ctl.settings["acl"]["enforced"] is False
+    assert [r.replace("AccessAdd pass ", "AccessAdd discard ") for r in ctl._access_list()] == rules
+    off = drv("off", 3)
+    assert off._access_list() == [] and "acl" not in off.settings
 
 
 def test_the_check_refuses_an_unapplied_policy_and_a_two_host_lab(tmp_path):

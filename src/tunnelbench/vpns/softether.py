@@ -13,7 +13,13 @@ per-host directories over /var/lib/softether, /var/log/softether and /run/softet
 build keeps its configuration, logs and sockets (shared by all namespaces otherwise). vpncmd commands
 are read from 0600 files (/IN:), so no password is ever on a command line. The server's phone-home
 features are switched off (VPN Azure, keep-alive to keepalive.softether.org); the lab router drops and
-counts whatever it still tries (DDNS)."""
+counts whatever it still tries (DDNS).
+
+ACL (vpn_options.softether.acl, vpns/acl.py): the virtual hub's access list, as its operator would set it with
+`AccessAdd`: a discard rule per (isolated host -> client) and (isolated host -> server) IPv4 pair, on tunnel
+addresses, all protocols. The hub applies the list to every frame it switches, its local bridge included, so the
+hub host can be isolated too. The list is stateless: an isolated host's echo requests and SYNs die at the hub,
+and so would the client's replies to it. The test-only control adds the same rules as `pass`."""
 
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import time
 
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.lab.mountns import in_mounts_of, private_mounts
+from tunnelbench.vpns.acl import OFF, AclMode, acl_option, acl_policy, may_open
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt, debian_version
 
@@ -40,17 +47,44 @@ class SoftEther(VpnDriver):
     binaries = ("vpnserver", "vpnclient", "vpncmd")
     installs = (Apt(("softether-vpnserver", "softether-vpnclient", "softether-vpncmd")),)
     default_mtu = 1500  # the tap devices' default; SoftEther fragments inside its TLS stream
-    Options = TunnelOptions  # vpn_options: mtu
+    acl_support = True
     secret_patterns = ("*.cmds",)  # vpncmd scripts hold the account passwords
     settle_s = 2.0
     paths = frozenset({"direct", "relay", "nat"})
 
+    class Options(TunnelOptions):
+        acl: AclMode = acl_option()
+
     def __init__(self, spec):
         super().__init__(spec)
         self.hub = spec.relay or spec.hosts[-1]
+        acl = self.options.acl
+        self.acl = None if acl == OFF else acl_policy(spec, acl)
         self.settings = {"mode": f"star: virtual hub on {self.hub.name}, clients over TLS/TCP {PORT}",
                          "hub_host": self.hub.name, "cipher": CIPHER, "layer": 2, "mtu": self.mtu,
                          "udp_acceleration": "SoftEther default (on)"}  # fmt: skip
+        if self.acl is not None:
+            self.settings["acl"] = self.acl.record(
+                "virtual hub access list: AccessAdd discard per isolated source -> client/server (IPv4, all "
+                "protocols)"
+                if self.acl.enforced
+                else "virtual hub access list with the same rules as pass"
+            )
+
+    def peers(self, host: Host) -> list[Host]:
+        return may_open(self.acl, host, super().peers(host))
+
+    def _access_list(self) -> list[str]:
+        """The policy as the hub's IPv4 access list (vpncmd wants every parameter, empty ones included)."""
+        if self.acl is None:
+            return []
+        action = "discard" if self.acl.enforced else "pass"
+        return [f"AccessAdd {action} /MEMO:tb-{src.name}-{dst.name} /PRIORITY:{10 + i} /SRCUSERNAME: "
+                "/DESTUSERNAME: /SRCMAC: /DESTMAC: "
+                f"/SRCIP:{self.tunnel_ip(src)}/32 /DESTIP:{self.tunnel_ip(dst)}/32 /PROTOCOL:0 /SRCPORT: "
+                "/DESTPORT: /TCPSTATE:"
+                for i, (src, dst) in enumerate((s, d) for s in self.acl.isolated
+                                               for d in (self.acl.client, self.acl.server))]  # fmt: skip
 
     @classmethod
     def version(cls) -> str:
@@ -69,7 +103,8 @@ class SoftEther(VpnDriver):
             for src in self._mounts(h).values():
                 h.mkdir(src)
         hub_cmds = ["VpnAzureSetEnable no", "KeepDisable", f"ServerCipherSet {CIPHER}",
-                    f"BridgeCreate DEFAULT /DEVICE:{self.ifname(self.hub)} /TAP:yes", "Hub DEFAULT"]  # fmt: skip
+                    f"BridgeCreate DEFAULT /DEVICE:{self.ifname(self.hub)} /TAP:yes", "Hub DEFAULT",
+                    *self._access_list()]  # fmt: skip
         for name, pw in self.passwords.items():
             hub_cmds += [
                 f"UserCreate {name} /GROUP:none /REALNAME:none /NOTE:none",
