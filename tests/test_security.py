@@ -263,13 +263,13 @@ def test_relay_legs_and_verdict():
 
 
 def test_builtin_security_scenarios():
-    """`tunnelbench run security` / `security-relay`: the leak check with its positive controls on the direct
+    """`tunnelbench run security-leak` / `security-relay` (two parts of the `security` suite): the leak check with its positive controls on the direct
     path; the relay check for exactly the VPNs of the relay scenario."""
     from tunnelbench.scenario import load_scenario
 
     default, _ = load_scenario("default")
     relay, _ = load_scenario("relay")
-    sec, _ = load_scenario("security")
+    sec, _ = load_scenario("security-leak")
     assert set(sec.vpns) == {*default.vpns, "vxlan"} and "internal" in sec.vpns
     assert sec.lab.path == "direct" and sec.lab.hosts == 3 and sec.run.repetitions == 1
     (wl,) = sec.build_workloads()

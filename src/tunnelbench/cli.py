@@ -81,6 +81,16 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
 
     plan = None
     try:
+        from tunnelbench.suite import load_suite
+
+        suite = load_suite(scenario) if resume_ref is None else None
+    except ScenarioError as e:
+        err.print(Text(f"{e}", style="red"))
+        sys.exit(2)
+    if suite is not None:
+        sys.exit(_run_suite(suite, vpns, repetitions, profiles, results, no_html, inventory, insecure, flamegraph,
+                            capture))  # fmt: skip
+    try:
         if resume_ref is not None:
             given = [name for name, v in (("SCENARIO", scenario), ("--vpn", vpns), ("--repetitions", repetitions),
                      ("--profile", profiles), ("--inventory", inventory), ("--insecure-no-host-key-check", insecure),
@@ -116,6 +126,16 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
     except ScenarioError as e:
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
+    code, _, _ = _execute(sc, text, overrides, plan, results, no_html)
+    sys.exit(code)
+
+
+def _execute(
+    sc, text: str, overrides: dict, plan, results: Path | None, no_html: bool
+) -> tuple[int, Path, str]:
+    """Run one scenario to the end, print its summary, write its report; (exit code, run folder, run id)."""
+    from tunnelbench.runner import ResumeError
+
     if sc.lab.backend != "ssh":  # over SSH the hosts need root, not the controller
         _need_root()
     from tunnelbench.analysis.summary import summarize
@@ -163,7 +183,83 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
         console.print(Text(line, style=style))
     if code == 0 and res is not None and res.status != "ok":
         code = 1
-    sys.exit(code)
+    return code, runner.run_dir, runner.run_id
+
+
+def _run_suite(suite, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...],
+               results: Path | None, no_html: bool, inventory: Path | None, insecure: bool, flamegraph: bool,
+               capture: str | None) -> int:  # fmt: skip
+    """Every part of a suite as its own run (tunnelbench/suite.py), then the merged Security matrix. Every part
+    is parsed before the first runs, so bad input fails before anything is measured."""
+    from tunnelbench.analysis.analyze import load_run
+    from tunnelbench.report.terminal import security_table
+    from tunnelbench.scenario import ScenarioError
+    from tunnelbench.suite import merged_rows, write_matrix
+
+    common = {k: v for k, v in {
+        "inventory": str(inventory.resolve()) if inventory else None, "insecure": insecure,
+        "repetitions": repetitions, "profiles": [p for arg in profiles for p in arg.split(",")],
+        "flamegraph": flamegraph, "capture": capture}.items() if v}  # fmt: skip
+    try:
+        parts, notes = _suite_parts(suite, vpns, common)
+    except ScenarioError as e:
+        err.print(Text(f"{suite.source}: {e}", style="red"))
+        return 2
+    done: list[tuple[Path, str]] = []
+    codes = []
+    for i, (part, sc, text, over) in enumerate(parts, 1):
+        err.print(
+            Text(f"suite {suite.name}: part {i}/{len(parts)}: {part} ({len(sc.vpns)} VPN(s))", style="bold")
+        )
+        code, run_dir, run_id = _execute(sc, text, over, None, results, no_html)
+        done.append((run_dir, run_id))
+        codes.append(code)
+        if code == 130:  # interrupted: the finished parts stay, and the matrix shows what they measured
+            notes.append(f"interrupted during {part}: later parts not run")
+            break
+    runs = [load_run(d, rid) for d, rid in done]
+    try:
+        rows = merged_rows(runs)
+        folder = (results or Path("results")) / f"{suite.name}-suite-{done[0][1]}"
+        path = write_matrix(suite, runs, rows, notes, folder)
+    finally:
+        for r in runs:
+            r.store.close()
+    console.print(security_table(rows, f"{suite.name}: merged from {len(runs)} run(s)"))
+    for n in notes:
+        console.print(Text(n, style="dim"))
+    err.print(f"matrix: {path}")
+    return 130 if 130 in codes else max(codes, default=0)
+
+
+def _suite_parts(suite, vpns: tuple[str, ...], common: dict) -> tuple[list[tuple], list[str]]:
+    """Each part's (name, scenario, text, overrides) with the command line applied, `--vpn` narrowed to the
+    VPNs that can take the part's check; and notes on what was left out. Raises ScenarioError."""
+    from tunnelbench.scenario import load_scenario
+    from tunnelbench.suite import capable
+
+    requested = [v for arg in vpns for v in arg.split(",")]
+    parts, notes = [], []
+    for part in suite.parts:
+        sc, text = load_scenario(suite.part_path(part))
+        over = dict(common)
+        if requested:
+            every = _with_overrides(text, {**over, "vpns": requested}, f"suite part {part} with --vpn")
+            why = {v: capable(v, every) for v in every.vpns}
+            keep = [v for v, w in why.items() if w is None]
+            for w in sorted({w for w in why.values() if w}):
+                notes.append(f"{part}: not run for {', '.join(v for v in why if why[v] == w)} ({w})")
+            if not keep:
+                notes.append(f"{part}: skipped, none of the requested VPNs can take its check")
+                continue
+            over["vpns"] = keep
+        if over:
+            sc = _with_overrides(text, over, f"suite part {part} with command-line overrides")
+            text = _dump_toml_note(text, tuple(over.get("vpns", [])), over.get("repetitions"),
+                                   tuple(over.get("profiles", [])), bool(over.get("flamegraph")),
+                                   over.get("capture"))  # fmt: skip
+        parts.append((part, sc, text, over))
+    return parts, notes
 
 
 def _with_overrides(text: str, overrides: dict, source: str):
@@ -658,21 +754,38 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
 def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path) -> None:
     """How long a scenario takes here: cases per VPN and workload, seconds per case from earlier runs on this
     machine (else the workload's declared upper bound), and the total, before anything runs."""
-    from tunnelbench.plan import make_plan
     from tunnelbench.scenario import ScenarioError, load_scenario
-    from tunnelbench.vpns import resolve
+    from tunnelbench.suite import load_suite
 
     try:
-        sc, text = load_scenario(scenario)
-        overrides = {k: v for k, v in {"vpns": [v for a in vpns for v in a.split(",")],
-                                        "repetitions": repetitions}.items() if v}  # fmt: skip
-        if overrides:
-            sc = _with_overrides(
-                text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
-            )
+        suite = load_suite(scenario)
+        if suite is not None:  # a suite: each part planned as it would run
+            parts, notes = _suite_parts(suite, vpns, {"repetitions": repetitions} if repetitions else {})
+        else:
+            sc, text = load_scenario(scenario)
+            overrides = {k: v for k, v in {"vpns": [v for a in vpns for v in a.split(",")],
+                                            "repetitions": repetitions}.items() if v}  # fmt: skip
+            if overrides:
+                sc = _with_overrides(
+                    text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
+                )
+            parts, notes = [(None, sc, text, overrides)], []
     except ScenarioError as e:
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
+    total = 0.0
+    for _part, sc, _text, _over in parts:
+        total += _print_plan(sc, results)
+    for n in notes:
+        console.print(Text(n, style="dim"))
+    if len(parts) > 1:
+        console.print(f"suite {suite.name}: {len(parts)} runs, total about {total / 60:.0f} min "  # type: ignore[union-attr]
+                      f"({total / 3600:.1f} h)")  # fmt: skip
+
+
+def _print_plan(sc, results: Path) -> float:
+    from tunnelbench.plan import make_plan
+    from tunnelbench.vpns import resolve
 
     def available(vpn: str) -> str | None:
         a = resolve(vpn).availability()
@@ -690,6 +803,7 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
         console.print(Text(f"{vpn}: not counted, unavailable here: {why}"[:300], style="yellow"))
     console.print(f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min; "
                   f"total about {p.seconds / 60:.0f} min ({p.seconds / 3600:.1f} h)")  # fmt: skip
+    return p.seconds
 
 
 @main.command("list")

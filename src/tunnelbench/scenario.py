@@ -556,6 +556,9 @@ def load_scenario(path: Path | None = None) -> tuple[Scenario, str]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{source}: not valid TOML: {e}") from None
+    if "suite" in data:  # tunnelbench/suite.py: only `run` and `plan` take a suite
+        raise ScenarioError(f"{source} is a suite of {len(data['suite'])} scenarios ({', '.join(data['suite'])}): "
+                            "`tunnelbench run` and `tunnelbench plan` take it; give one of its parts here")  # fmt: skip
     return parse_scenario(data, source), text
 
 

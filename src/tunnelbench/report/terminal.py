@@ -146,7 +146,7 @@ def print_security(store: Store, run_id: str, console: Console, full: bool = Fal
     """The Security table (one row per VPN, one column per check) and the key-scan line, when the run has any.
     A run without a leak, ACL or revocation case gets two summary lines instead (the table in --full)."""
     from tunnelbench.analysis.analyze import load_run
-    from tunnelbench.report.security import COLUMNS, key_scan, security_rows, tone
+    from tunnelbench.report.security import key_scan, security_rows, tone
 
     run = load_run(store.path.parent, run_id)
     try:
@@ -156,18 +156,7 @@ def print_security(store: Store, run_id: str, console: Console, full: bool = Fal
     checked = ("plaintext leak", "relay", "ACL", "revocation")
     ran = any(r["cells"][c][0] not in ("not run", "not supported") for r in rows for c in checked)
     if rows and (ran or full):
-        t = Table(title="security", title_justify="left")
-        for col in ("VPN", "version", *COLUMNS):
-            t.add_column(col, overflow="fold")
-        for r in rows:
-            cells = []
-            for col, (verdict, evidence) in r["cells"].items():
-                style = {"ok": "green", "bad": "red"}.get(r["tones"][col], "dim")
-                cells.append(
-                    Text(verdict, style=style) + (Text(f"\n{evidence}", style="dim") if evidence else "")
-                )
-            t.add_row(r["vpn"], r["version"], *cells)
-        console.print(t)
+        console.print(security_table(rows))
     elif rows:
         for col in ("off-lab drops", "key hygiene"):
             by: dict[str, list[str]] = {}
@@ -180,6 +169,24 @@ def print_security(store: Store, run_id: str, console: Console, full: bool = Fal
                            style="dim"))  # fmt: skip
     if scan:
         console.print(Text(f"key scan: {scan[0]}", style="green" if scan[1] else "bold red"))
+
+
+def security_table(rows: list[dict], title: str = "security") -> Table:
+    """One row per VPN, one column per check: the verdict coloured by its tone, the evidence below it."""
+    from tunnelbench.report.security import COLUMNS
+
+    t = Table(title=title, title_justify="left")
+    for col in ("VPN", "version", *COLUMNS):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        cells = []
+        for col, (verdict, evidence) in r["cells"].items():
+            style = {"ok": "green", "bad": "red"}.get(r["tones"][col], "dim")
+            cells.append(
+                Text(verdict, style=style) + (Text(f"\n{evidence}", style="dim") if evidence else "")
+            )
+        t.add_row(r["vpn"], r["version"], *cells)
+    return t
 
 
 def drop_shares(env: dict[str, str], key: str) -> dict[str, int]:

@@ -1,0 +1,166 @@
+"""Suites: one command for checks that each need their own lab (issue 14: `tunnelbench run security`).
+
+A suite file is a scenario file whose top level is `name`, `description` and `suite = [PART, ...]`, each part a
+built-in scenario name or a scenario file (relative to the suite file). `tunnelbench run SUITE` runs every part
+as its own run (its own folder, report and store: a part's lab, e.g. the relay path, differs from another's),
+then prints one matrix merged from the parts' Security rows and writes it next to them.
+
+`--vpn` applies to every part, narrowed to the VPNs that can take the part's check: an `acl` part runs only
+drivers with access control, a `revoke` part only drivers with a revocation action, a relay/NAT part only
+drivers with that path. The others are not run there; the matrix says "not supported" for them from the
+driver class, as a single run's Security table does."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from tunnelbench.analysis.analyze import RunData
+from tunnelbench.report.security import COLUMNS, NOT_RUN, NOT_SUPPORTED, security_rows, tone
+from tunnelbench.scenario import Scenario, ScenarioError, builtin_scenarios
+from tunnelbench.vpns import DRIVERS
+
+SUITE_KEYS = {"name", "description", "suite"}
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    parts: list[str]
+    source: str
+    base: Path | None  # the folder part paths are relative to (None for a built-in suite)
+
+    def part_path(self, part: str) -> Path:
+        """The file or built-in name load_scenario takes for `part`."""
+        if self.base is not None and (self.base / part).exists():
+            return self.base / part
+        if part in builtin_scenarios():
+            return Path(part)
+        raise ScenarioError(f"{self.source}: suite part {part!r} is neither a file next to the suite nor a "
+                            f"built-in scenario ({', '.join(builtin_scenarios())})")  # fmt: skip
+
+
+def load_suite(path: Path | None) -> Suite | None:
+    """The suite at `path` (a file or a built-in name), or None when it is a plain scenario."""
+    if path is None:
+        return None
+    if not Path(path).exists() and str(path) in builtin_scenarios():
+        text = resources.files("tunnelbench").joinpath(f"scenarios/{path}.toml").read_text()
+        source, base = f"built-in scenario {path}", None
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            return None  # load_scenario says what is wrong with the path
+        source, base = str(path), Path(path).resolve().parent
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+    if "suite" not in data:
+        return None
+    extra = sorted(set(data) - SUITE_KEYS)
+    if extra:
+        raise ScenarioError(f"{source}: a suite holds only {', '.join(sorted(SUITE_KEYS))}; "
+                            f"move {', '.join(extra)} into its parts")  # fmt: skip
+    parts = data["suite"]
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p for p in parts):
+        raise ScenarioError(f"{source}: suite: a non-empty list of scenario names or files, e.g. "
+                            '["security-leak", "security-acl"]')  # fmt: skip
+    return Suite(str(data.get("name", Path(str(path)).stem)), str(data.get("description", "")), parts, source,
+                 base)  # fmt: skip
+
+
+def capable(vpn: str, sc: Scenario) -> str | None:
+    """Why `vpn` cannot take the part `sc`'s check (None: it can)."""
+    cls = DRIVERS.get(vpn.split("@")[0])
+    if cls is None:
+        return None  # the scenario's own validation names it
+    names = {w.name for w in sc.workloads}
+    if "acl" in names and not cls.acl_support:
+        return "no access control"
+    if "revoke" in names and cls.revocation is None:
+        return "no revocation action"
+    if sc.lab.path != "direct" and sc.lab.path not in cls.paths:
+        return f"no {sc.lab.path} path"
+    return None
+
+
+def merged_rows(runs: list[RunData]) -> list[dict]:
+    """One Security row per VPN over all parts: each column from the part whose check ran (a verdict over
+    "not run"); ACL, revocation and relay "not supported" from the driver class for VPNs a part left out."""
+    by_vpn: dict[str, dict] = {}
+    for run in runs:
+        for row in security_rows(run):
+            cur = by_vpn.setdefault(row["vpn"], {"vpn": row["vpn"], "version": row["version"],
+                                                  "cells": dict.fromkeys(COLUMNS, NOT_RUN)})  # fmt: skip
+            for col, cell in row["cells"].items():
+                if cell == NOT_RUN:
+                    continue
+                old = cur["cells"][col]
+                if (
+                    old in (NOT_RUN, NOT_SUPPORTED)
+                    or col in ("off-lab drops", "key hygiene")
+                    and tone(cell[0]) == "bad"
+                ):  # every part's drops and key record count: a failure anywhere shows
+                    verdict, evidence = cell
+                    cur["cells"][col] = (
+                        cell if cell == NOT_SUPPORTED else (verdict, f"{run.run_id}: {evidence}".rstrip(": "))
+                    )
+    for row in by_vpn.values():
+        cls = DRIVERS.get(row["vpn"].split("@")[0])
+        if cls is None:
+            continue
+        fill = {
+            "ACL": not cls.acl_support,
+            "revocation": cls.revocation is None,
+            "relay": "relay" not in cls.paths,
+        }
+        for col, unsupported in fill.items():
+            if unsupported and row["cells"][col] == NOT_RUN:
+                row["cells"][col] = NOT_SUPPORTED
+        row["tones"] = {col: tone(v) for col, (v, _) in row["cells"].items()}
+    return list(by_vpn.values())
+
+
+def matrix_markdown(suite: Suite, runs: list[RunData], rows: list[dict], notes: list[str]) -> str:
+    lines = [
+        f"# {suite.name}: security matrix",
+        "",
+        suite.description,
+        "",
+        "Parts (each its own run folder):",
+        "",
+    ]
+    lines += [f"- `{r.run_id}`: {_scenario_name(r)} ({r.run_dir})" for r in runs]
+    lines += [f"- {n}" for n in notes]
+    lines += ["", "| VPN | version | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        cells = [f"{v}" + (f" <br><sub>{e}</sub>" if e else "") for v, e in r["cells"].values()]
+        lines.append(
+            f"| {r['vpn']} | {r['version']} | " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _scenario_name(run: RunData) -> str:
+    try:
+        return str(tomllib.loads(run.run.get("scenario") or "").get("name", ""))
+    except tomllib.TOMLDecodeError:
+        return ""
+
+
+def write_matrix(suite: Suite, runs: list[RunData], rows: list[dict], notes: list[str], folder: Path) -> Path:
+    """matrix.md and matrix.json in `folder` (the suite's own folder beside the part runs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "matrix.md").write_text(matrix_markdown(suite, runs, rows, notes))
+    (folder / "matrix.json").write_text(json.dumps(
+        {"suite": suite.name, "runs": [{"id": r.run_id, "dir": str(r.run_dir)} for r in runs], "notes": notes,
+         "rows": [{"vpn": r["vpn"], "version": r["version"],
+                   "cells": {c: {"verdict": v, "evidence": e} for c, (v, e) in r["cells"].items()}}
+                  for r in rows]}, indent=1))  # fmt: skip
+    return folder / "matrix.md"
