@@ -868,6 +868,9 @@ def list_() -> None:
         t.add_row(name, p.description)
     console.print(t)
     console.print(f"built-in scenarios: {', '.join(builtin_scenarios())}")
+    console.print("sweeps (each point a fresh lab): `tunnelbench nat-matrix` (NAT type pairs: direct, relayed "
+                  "or failed), `tunnelbench mesh-scale --vpn V` (full mesh of N = 10..100 hosts: time until every "
+                  "pair answers, per-node RSS and idle CPU, control plane, RTT)")  # fmt: skip
 
 
 @main.command()
@@ -1044,6 +1047,60 @@ def nat_matrix(vpns: tuple[str, ...], pairs: str, out: Path, no_record: bool) ->
         t.add_row(*r)
     console.print(t)
     err.print(Text(f"nat matrix: {out}"))
+
+
+@main.command("mesh-scale")
+@click.option(
+    "--vpn", "vpns", multiple=True, required=True, help="VPN(s) to grow (repeatable or comma-separated)"
+)
+@click.option("--sizes", default=",".join(str(n) for n in (10, 25, 50, 100)), show_default=True,
+              help="mesh sizes N, in order (comma-separated; each a fresh lab of N hosts)")  # fmt: skip
+@click.option("--idle-s", type=click.FloatRange(1, 600), default=10.0, show_default=True,
+              help="seconds of idle after the mesh is ready over which daemon CPU and RSS are read")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/mesh-scale.json"),
+              show_default=True, help="the curve as JSON (rewritten after every point); an SVG plot beside it")  # fmt: skip
+def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> None:
+    """Full-mesh scale: per VPN and mesh size N (every host a peer of every other), seconds until every pair
+    answers, per-node daemon RSS and idle CPU (control plane on its own row), RTT h1 -> hN; stops at the
+    first size that fails or would not fit in memory, and says which bound it reached."""
+    import tempfile
+
+    from tunnelbench import meshscale as ms
+    from tunnelbench.vpns import DRIVERS
+
+    _need_root()
+    names = [x.strip() for v in vpns for x in v.split(",") if x.strip()]
+    bad = [n for n in names if n not in DRIVERS]
+    if bad:
+        raise click.UsageError(f"--vpn: unknown VPN {', '.join(bad)} (see `tunnelbench list`)")
+    star_only = [n for n in names if "mesh" not in DRIVERS[n].topologies]
+    if star_only:
+        raise click.UsageError(f"--vpn: {', '.join(star_only)} cannot build a full mesh")
+    try:
+        ns = [int(x) for x in sizes.split(",") if x.strip()]
+    except ValueError:
+        raise click.UsageError(
+            f"--sizes: comma-separated host counts, e.g. 10,25,50,100 (got {sizes!r})"
+        ) from None
+    if not ns or any(n < 2 or n > 1000 for n in ns) or ns != sorted(ns):
+        raise click.UsageError(
+            f"--sizes: increasing host counts from 2 to 1000, e.g. 10,25,50,100 (got {sizes!r})"
+        )
+    with tempfile.TemporaryDirectory(prefix="tb-meshscale-") as work:
+        result = ms.run_sweep(names, ns, Path(work), out, idle_s, progress=lambda s: err.print(Text(s)))
+    head, rows = ms.table_rows(result)
+    t = Table(title=f"full-mesh scale ({result['cores']} cores, {result['mem_total_mb']:.0f} MB; idle {idle_s:g} s)",
+              title_justify="left")  # fmt: skip
+    for h in head:
+        t.add_column(h, overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    svg = ms.plot_svg(result)
+    if svg:
+        out.with_suffix(".svg").write_text(svg)
+        err.print(Text(f"plot: {out.with_suffix('.svg')}"))
+    err.print(Text(f"mesh scale: {out}"))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,30 @@ def _series_by_variant(a: Analysis, profile: str, label: str, name: str):
     return out
 
 
+def _per_peer_plots(a: Analysis, profile: str, label: str) -> list[str]:
+    """Per variant: the first successful repetition's per-peer goodput series (multihost stores one per peer
+    and direction, host = the peer), titled with that case's Jain fairness index."""
+    out = []
+    for v in a.variants:
+        run = a.run_of(v)
+        case = next((c for c in sorted(run.cases, key=lambda c: (c.repetition, c.id)) if c.status == "ok"
+                     and c.profile == profile and c.label == label and a.variant_of[(run.run_id, c.vpn)] == v), None)  # fmt: skip
+        if case is None:
+            continue
+        streams: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+        for d in ("tx", "rx"):
+            for r in run.series([case.id], f"{d}_goodput_mbps"):
+                if r["host"] is not None:
+                    streams[d][r["host"]].append((r["t"], r["value"]))
+        jain = [m["value"] for m in run.metrics if m["case_id"] == case.id and m["name"] == "stream_fairness"]
+        fair = f"Jain fairness {jain[0]:.3f}" if jain else "fairness not stored"
+        svg = plots.per_peer(streams, f"{v} · {label} · {profile} · repetition {case.repetition}: per-peer "
+                             f"goodput ({fair})")  # fmt: skip
+        if svg:
+            out.append(svg)
+    return out
+
+
 def _rss_lines(a: Analysis, profile: str) -> plots.RssLines:
     """The stored daemon RSS series (per host) of every successful case of a profile, pooled."""
     rows, cases = [], {}
@@ -296,6 +320,8 @@ def build_context(a: Analysis) -> dict:
                                        f"throughput over time · {lb} · {p} (iperf3 intervals)")  # fmt: skip
                 if svg:
                     tseries.append(svg)
+        for lb in sorted(labels_of.get("multihost", ())):
+            tseries += _per_peer_plots(a, p, lb)
         svg = plots.cpu_memory(a, p)
         if svg:
             cpu.append(svg)

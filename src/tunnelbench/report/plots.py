@@ -272,6 +272,31 @@ def timeseries(a: Analysis, series: dict[str, list[list[tuple[float, float]]]], 
     return to_svg(fig)
 
 
+def per_peer(streams: dict[str, dict[str, list[tuple[float, float]]]], title: str) -> str | None:
+    """Multi-host per-peer goodput over time (seed 004): one panel per direction (tx = from the one host,
+    rx = into it), one line per peer; equal lines = a fair share."""
+    dirs = [d for d in ("tx", "rx") if streams.get(d)]
+    if not dirs:
+        return None
+    fig, axes = plt.subplots(1, len(dirs), figsize=(6.2 * len(dirs) / 1.4, 3.4), squeeze=False, sharey=True)
+    for ax, d in zip(axes[0], dirs, strict=True):
+        for peer, pts in sorted(
+            streams[d].items(), key=lambda kv: int(kv[0][1:]) if kv[0][1:].isdigit() else 0
+        ):
+            if pts:
+                t, y = zip(*sorted(pts), strict=True)
+                ax.plot(t, y, lw=1.2, marker=".", ms=3, label=peer)
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("time since the start of the transfer [s]")
+        ax.set_title({"tx": "from the one host to each peer", "rx": "from each peer into the one host"}[d],
+                     fontsize=8, loc="left")  # fmt: skip
+        ax.legend(fontsize=6, loc="best", ncol=2)
+    axes[0][0].set_ylabel(axis_label("goodput_mbps", "Mbit/s"))
+    fig.suptitle(title, fontsize=9, x=0.01, ha="left")
+    return to_svg(fig)
+
+
 def rounds(a: Analysis, per_round: dict[str, dict[int, float]], drift: list[float], title: str) -> str | None:
     """Each variant's value per round relative to its own median (1 = its median), with the drift reference
     (raw underlay TCP at every round boundary, relative to its median) as a dashed black line: a VPN line

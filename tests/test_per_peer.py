@@ -1,0 +1,63 @@
+"""Multi-host per-peer plots (issue 15 item 9, seed 004): the report draws, per VPN, each peer's goodput over
+time in each direction from the series the multihost workload stores (host = the peer), titled with that case's
+Jain fairness index. Known answers: a hand-made store with distinct per-peer values, read back from the SVG."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.report import full, plots
+from tunnelbench.store import DB_NAME, Store
+from tunnelbench.workloads.base import Outcome, Sample, Series
+
+
+def make_store(root: Path) -> Path:
+    run = "r1"
+    run_dir = root / run
+    run_dir.mkdir(parents=True)
+    st = Store(run_dir / DB_NAME)
+    st.begin_run(run, "tbpp", 'name = "hand-made"\n', "0.1.0")
+    st.set_vpn(run, "vpnA", "1", "ok")
+    for rep, fair in ((1, 0.875), (2, 0.5)):
+        adir = run_dir / "cases" / "vpnA" / f"r{rep}"
+        adir.mkdir(parents=True)
+        cid = st.start_case(
+            run, "vpnA", "baseline", "multihost", "multihost-bidir", {}, rep, 0, "h1", "h2", adir
+        )
+        out = Outcome(
+            samples=[
+                Sample("stream_fairness", fair, "ratio"),
+                Sample("aggregate_goodput_mbps", 600, "Mbit/s"),
+            ]
+        )
+        for d, base in (("tx", 100.0), ("rx", 50.0)):
+            for k, peer in enumerate(("h2", "h3", "h4")):
+                out.series.append(
+                    Series(
+                        f"{d}_goodput_mbps", "Mbit/s", [(t, base * (k + 1)) for t in (1.0, 2.0, 3.0)], peer
+                    )
+                )
+        st.finish_case(cid, "ok", out)
+    st.end_run(run, "ok")
+    st.close()
+    return run_dir
+
+
+def test_report_draws_each_peer_per_direction_with_the_cases_fairness(tmp_path):
+    a = analyze([load_run(make_store(tmp_path))])
+    (svg,) = full._per_peer_plots(a, "baseline", "multihost-bidir")
+    # the first repetition's case, with its own fairness (0.875, not repetition 2's 0.5)
+    assert "repetition 1" in svg and "Jain fairness 0.875" in svg
+    assert "from the one host to each peer" in svg and "from each peer into the one host" in svg
+    for peer in ("h2", "h3", "h4"):
+        assert re.search(rf">\s*{peer}\s*<|{peer}</", svg) or f"<!-- {peer} -->" in svg
+    ctx = full.build_context(a)
+    assert any("Jain fairness 0.875" in s for s in ctx["tseries"])
+
+
+def test_per_peer_plot_skips_empty_directions():
+    assert plots.per_peer({}, "t") is None
+    svg = plots.per_peer({"tx": {"h2": [(1.0, 5.0), (2.0, 6.0)]}}, "only tx")
+    assert svg is not None and "from the one host to each peer" in svg and "into the one host" not in svg
