@@ -62,3 +62,32 @@ def lab_factory(tmp_path: Path):
     for lab in made:
         lab.destroy()
         lab.journal.end()
+
+
+@pytest.fixture
+def mesh_factory(lab_factory):
+    """A running mesh of `vpn` on a fresh lab of `n_hosts` (skipped when the VPN is unavailable here), its
+    run folder as `.run_dir`; stopped at the end, and nothing of it may be left."""
+    from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+
+    made = []
+
+    def make(vpn: str = "internal", n_hosts: int = 2, ready_s: float = 60):
+        cls = DRIVERS[vpn]
+        a = cls.availability()
+        if not a.ok:
+            pytest.skip(f"{vpn}: {a.reason}")
+        lab = lab_factory(n_hosts)
+        driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
+        driver.configure()
+        m = Mesh(driver)
+        made.append(m)
+        m.start()
+        m.wait_ready(ready_s)
+        m.run_dir = lab.run_dir  # type: ignore[attr-defined]
+        return m
+
+    yield make
+    for m in made:
+        m.stop()
+        assert m.leftovers() == []

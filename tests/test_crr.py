@@ -14,7 +14,6 @@ import time
 import numpy as np
 import pytest
 
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 from tunnelbench.workloads import WORKLOADS, CaseContext, crr_agent
 from tunnelbench.workloads.crr import Crr, CrrParams
 
@@ -194,21 +193,8 @@ def test_params_label_and_metrics():
 
 # -- through a tunnel ------------------------------------------------------------------------------------
 @pytest.fixture(params=["internal", "wireguard-go"])
-def mesh(request, lab_factory):
-    cls = DRIVERS[request.param]
-    a = cls.availability()
-    if not a.ok:
-        pytest.skip(f"{request.param}: {a.reason}")
-    lab = lab_factory(2)
-    driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
-    driver.configure()
-    m = Mesh(driver)
-    m.start()
-    m.wait_ready(60)
-    m.run_dir = lab.run_dir
-    yield m
-    m.stop()
-    assert m.leftovers() == []
+def mesh(request, mesh_factory):
+    return mesh_factory(request.param)
 
 
 def run(mesh, timeout: float = 90, **params) -> tuple[dict, object]:

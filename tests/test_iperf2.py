@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 from tunnelbench.workloads import WORKLOADS, CaseContext, iperf2
 from tunnelbench.workloads.base import Outcome, WorkloadError
 from tunnelbench.workloads.common import interface_of, link_counters
@@ -232,17 +231,8 @@ def test_params_engines_and_labels():
 
 # -- end to end, through the internal path -----------------------------------------------------------------
 @pytest.fixture
-def mesh(lab_factory):
-    lab = lab_factory(2)
-    driver = DRIVERS["internal"](MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
-    driver.configure()
-    m = Mesh(driver)
-    m.start()
-    m.wait_ready(30)
-    m.run_dir = lab.run_dir
-    yield m
-    m.stop()
-    assert m.leftovers() == []
+def mesh(mesh_factory):
+    return mesh_factory("internal")
 
 
 def counters(mesh) -> dict[str, dict[str, int]]:

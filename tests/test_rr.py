@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 from tunnelbench.workloads import WORKLOADS, CaseContext
 from tunnelbench.workloads.base import Outcome, WorkloadError
 from tunnelbench.workloads.common import interface_of, link_counters
@@ -147,17 +146,8 @@ def test_params_label_metrics_and_seeds_scenario():
 
 # -- end to end, through the internal path -----------------------------------------------------------------
 @pytest.fixture
-def mesh(lab_factory):
-    lab = lab_factory(2)
-    driver = DRIVERS["internal"](MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
-    driver.configure()
-    m = Mesh(driver)
-    m.start()
-    m.wait_ready(30)
-    m.run_dir = lab.run_dir
-    yield m
-    m.stop()
-    assert m.leftovers() == []
+def mesh(mesh_factory):
+    return mesh_factory("internal")
 
 
 def run(mesh, **params) -> tuple[dict[str, float], Outcome, dict[str, int], Path]:

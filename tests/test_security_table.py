@@ -105,3 +105,16 @@ def test_renderers_show_the_new_columns(tmp_path):
     st.close()
     text = buf.getvalue()
     assert "NOT enforced (1/1)" in text and "cut off in 2.5 s" in text and "not supported" in text
+
+
+def test_a_skipped_check_is_not_run_with_its_reason_not_an_error(tmp_path):
+    run = hand_made_run(
+        tmp_path, {"wireguard-go": [("revoke", "skipped", "this kernel has no WireGuard", {})]}
+    )
+    (row,) = security_rows(run)
+    assert row["cells"]["revocation"] == ("not run", "skipped: this kernel has no WireGuard")
+    assert row["tones"]["revocation"] == "muted"
+    run = hand_made_run(
+        tmp_path / "b", {"wireguard-go": [("revoke", "failed", "WorkloadError: timed out", {})]}
+    )
+    assert security_rows(run)[0]["cells"]["revocation"] == ("error", "timed out")

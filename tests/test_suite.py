@@ -129,5 +129,8 @@ def test_a_suite_runs_each_part_narrowed_to_capable_vpns_and_writes_one_matrix(t
     assert cells["nebula"]["ACL"]["verdict"] == "enforced (1/1)", cells
     assert cells["nebula"]["ACL"]["evidence"].startswith(runs[1].name)
     assert cells["internal"]["ACL"]["verdict"] == "not supported"
+    # key hygiene ran in the first part while nebula's mesh was up (its keys checked, then removed)
+    assert cells["nebula"]["key hygiene"]["verdict"] == "pass", cells["nebula"]["key hygiene"]
+    assert cells["nebula"]["key hygiene"]["evidence"].startswith(f"{runs[0].name}: ")
     # the positive control's leak is a finding in the matrix, not a failed run (as in a single run)
     assert "mini: merged from 2 run(s)" in res.stdout and res.returncode == 0, out

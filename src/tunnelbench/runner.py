@@ -811,13 +811,13 @@ class Runner:
                 progress.advance(task, n_cases)
             return
         self.store.set_vpn(self.run_id, vpn, avail.version, "ok", "", self._vpn_settings(driver))
+        if mesh.unsettled_at_ready:  # the cases' path checks will say what the bytes did
+            self._say(f"{vpn}: paths not settled at the tunnel timeout: {'; '.join(mesh.unsettled_at_ready)}",
+                      "yellow")  # fmt: skip
         if first:
             self._say(
                 f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s"
             )
-        if mesh.unsettled_at_ready:  # the cases' path checks will say what the bytes did
-            self._say(f"{vpn}: paths not settled at the tunnel timeout: {'; '.join(mesh.unsettled_at_ready)}",
-                      "yellow")  # fmt: skip
             self._tax_check(vpn, mesh)
             self._key_check(vpn, driver)
         try:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tunnelbench.lab.procstat import read_stat
+
 if TYPE_CHECKING:
     from tunnelbench.lab.host import Host
 
@@ -53,23 +55,14 @@ def undo_handler(kind: str) -> UndoFn | None:
 
 def proc_start_ticks(pid: int) -> int | None:
     """Start time of a process in clock ticks since boot; tells a live PID from a reused one."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm may contain spaces and parentheses: fields start after the last ')'
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[19])
+    st = read_stat(pid)
+    return None if st is None else st.starttime
 
 
 def process_alive(pid: int, start: int | None) -> bool:
     """True if `pid` is still the process that was started at `start` ticks and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return fields[0] != "Z" and (start is None or int(fields[19]) == start)
+    st = read_stat(pid)
+    return st is not None and st.state != "Z" and (start is None or st.starttime == start)
 
 
 def registry_files(run_id: str) -> tuple[Path, Path]:

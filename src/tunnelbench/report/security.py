@@ -14,6 +14,7 @@ from tunnelbench.analysis.analyze import RunData
 from tunnelbench.vpns import DRIVERS
 
 NOT_RUN = ("not run", "")
+SKIPPED = "skipped: "  # a skipped case's reason, as evidence of a "not run" cell
 VERDICTS = {0: "fail: plaintext at the relay", 1: "pass: metadata only", 2: "not supported: nothing crossed"}
 COLUMNS = ("plaintext leak", "relay", "off-lab drops", "key hygiene", "ACL", "revocation")
 NOT_SUPPORTED = ("not supported", "")
@@ -44,7 +45,8 @@ def security_rows(run: RunData) -> list[dict]:
     errors: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for c in run.cases:
         if c.status != "ok" and c.error and (c.vpn, c.profile, c.label, c.repetition) not in done:
-            errors[c.vpn][c.workload].append(c.error.strip().splitlines()[0].removeprefix("WorkloadError: "))
+            first = c.error.strip().splitlines()[0].removeprefix("WorkloadError: ")
+            errors[c.vpn][c.workload].append(f"{SKIPPED}{first}" if c.status == "skipped" else first)
     rows = []
     for v in run.vpns:
         vpn = v["name"]
@@ -131,6 +133,8 @@ def _revocation(run: RunData, got: dict, errors: list[str], unsupported: bool) -
         worst, d = max(vals)
         n = len(vals)
         return f"cut off in {worst:.1f} s", f"worst of {n} case(s); {_rel(run, d)}"
+    if errors and errors[0].startswith(SKIPPED):  # never ran (unavailable here): no verdict either way
+        return "not run", errors[0]
     return ("error", errors[0]) if errors else NOT_RUN
 
 

@@ -43,11 +43,9 @@ def byte_count(v: str) -> int:
     return int(v.rstrip("kmgKMG")) * mult[v.lstrip("0123456789")]
 
 
-class TcpParams(Params):
-    duration_s: int = Field(10, ge=1, le=3600, description="measured seconds (iperf3 -t takes whole seconds)")
-    omit_s: int = Field(1, ge=0, le=60, description="warm-up seconds excluded (iperf3 -O)")
-    streams: int = Field(1, ge=1, le=128, description="parallel streams (iperf3 -P)")
-    reverse: bool = Field(False, description="server sends to client (iperf3 -R)")
+class EngineParams(Params):
+    """The engine choice tcp and udp share: iperf3 (timed), or iperf2 with an optional byte count."""
+
     engine: Literal["iperf3", "iperf2"] = Field("iperf3", description="the tool: iperf3, or iperf2 (iperf)")
     bytes: str | None = Field(
         None, description="iperf2 only: transfer this much instead of duration_s (-n 100M)"
@@ -61,11 +59,22 @@ class TcpParams(Params):
         return v
 
     @model_validator(mode="after")
-    def _engine(self) -> TcpParams:
+    def _byte_count_engine(self) -> EngineParams:
         if self.bytes and self.engine != "iperf2":
             raise ValueError(
                 'bytes: a byte-count transfer needs engine = "iperf2" (the iperf3 engine is timed)'
             )
+        return self
+
+
+class TcpParams(EngineParams):
+    duration_s: int = Field(10, ge=1, le=3600, description="measured seconds (iperf3 -t takes whole seconds)")
+    omit_s: int = Field(1, ge=0, le=60, description="warm-up seconds excluded (iperf3 -O)")
+    streams: int = Field(1, ge=1, le=128, description="parallel streams (iperf3 -P)")
+    reverse: bool = Field(False, description="server sends to client (iperf3 -R)")
+
+    @model_validator(mode="after")
+    def _omit(self) -> TcpParams:
         if self.bytes and self.omit_s and "omit_s" in self.model_fields_set:
             raise ValueError(
                 "omit_s: a byte-count transfer (bytes) is measured from its first byte; drop omit_s"

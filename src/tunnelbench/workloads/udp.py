@@ -12,24 +12,21 @@ Two engines measure it under the same metric names, so one tool can be checked a
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from tunnelbench.workloads import iperf2
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload
+from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Workload
 from tunnelbench.workloads.iperf3 import parse_udp, run_client
-from tunnelbench.workloads.tcp import BYTES, byte_count
+from tunnelbench.workloads.tcp import EngineParams, byte_count
 
 UNLIMITED_IPERF2 = "100g"  # iperf2 -b 0 is an error; this rate's gap between datagrams is ~0.1 us
 
 
-class UdpParams(Params):
+class UdpParams(EngineParams):
     duration_s: int = Field(10, ge=1, le=3600, description="measured seconds (iperf3 -t takes whole seconds)")
     bitrate: str = Field("0", description="iperf3 -b: 0 = unlimited, or e.g. 100M, 1G")
     length: int | None = Field(None, ge=16, le=65507, description="datagram payload bytes (iperf3 -l)")
-    engine: Literal["iperf3", "iperf2"] = Field("iperf3", description="the tool: iperf3, or iperf2 (iperf)")
-    bytes: str | None = Field(None, description="iperf2 only: send this much instead of duration_s (-n 100M)")
 
     @field_validator("bitrate")
     @classmethod
@@ -38,19 +35,8 @@ class UdpParams(Params):
             raise ValueError("bitrate must look like 0, 500K, 100M or 1G")
         return v
 
-    @field_validator("bytes")
-    @classmethod
-    def _bytes(cls, v: str | None) -> str | None:
-        if v is not None and (not BYTES.fullmatch(v) or byte_count(v) == 0):
-            raise ValueError("bytes must look like 100M (MiB), 500K, 1G or 100m (10^6 bytes)")
-        return v
-
     @model_validator(mode="after")
-    def _engine(self) -> UdpParams:
-        if self.bytes and self.engine != "iperf2":
-            raise ValueError(
-                'bytes: a byte-count transfer needs engine = "iperf2" (the iperf3 engine is timed)'
-            )
+    def _fixed_rate(self) -> UdpParams:
         if self.bytes and unlimited(self.bitrate):
             raise ValueError(
                 "bytes: a byte-count UDP transfer needs a fixed bitrate (unlimited floods are timed)"
