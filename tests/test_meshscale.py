@@ -77,3 +77,16 @@ def test_a_small_sweep_measures_every_pair_and_daemon(tmp_path, monkeypatch):
     row = res["vpns"]["wireguard-go"]
     assert [p["n"] for p in row["points"]] == [3] and row["bound"]["n"] == 3 and row["largest_n"] is None
     assert "not ready: " in row["bound"]["why"]
+
+
+def test_mesh_scale_refuses_bad_sizes_and_vpns_naming_the_option():
+    from click.testing import CliRunner
+
+    from tunnelbench.cli import main
+
+    r = CliRunner().invoke(main, ["mesh-scale", "--vpn", "wireguard-go", "--sizes", "10,x"])
+    assert r.exit_code == 2 and "--sizes: comma-separated host counts" in r.output
+    r = CliRunner().invoke(main, ["mesh-scale", "--vpn", "wireguard-go", "--sizes", "50,10"])
+    assert r.exit_code == 2 and "--sizes: increasing host counts" in r.output
+    r = CliRunner().invoke(main, ["mesh-scale", "--vpn", "nope"])
+    assert r.exit_code == 2 and "--vpn: unknown VPN nope" in r.output

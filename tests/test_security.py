@@ -302,6 +302,7 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
     """A real run (2 interleaved rounds) where only `internal` sends packets off the lab: 2 per host at each
     bring-up, to TEST-NET-1, which the router drops. Its share is exactly those, summed over both sessions."""
     import io
+    import json
     import tomllib
 
     from conftest import lab_missing
@@ -329,6 +330,8 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
     store = Store(runner.run_dir / DB_NAME)
     env = store.env(runner.run_id)
     assert int(env["offlab_drops.internal"]) == 2 * 2 * 2  # rounds x hosts x pings
+    # and where they went: the router's per-destination set, summed over both sessions
+    assert json.loads(env["offlab_dests.internal"]) == {"192.0.2.1": 8} and "offlab_dests.vxlan" not in env
     for key in ("offlab_drops", "tunnel_leak_drops"):
         shares = [int(env[f"{key}.{vpn}"]) for vpn in ("internal", "vxlan")]
         assert sum(shares) == int(env[f"router.{key}"]), (key, shares)

@@ -118,3 +118,17 @@ def test_a_skipped_check_is_not_run_with_its_reason_not_an_error(tmp_path):
         tmp_path / "b", {"wireguard-go": [("revoke", "failed", "WorkloadError: timed out", {})]}
     )
     assert security_rows(run)[0]["cells"]["revocation"] == ("error", "timed out")
+
+
+def test_offlab_evidence_names_the_destinations_most_packets_first(tmp_path):
+    import dataclasses
+    import json
+
+    run = hand_made_run(tmp_path, {"nebula": [("leak", "ok", None, {"leak_pass": 1})]})
+    dests = {f"198.51.100.{i}": i for i in range(1, 8)}
+    run = dataclasses.replace(
+        run, env={"offlab_drops.nebula": "28", "offlab_dests.nebula": json.dumps(dests)}
+    )
+    (row,) = security_rows(run)
+    assert row["cells"]["off-lab drops"] == ("fail", "28 packet(s) dropped at the router, to 198.51.100.7 (7), "
+        "198.51.100.6 (6), 198.51.100.5 (5), 198.51.100.4 (4), 198.51.100.3 (3) and 2 more address(es)")  # fmt: skip

@@ -186,6 +186,8 @@ class Runner:
         self.bringups: dict[str, int] = {}  # per VPN, how many times its mesh was brought up
         self.drops: dict[str, dict[str, int]] = {}  # per VPN, the router's drops while its mesh was up
         self.drops_before: dict[str, int] | None = None  # the router's counters when this session began
+        self.dests: dict[str, dict[str, int]] = {}  # per VPN, off-lab destination -> dropped packets
+        self.dests_before: dict[str, int] = {}
         self.drift: list[dict] = []
         # key hygiene: per VPN its record (keys.<vpn>), and the secret values of every session, kept in memory
         # until the outputs are scanned (scan_outputs): the report is written after run() returns
@@ -288,6 +290,9 @@ class Runner:
         for k, val in env.items():
             if k.startswith("keys.") and k != "keys.scan":
                 self.key_records[k[len("keys.") :]] = json.loads(val)
+        for k, val in env.items():
+            if k.startswith("offlab_dests."):
+                self.dests[k[len("offlab_dests.") :]] = json.loads(val)
         for counter, key in DROP_COUNTERS.items():
             shares = {k[len(key) + 1 :]: int(v) for k, v in env.items() if k.startswith(f"{key}.")}
             for vpn, n in shares.items():
@@ -775,6 +780,7 @@ class Runner:
         )
         t0 = time.monotonic()
         self.drops_before = self._router_drops()
+        self.dests_before = self._offlab_dests()
         try:
             driver = cls(spec)
             mesh = Mesh(driver)
@@ -1006,6 +1012,19 @@ class Runner:
                 share[key] = share.get(key, 0) + now[counter] - before[counter]
         if share:
             self.store.set_env(self.run_id, {f"{key}.{vpn}": n for key, n in share.items()})
+        dests = self.dests.setdefault(vpn, {})
+        for addr, n in self._offlab_dests().items():
+            if n > self.dests_before.get(addr, 0):
+                dests[addr] = dests.get(addr, 0) + n - self.dests_before.get(addr, 0)
+        if dests:
+            self.store.set_env(
+                self.run_id, {f"offlab_dests.{vpn}": dict(sorted(dests.items(), key=lambda kv: -kv[1]))}
+            )
+
+    def _offlab_dests(self) -> dict[str, int]:
+        """Dropped packets per off-lab destination so far (netns labs; {} elsewhere)."""
+        read = getattr(self.lab, "offlab_destinations", None)
+        return read() if read is not None else {}
 
     def _keep_logs(self, driver: VpnDriver, dest: Path) -> None:
         """A failed case's daemon logs, for the report: with the session's secret values redacted (some

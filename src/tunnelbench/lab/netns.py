@@ -69,6 +69,7 @@ def sh(argv: Sequence[str], timeout: float = 20.0, check: bool = True) -> subpro
     return p
 
 
+OFFLAB_DESTS = 4096  # off-lab destination addresses the router remembers (with a packet counter each)
 BATCH_ABOVE = 16  # labs with more hosts are built with `ip -batch`
 
 
@@ -347,19 +348,21 @@ table inet {self.path_table} {{
 table inet {self.nft_table} {{
   counter offlab {{ }}
   counter tunnel_leak {{ }}
+  set offlab4 {{ type ipv4_addr; size {OFFLAB_DESTS}; flags dynamic; counter; }}
+  set offlab6 {{ type ipv6_addr; size {OFFLAB_DESTS}; flags dynamic; counter; }}
   chain prerouting {{
     type filter hook prerouting priority -300; policy accept;
     meta nfproto ipv4 ip daddr {LAB_PREFIX} accept
     meta nfproto ipv4 ip daddr {{ {TUNNEL_RANGES_V4} }} counter name tunnel_leak drop
     meta nfproto ipv6 ip6 daddr {{ {TUNNEL_RANGES_V6} }} counter name tunnel_leak drop
-    meta nfproto ipv4 counter name offlab drop
+    meta nfproto ipv4 add @offlab4 {{ ip daddr }} counter name offlab drop
     meta nfproto ipv6 ip6 daddr {{ fe80::/10, ff00::/8 }} accept
-    meta nfproto ipv6 counter name offlab drop
+    meta nfproto ipv6 add @offlab6 {{ ip6 daddr }} counter name offlab drop
   }}
   chain output {{
     type filter hook output priority -300; policy accept;
     meta nfproto ipv4 ip daddr {{ {LAB_PREFIX}, 127.0.0.0/8 }} accept
-    meta nfproto ipv4 counter name offlab drop
+    meta nfproto ipv4 add @offlab4 {{ ip daddr }} counter name offlab drop
   }}
 }}
 """
@@ -376,6 +379,22 @@ table inet {self.nft_table} {{
             if "counter" in item:
                 return int(item["counter"]["packets"])
         return -1
+
+    def offlab_destinations(self) -> dict[str, int]:
+        """Packets per off-lab destination address the router dropped (the `offlab` counter, split by where
+        the VPN tried to go: its STUN, DNS or update servers); {} when unreadable."""
+        out: dict[str, int] = {}
+        for name in ("offlab4", "offlab6"):
+            try:
+                text = self.router.run(["nft", "-j", "list", "set", "inet", self.nft_table, name]).stdout
+            except CommandError:
+                return {}
+            for item in json.loads(text)["nftables"]:
+                for e in item.get("set", {}).get("elem", []):
+                    el = e.get("elem", {}) if isinstance(e, dict) else {}
+                    if "val" in el:
+                        out[str(el["val"])] = int(el.get("counter", {}).get("packets", 0))
+        return out
 
     def wait_links(self, timeout: float = 5.0) -> None:
         """Block until every host reaches the router (DAD/ARP settle)."""

@@ -71,10 +71,16 @@ def security_rows(run: RunData) -> list[dict]:
             )
         drops = run.env.get(f"offlab_drops.{vpn}")
         if drops is not None:
-            cells["off-lab drops"] = (
-                "pass" if int(drops) == 0 else "fail",
-                f"{drops} packet(s) dropped at the router",
-            )
+            ev = f"{drops} packet(s) dropped at the router"
+            dests = json.loads(run.env.get(f"offlab_dests.{vpn}", "{}"))
+            if dests:  # where the VPN tried to go, most packets first
+                top = sorted(dests.items(), key=lambda kv: -kv[1])
+                ev += (
+                    ", to "
+                    + ", ".join(f"{a} ({n})" for a, n in top[:5])
+                    + (f" and {len(top) - 5} more address(es)" if len(top) > 5 else "")
+                )
+            cells["off-lab drops"] = ("pass" if int(drops) == 0 else "fail", ev)
         rec = run.env.get(f"keys.{vpn}")
         if rec is not None:
             k = json.loads(rec)
