@@ -124,7 +124,8 @@ def merged_rows(runs: list[RunData]) -> list[dict]:
             if unsupported and row["cells"][col] == NOT_RUN:
                 row["cells"][col] = NOT_SUPPORTED
         row["tones"] = {col: tone(v) for col, (v, _) in row["cells"].items()}
-    return list(by_vpn.values())
+    order = {name: i for i, name in enumerate(DRIVERS)}  # the registry's order, as `list` shows it
+    return sorted(by_vpn.values(), key=lambda r: (order.get(r["vpn"].split("@")[0], len(order)), r["vpn"]))
 
 
 def matrix_markdown(suite: Suite, runs: list[RunData], rows: list[dict], notes: list[str]) -> str:
