@@ -322,6 +322,8 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
 
     def probing_start(self, host) -> None:
         host.run(["ping", "-n", "-q", "-c", "2", "-i", "0.01", "-W", "0.1", "192.0.2.1"], check=False)
+        # SSDP's multicast group (UPnP discovery, as tailscaled's port mapper sends it): local, not off-lab
+        host.run(["ping", "-n", "-q", "-c", "2", "-i", "0.01", "-W", "0.1", "239.255.255.250"], check=False)
 
     monkeypatch.setattr(internal, "start", probing_start)
     sc = parse_scenario(tomllib.loads(OFFLAB), "offlab test")

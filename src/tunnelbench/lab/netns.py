@@ -344,6 +344,9 @@ table inet {self.path_table} {{
         return {"packets": -1, "bytes": -1}
 
     def _install_guard(self) -> None:
+        # the router forwards lab traffic only; anything else is dropped and counted as `offlab`, with its
+        # destination remembered (offlab4/6). Multicast (IPv4 224/4, IPv6 ff00::/8) is link-local discovery
+        # (SSDP/UPnP, mDNS), never routed here: accepted to the router's own stack, not counted as off-lab
         rules = f"""
 table inet {self.nft_table} {{
   counter offlab {{ }}
@@ -355,6 +358,7 @@ table inet {self.nft_table} {{
     meta nfproto ipv4 ip daddr {LAB_PREFIX} accept
     meta nfproto ipv4 ip daddr {{ {TUNNEL_RANGES_V4} }} counter name tunnel_leak drop
     meta nfproto ipv6 ip6 daddr {{ {TUNNEL_RANGES_V6} }} counter name tunnel_leak drop
+    meta nfproto ipv4 ip daddr 224.0.0.0/4 accept
     meta nfproto ipv4 add @offlab4 {{ ip daddr }} counter name offlab drop
     meta nfproto ipv6 ip6 daddr {{ fe80::/10, ff00::/8 }} accept
     meta nfproto ipv6 add @offlab6 {{ ip6 daddr }} counter name offlab drop
