@@ -63,6 +63,7 @@ def test_a_small_sweep_measures_every_pair_and_daemon(tmp_path, monkeypatch):
     for p in row["points"]:
         assert p["result"] == "ok" and p["pairs"] == p["n"] * (p["n"] - 1), p
         assert 0 < p["start_s"] <= p["ready_s"] < ms.ready_timeout(p["n"]) and p["probe_rounds"] >= 1
+        assert p["start_s"] <= p["pair_ready_p50_s"] <= p["pair_ready_p95_s"] <= p["ready_s"]
         assert p["idle"]["wireguard-go"]["daemons"] == p["n"], p["idle"]  # one daemon per host
         assert 1 < p["idle"]["wireguard-go"]["rss_mb_median"] < 200
         assert p["rtt_ms"] is not None and 0 < p["rtt_ms"] < 50
