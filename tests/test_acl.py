@@ -102,11 +102,15 @@ def test_tailscale_policy_tags_the_roles_and_allows_client_to_server_only(tmp_pa
     assert ctl.settings["acl"]["enforced"] is False
 
 
+def acl_driver(cls, tmp_path: Path, mode: str, n: int):
+    return cls(
+        MeshSpec(hosts=hosts(tmp_path / mode, n), tag="tbacl", workdir=tmp_path, options={"acl": mode})
+    )
+
+
 def test_innernet_policy_gives_each_role_a_cidr_and_associates_client_with_server_only(tmp_path):
     def drv(mode: str, n: int = 4) -> Innernet:
-        return Innernet(
-            MeshSpec(hosts=hosts(tmp_path / mode, n), tag="tbacl", workdir=tmp_path, options={"acl": mode})
-        )
+        return acl_driver(Innernet, tmp_path, mode, n)
 
     d = drv(ISOLATE)
     h1, h2, h3, h4 = d.spec.hosts
@@ -127,9 +131,7 @@ def test_innernet_policy_gives_each_role_a_cidr_and_associates_client_with_serve
 
 def test_softether_policy_is_a_hub_access_list_from_each_isolated_host(tmp_path):
     def drv(mode: str, n: int = 4) -> SoftEther:
-        return SoftEther(
-            MeshSpec(hosts=hosts(tmp_path / mode, n), tag="tbacl", workdir=tmp_path, options={"acl": mode})
-        )
+        return acl_driver(SoftEther, tmp_path, mode, n)
 
     d = drv(ISOLATE)
     h1, h2, h3, h4 = d.spec.hosts

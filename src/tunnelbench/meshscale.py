@@ -27,10 +27,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tunnelbench.lab.journal import Journal
-from tunnelbench.lab.netns import NetnsLab
+from tunnelbench.lab.point import fresh_lab
 from tunnelbench.lab.procstat import read_stat
-from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 
 DEFAULT_SIZES = (10, 25, 50, 100)
@@ -113,50 +111,32 @@ def median_rtt_ms(mesh: Mesh) -> float | None:
 
 def point(vpn: str, n: int, workdir: Path, idle_s: float = IDLE_S) -> dict:
     """One mesh of n hosts for one VPN, in its own lab (built and destroyed here)."""
-    t_all = time.monotonic()
-    tag = new_tag()
-    run_dir = workdir / new_run_id(tag)
-    journal = Journal(run_dir, run_dir.name)
-    lab = NetnsLab(tag, n, run_dir, journal)
     out: dict = {"n": n, "pairs": n * (n - 1)}
-    mesh = None
     try:
-        lab.build()
-        lab.wait_links()
-        driver = DRIVERS[vpn](MeshSpec(hosts=list(lab.hosts), tag=tag, workdir=run_dir))
-        driver.configure()
-        mesh = Mesh(driver)
-        t0 = time.monotonic()
-        mesh.start()
-        out["start_s"] = round(time.monotonic() - t0, 2)
-        try:
-            # the timeout runs from the last start: a control plane that enrols nodes one by one (headscale)
-            # takes minutes at N = 100 before the first probe, and that is start_s, not a failure to connect
-            ready, worst, rounds, pairs = probe_until_ready(mesh, t0, out["start_s"] + ready_timeout(n))
-        except TimeoutError as e:
-            out.update(result="failed", why=f"not ready: {e}")
+        with fresh_lab(n, workdir, out) as pt:
+            driver = DRIVERS[vpn](MeshSpec(hosts=list(pt.lab.hosts), tag=pt.tag, workdir=pt.run_dir))
+            driver.configure()
+            mesh = pt.mesh = Mesh(driver)
+            t0 = time.monotonic()
+            mesh.start()
+            out["start_s"] = round(time.monotonic() - t0, 2)
+            try:
+                # the timeout runs from the last start: a control plane that enrols nodes one by one (headscale)
+                # takes minutes at N = 100 before the first probe, and that is start_s, not a failure to connect
+                ready, worst, rounds, pairs = probe_until_ready(mesh, t0, out["start_s"] + ready_timeout(n))
+            except TimeoutError as e:
+                out.update(result="failed", why=f"not ready: {e}")
+                return out
+            q = statistics.quantiles(pairs, n=20, method="inclusive") if len(pairs) > 1 else [ready] * 19
+            out.update(ready_s=round(ready, 2), pair_ready_p50_s=round(statistics.median(pairs), 2),
+                       pair_ready_p95_s=round(q[18], 2), probe_round_s=round(worst, 2), probe_rounds=rounds)  # fmt: skip
+            out["idle"] = idle_usage(mesh, idle_s)
+            out["rtt_ms"] = median_rtt_ms(mesh)
+            out["result"] = "ok"
             return out
-        q = statistics.quantiles(pairs, n=20, method="inclusive") if len(pairs) > 1 else [ready] * 19
-        out.update(ready_s=round(ready, 2), pair_ready_p50_s=round(statistics.median(pairs), 2),
-                   pair_ready_p95_s=round(q[18], 2), probe_round_s=round(worst, 2), probe_rounds=rounds)  # fmt: skip
-        out["idle"] = idle_usage(mesh, idle_s)
-        out["rtt_ms"] = median_rtt_ms(mesh)
-        out["result"] = "ok"
-        return out
     except Exception as e:  # a point that cannot be measured is recorded and ends the VPN's sweep
         out.update(result="failed", why=f"{type(e).__name__}: {e}"[:400])
         return out
-    finally:
-        if mesh is not None:
-            try:
-                mesh.stop()
-            except Exception as e:  # noqa: BLE001 - the lab's teardown below still runs
-                out["stop_error"] = str(e)[:200]
-        problems = lab.destroy()
-        if problems:
-            out["teardown"] = problems
-        journal.end()
-        out["seconds"] = round(time.monotonic() - t_all, 1)
 
 
 def memory_bound(last: dict | None, n: int) -> str | None:

@@ -21,13 +21,11 @@ import datetime as dt
 import itertools
 import json
 import re
-import time
 from pathlib import Path
 
-from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.netns import NAT_TYPES, NetnsLab
 from tunnelbench.lab.pathcheck import DIRECT_MIN_PCT, RELAY_MAX_PCT, PathWatch, share
-from tunnelbench.lab.tags import new_run_id, new_tag
+from tunnelbench.lab.point import fresh_lab
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 from tunnelbench.vpns.features import save_probe
 
@@ -65,57 +63,40 @@ def _received(ping_out: str) -> int:
 
 def cell(vpn: str, t1: str, t2: str, workdir: Path) -> dict:
     """One NAT pair for one VPN, in its own lab (built and destroyed here)."""
-    t0 = time.monotonic()
-    tag = new_tag()
-    run_dir = workdir / new_run_id(tag)
-    journal = Journal(run_dir, run_dir.name)
-    lab = NetnsLab(tag, 3, run_dir, journal, "nat", None, nat_types={"h1": t1, "h2": t2})
     out: dict = {"pair": pair_key(t1, t2), "h1": t1, "h2": t2}
-    mesh = None
     try:
-        lab.build()
-        lab.wait_links()
-        h1, h2 = lab.hosts[0], lab.hosts[1]
-        driver = DRIVERS[vpn](
-            MeshSpec(hosts=list(lab.hosts), tag=tag, workdir=run_dir, path="nat", relay=lab.relay)
-        )
-        driver.configure()
-        mesh = Mesh(driver)
-        mesh.start()
-        try:
-            out["ready_s"] = round(mesh.wait_ready(timeout=READY_S), 1)
-        except Exception as e:
-            out.update(result="failed", direct_pct=None, why=f"mesh not up: {e}"[:300])
+        with fresh_lab(3, workdir, out, path="nat", nat_types={"h1": t1, "h2": t2}) as pt:
+            lab = pt.lab
+            h1, h2 = lab.hosts[0], lab.hosts[1]
+            driver = DRIVERS[vpn](
+                MeshSpec(hosts=list(lab.hosts), tag=pt.tag, workdir=pt.run_dir, path="nat", relay=lab.relay)
+            )
+            driver.configure()
+            mesh = pt.mesh = Mesh(driver)
+            mesh.start()
+            try:
+                out["ready_s"] = round(mesh.wait_ready(timeout=READY_S), 1)
+            except Exception as e:
+                out.update(result="failed", direct_pct=None, why=f"mesh not up: {e}"[:300])
+                return out
+            dst = mesh.tunnel_ip(h2)
+            h1.run(["ping", "-q", *WARMUP, "-W", "1", dst], check=False, timeout=60)
+            watch = PathWatch(lab, h1, h2)
+            before = watch.read()
+            p = h1.run(["ping", "-q", "-c", str(PINGS), "-i", "0.005", "-s", str(SIZE), "-W", "2", dst],
+                       check=False, timeout=60)  # fmt: skip
+            s = share(before, watch.read())
+            answered = _received(p.stdout) / PINGS
+            pct = s.direct_pct
+            out.update(result=classify(pct, answered), direct_pct=None if pct is None else round(pct, 1),
+                       answered_pct=round(100 * answered, 1), direct_bytes=s.direct, via_bytes=s.via,
+                       inbound_dropped=_nat_drops(lab))  # fmt: skip
+            if out["result"] == "failed":
+                out["why"] = f"{_received(p.stdout)}/{PINGS} pings answered"
             return out
-        dst = mesh.tunnel_ip(h2)
-        h1.run(["ping", "-q", *WARMUP, "-W", "1", dst], check=False, timeout=60)
-        watch = PathWatch(lab, h1, h2)
-        before = watch.read()
-        p = h1.run(["ping", "-q", "-c", str(PINGS), "-i", "0.005", "-s", str(SIZE), "-W", "2", dst],
-                   check=False, timeout=60)  # fmt: skip
-        s = share(before, watch.read())
-        answered = _received(p.stdout) / PINGS
-        pct = s.direct_pct
-        out.update(result=classify(pct, answered), direct_pct=None if pct is None else round(pct, 1),
-                   answered_pct=round(100 * answered, 1), direct_bytes=s.direct, via_bytes=s.via,
-                   inbound_dropped=_nat_drops(lab))  # fmt: skip
-        if out["result"] == "failed":
-            out["why"] = f"{_received(p.stdout)}/{PINGS} pings answered"
-        return out
     except Exception as e:  # a cell that cannot be measured is recorded, not fatal to the matrix
         out.update(result="failed", direct_pct=None, why=f"{type(e).__name__}: {e}"[:300])
         return out
-    finally:
-        if mesh is not None:
-            try:
-                mesh.stop()
-            except Exception as e:  # noqa: BLE001 - teardown below still runs
-                out["stop_error"] = str(e)[:200]
-        problems = lab.destroy()
-        if problems:
-            out["teardown"] = problems
-        journal.end()
-        out["seconds"] = round(time.monotonic() - t0, 1)
 
 
 def _nat_drops(lab: NetnsLab) -> dict[str, int]:
