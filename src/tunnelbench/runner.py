@@ -839,7 +839,12 @@ class Runner:
                     self._say(f"{vpn}: {why}", "red")
                     for rep in reps:
                         for wl in wls:
-                            if not self._is_done(vpn, label, wl, rep):
+                            if self._is_done(vpn, label, wl, rep):
+                                continue
+                            if self.sc.run.unreachable == "fail":  # seed 001: measured as failures
+                                self.store.record_failure(self.run_id, vpn, label, wl.name, wl.label(),
+                                                          wl.params.model_dump(), rep, f"MeshNotReady: {why}")  # fmt: skip
+                            else:
                                 self.store.record_skip(self.run_id, vpn, label, wl.name, wl.label(), why)
                     progress.advance(task, len(reps) * len(wls) if only is None else 0)
                     continue

@@ -43,6 +43,11 @@ class RunCfg(Strict):
         None, gt=0, description="per-case limit; default: expected time x 2 + 30 s"
     )
     tunnel_timeout_s: float = Field(60.0, gt=0, le=3600, description="limit for a mesh to come up")
+    unreachable: Literal["skip", "fail"] = Field(
+        "skip",
+        description="cases under a profile where the mesh does not answer: skip = skipped with the reason; fail = "
+        "recorded as failed cases (seed 001's degradation sweeps: a mesh that cannot come up is a measured failure)",
+    )
     monitor_interval_s: float = Field(0.5, ge=0.05, le=10, description="daemon CPU/RSS sampling period")
     results_dir: str = Field("results", description="where run folders are written")
     max_repetitions: int | None = Field(

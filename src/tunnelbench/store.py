@@ -193,6 +193,12 @@ class Store:
         cid = self.start_case(run_id, vpn, profile, workload, label, {}, 0, 0, "", "", Path(""))
         self.finish_case(cid, "skipped", error=reason)
 
+    def record_failure(self, run_id: str, vpn: str, profile: str, workload: str, label: str, params: dict,
+                       repetition: int, error: str) -> None:  # fmt: skip
+        """A case that could not start because its condition broke the mesh, kept as a failed measurement."""
+        cid = self.start_case(run_id, vpn, profile, workload, label, params, repetition, 0, "", "", Path(""))
+        self.finish_case(cid, "failed", error=error)
+
     # -- reading -----------------------------------------------------------------------------------
     def runs(self) -> list[sqlite3.Row]:
         self.db.row_factory = sqlite3.Row

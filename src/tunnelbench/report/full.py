@@ -98,6 +98,93 @@ def _series_by_variant(a: Analysis, profile: str, label: str, name: str):
     return out
 
 
+def _clients_curve(a: Analysis, profile: str) -> str | None:
+    curves = clients_points(a, profile)
+    return plots.clients_curve(curves, f"many clients · {profile}") if curves else None
+
+
+def _profile_defs(a: Analysis) -> dict:
+    """Profile name -> its definition (the run's own [impair.profiles] over the built-in ones)."""
+    import tomllib
+
+    from tunnelbench.impair.profiles import PROFILES, Profile
+
+    defs: dict = dict(PROFILES)
+    for r in a.runs:
+        try:
+            own = tomllib.loads(r.run["scenario"] or "").get("impair", {}).get("profiles", {})
+        except tomllib.TOMLDecodeError:
+            continue
+        for name, d in own.items():
+            try:
+                defs[name] = Profile(**d)
+            except ValueError:
+                continue
+    return defs
+
+
+def degradation_points(a: Analysis) -> dict[str, dict[str, dict[float, dict[str, list[float]]]]]:
+    """Seed 001's degradation sweeps: per axis ("loss_pct" over profiles that only lose packets, "delay_ms"
+    over profiles that only delay them; baseline is 0 on both), variant -> x -> the many-clients repetitions'
+    failure rates and response p50s at the largest N. Empty unless some axis has at least two points."""
+    defs = _profile_defs(a)
+    out: dict[str, dict[str, dict[float, dict[str, list[float]]]]] = {"loss_pct": {}, "delay_ms": {}}
+    for profile in a.profiles:
+        d = defs.get(profile)
+        if d is None:
+            continue
+        if d.is_baseline:
+            axes = [("loss_pct", 0.0), ("delay_ms", 0.0)]
+        elif d.loss_pct > 0 and d.delay_ms == 0 and d.jitter_ms == 0 and d.rate_mbit is None:
+            axes = [("loss_pct", d.loss_pct)]
+        elif d.delay_ms > 0 and d.loss_pct == 0 and d.rate_mbit is None:
+            axes = [("delay_ms", d.delay_ms)]
+        else:
+            continue
+        for v, per_n in clients_points(a, profile).items():
+            n = max(per_n)
+            for axis, x in axes:
+                out[axis].setdefault(v, {})[x] = {
+                    "fail": per_n[n].get("fail", []),
+                    "p50": per_n[n].get("p50", []),
+                }
+    return {ax: vs for ax, vs in out.items() if any(len(xs) > 1 for xs in vs.values())}
+
+
+def clients_points(a: Analysis, profile: str) -> dict[str, dict[int, dict[str, list[float]]]]:
+    """The many-clients curve of a profile: variant -> N -> the repetitions' response p25/p50/p75 and failure
+    rates ("fail"); a repetition whose case failed (the mesh did not come up, no call made) is 100% failed and
+    also listed in "failed_cases"."""
+    curves: dict[str, dict[int, dict[str, list[float]]]] = {}
+    for v in a.variants:
+        run = a.run_of(v)
+        last: dict[tuple[str, int], object] = {}  # the final attempt of each (label, repetition)
+        for c in sorted(run.cases, key=lambda c: c.attempt):
+            if (c.workload == "many_clients" and c.profile == profile and c.status in ("ok", "failed")
+                    and a.variant_of[(run.run_id, c.vpn)] == v):  # fmt: skip
+                last[(c.label, c.repetition)] = c
+        if not last:
+            continue
+        vals = defaultdict(dict)
+        for m in run.metrics:
+            if m["host"] is None:
+                vals[m["case_id"]][m["name"]] = m["value"]
+        per_n: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for c in last.values():
+            n = int(c.params.get("clients", 5))  # type: ignore[attr-defined]
+            got = vals.get(c.id, {})  # type: ignore[attr-defined]
+            if c.status == "ok" and "failure_rate_pct" in got:  # type: ignore[attr-defined]
+                per_n[n]["fail"].append(got["failure_rate_pct"])
+                for q in ("p25", "p50", "p75"):
+                    if f"response_{q}_ms" in got:
+                        per_n[n][q].append(got[f"response_{q}_ms"])
+            else:
+                per_n[n]["fail"].append(100.0)
+                per_n[n]["failed_cases"].append(1)
+        curves[v] = {n: dict(d) for n, d in per_n.items()}
+    return curves
+
+
 def _per_peer_plots(a: Analysis, profile: str, label: str) -> list[str]:
     """Per variant: the first successful repetition's per-peer goodput series (multihost stores one per peer
     and direction, host = the peer), titled with that case's Jain fairness index."""
@@ -356,6 +443,8 @@ def build_context(a: Analysis) -> dict:
         "runs": runs, "variants": a.variants, "profiles": a.profiles, "by_profile": dict(by_profile),
         "any_underpowered": any(f["underpowered"] for f in overview), "alpha": ALPHA, "n_min": n_min,
         "heatmaps": heatmaps, "scatter": scatter, "cdfs": cdfs, "tseries": tseries, "cpu": cpu,
+        "clients": [svg for p in a.profiles for svg in [_clients_curve(a, p)] if svg]
+        + [svg for svg in [plots.degradation(degradation_points(a))] if svg],
         "usage": usage, "scaling": derived(a.scaling), "efficiency": derived(a.efficiency),
         "stats_rows": stats_rows, "features": _features(a), "flamegraphs": _flamegraphs(a), "nat_matrix": _nat_matrix(a), "rounds": _rounds(a),
         "generated": _ts(dt.datetime.now(dt.UTC).timestamp()),

@@ -272,6 +272,71 @@ def timeseries(a: Analysis, series: dict[str, list[list[tuple[float, float]]]], 
     return to_svg(fig)
 
 
+def clients_curve(curves: dict[str, dict[int, dict[str, list[float]]]], title: str) -> str | None:
+    """Seed 001's figure: response time (median line, p25-p75 band) and failure rate against N, log x; one
+    colour per variant; medians over repetitions; an N with a failed case marked x on the failure panel."""
+    colors = variant_colors(list(curves))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    drawn = 0
+    for v, per_n in curves.items():
+        ns = sorted(per_n)
+        resp = [n for n in ns if per_n[n].get("p50")]
+        if resp:
+            med = {q: [float(np.median(per_n[n][q])) for n in resp] for q in ("p25", "p50", "p75") if all(
+                per_n[n].get(q) for n in resp)}  # fmt: skip
+            a1.plot(resp, med["p50"], color=colors[v], marker="o", ms=3, label=v)
+            if "p25" in med and "p75" in med:
+                a1.fill_between(resp, med["p25"], med["p75"], color=colors[v], alpha=0.2, lw=0)
+            drawn += 1
+        fail = [float(np.median(per_n[n]["fail"])) for n in ns]
+        a2.plot(ns, fail, color=colors[v], marker="o", ms=3, label=v)
+        bad = [n for n in ns if per_n[n].get("failed_cases")]
+        a2.plot(bad, [float(np.median(per_n[n]["fail"])) for n in bad], "x", color=colors[v], ms=8)
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    for ax in (a1, a2):
+        ax.set_xscale("log")
+        ax.set_xlabel("clients N (log scale)")
+        ax.grid(True, alpha=0.3)
+    a1.set_ylabel("response time of successful calls [ms]")
+    a2.set_ylabel("failed calls [%]")
+    a2.set_ylim(-2, 102)
+    a2.legend(fontsize=7, loc="best")  # every variant has a failure line, not always a response one
+    fig.suptitle(title, fontsize=9, x=0.01, ha="left")
+    return to_svg(fig)
+
+
+def degradation(axes: dict[str, dict[str, dict[float, dict[str, list[float]]]]]) -> str | None:
+    """Seed 001's degradation figure: failed calls and median response time against loss (%) and one-way
+    delay (ms), one column per axis, medians over repetitions, one colour per variant."""
+    if not axes:
+        return None
+    names = {"loss_pct": "packet loss [%]", "delay_ms": "one-way delay [ms]"}
+    variants = sorted({v for vs in axes.values() for v in vs})
+    colors = variant_colors(variants)
+    fig, grid = plt.subplots(2, len(axes), figsize=(5 * len(axes), 6), squeeze=False)
+    for col, (axis, vs) in enumerate(axes.items()):
+        for v, pts in vs.items():
+            xs = sorted(pts)
+            grid[0][col].plot(xs, [float(np.median(pts[x]["fail"])) if pts[x]["fail"] else np.nan for x in xs],
+                              color=colors[v], marker="o", ms=3, label=v)  # fmt: skip
+            ok = [x for x in xs if pts[x]["p50"]]
+            grid[1][col].plot(
+                ok, [float(np.median(pts[x]["p50"])) for x in ok], color=colors[v], marker="o", ms=3
+            )
+        grid[0][col].set_ylim(-2, 102)
+        grid[0][col].set_ylabel("failed calls [%]")
+        grid[1][col].set_ylabel("median response of successful calls [ms]")
+        grid[1][col].set_xlabel(names.get(axis, axis))
+        for r in (0, 1):
+            grid[r][col].grid(True, alpha=0.3)
+    grid[0][0].legend(fontsize=7, loc="best")
+    fig.suptitle("many clients under degradation (seed 001)", fontsize=9, x=0.01, ha="left")
+    return to_svg(fig)
+
+
 def per_peer(streams: dict[str, dict[str, list[tuple[float, float]]]], title: str) -> str | None:
     """Multi-host per-peer goodput over time (seed 004): one panel per direction (tx = from the one host,
     rx = into it), one line per peer; equal lines = a fair share."""

@@ -51,13 +51,17 @@ class SoftEther(VpnDriver):
     secret_patterns = ("*.cmds",)  # vpncmd scripts hold the account passwords
     settle_s = 2.0
     paths = frozenset({"direct", "relay", "nat"})
+    topologies = frozenset({"mesh", "star"})  # a hub by design: star puts it on the star's hub host
 
     class Options(TunnelOptions):
         acl: AclMode = acl_option()
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.hub = spec.relay or spec.hosts[-1]
+        # the virtual hub: the star's hub (the scenario's server) in a star, else the relay host or the last one
+        self.hub = (
+            spec.hub if spec.topology == "star" and spec.hub is not None else spec.relay or spec.hosts[-1]
+        )
         acl = self.options.acl
         self.acl = None if acl == OFF else acl_policy(spec, acl)
         self.settings = {"mode": f"star: virtual hub on {self.hub.name}, clients over TLS/TCP {PORT}",
