@@ -119,11 +119,13 @@ def point(vpn: str, n: int, workdir: Path, idle_s: float = IDLE_S) -> dict:
             mesh = pt.mesh = Mesh(driver)
             t0 = time.monotonic()
             mesh.start()
-            out["start_s"] = round(time.monotonic() - t0, 2)
+            started = time.monotonic() - t0
+            out["start_s"] = round(started, 2)
             try:
                 # the timeout runs from the last start: a control plane that enrols nodes one by one (headscale)
                 # takes minutes at N = 100 before the first probe, and that is start_s, not a failure to connect
-                ready, worst, rounds, pairs = probe_until_ready(mesh, t0, out["start_s"] + ready_timeout(n))
+                # (the unrounded time: a rounded-up start_s would give a zero timeout a moment's grace)
+                ready, worst, rounds, pairs = probe_until_ready(mesh, t0, started + ready_timeout(n))
             except TimeoutError as e:
                 out.update(result="failed", why=f"not ready: {e}")
                 return out
