@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,24 @@ from tunnelbench.store import DB_NAME, Store
 from tunnelbench.workloads.base import Outcome, Sample, Series
 
 SCENARIO = 'name = "synthetic"\nvpns = ["internal", "fastvpn", "slowvpn"]\n'
+
+
+@contextmanager
+def hand_store(root: Path, vpns: tuple[str, ...] = ("vpnA",), scenario: str = 'name = "hand-made"\n',
+               run_id: str = "r1") -> Iterator[tuple[Store, Path]]:  # fmt: skip
+    """A store for a hand-made run `run_id` under root/run_id with `vpns` ok (version "1"); the caller adds
+    its cases; the run is ended and the store closed on exit."""
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True)
+    st = Store(run_dir / DB_NAME)
+    st.begin_run(run_id, "tbhand", scenario, "0.1.0")
+    for v in vpns:
+        st.set_vpn(run_id, v, "1", "ok")
+    try:
+        yield st, run_dir
+    finally:
+        st.end_run(run_id, "ok")
+        st.close()
 
 
 def make_run(root: Path, run_id: str, goodput: dict[str, tuple[float, float]], n: int = 8, seed: int = 1,

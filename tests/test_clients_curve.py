@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from synthetic_runs import hand_store
 
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.report import full
-from tunnelbench.store import DB_NAME, Store
+from tunnelbench.store import DB_NAME
 from tunnelbench.workloads.base import Outcome, Sample
 
 # N -> per repetition: (p25, p50, p75, failure %) or None for a failed case
@@ -23,33 +24,27 @@ CASES = {5: [(10, 12, 15, 0.0), (11, 13, 17, 0.0), (9, 14, 16, 0.0)],
 
 def make_store(root: Path) -> Path:
     run = "r1"
-    run_dir = root / run
-    run_dir.mkdir(parents=True)
-    st = Store(run_dir / DB_NAME)
-    st.begin_run(run, "tbmc", 'name = "hand-made"\n', "0.1.0")
-    st.set_vpn(run, "vpnA", "1", "ok")
-    for n, reps in CASES.items():
-        for k, got in enumerate(reps, start=1):
-            adir = run_dir / "cases" / f"n{n}" / f"r{k}"
-            adir.mkdir(parents=True)
-            params = {"clients": n}
-            if got is None:
-                cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k, 0,
-                                    "h1", "h2", adir)  # fmt: skip
-                st.finish_case(cid, "failed", error="MeshNotReady: pairs not answering")
-                continue
-            if n == 100 and k == 1:  # a first attempt that failed and was retried: only the retry counts
-                cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k, 0,
-                                    "h1", "h2", adir)  # fmt: skip
-                st.finish_case(cid, "failed", error="WorkloadError: load generator failed")
-            p25, p50, p75, fail = got
-            out = Outcome(samples=[Sample("response_p25_ms", p25, "ms"), Sample("response_p50_ms", p50, "ms"),
-                                   Sample("response_p75_ms", p75, "ms"), Sample("failure_rate_pct", fail, "%")])  # fmt: skip
-            cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k,
-                                1 if n == 100 and k == 1 else 0, "h1", "h2", adir)  # fmt: skip
-            st.finish_case(cid, "ok", out)
-    st.end_run(run, "ok")
-    st.close()
+    with hand_store(root) as (st, run_dir):
+        for n, reps in CASES.items():
+            for k, got in enumerate(reps, start=1):
+                adir = run_dir / "cases" / f"n{n}" / f"r{k}"
+                adir.mkdir(parents=True)
+                params = {"clients": n}
+                if got is None:
+                    cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k, 0,
+                                        "h1", "h2", adir)  # fmt: skip
+                    st.finish_case(cid, "failed", error="MeshNotReady: pairs not answering")
+                    continue
+                if n == 100 and k == 1:  # a first attempt that failed and was retried: only the retry counts
+                    cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k, 0,
+                                        "h1", "h2", adir)  # fmt: skip
+                    st.finish_case(cid, "failed", error="WorkloadError: load generator failed")
+                p25, p50, p75, fail = got
+                out = Outcome(samples=[Sample("response_p25_ms", p25, "ms"), Sample("response_p50_ms", p50, "ms"),
+                                       Sample("response_p75_ms", p75, "ms"), Sample("failure_rate_pct", fail, "%")])  # fmt: skip
+                cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k,
+                                    1 if n == 100 and k == 1 else 0, "h1", "h2", adir)  # fmt: skip
+                st.finish_case(cid, "ok", out)
     return run_dir
 
 
@@ -85,26 +80,22 @@ DEGRADED = {"baseline": (0.0, 5.0), "loss-50": (30.0, 900.0), "loss-100": None, 
 
 
 def test_degradation_points_put_loss_and_delay_profiles_on_their_axes(tmp_path):
-    run_dir = tmp_path / "r1"
-    run_dir.mkdir()
-    st = Store(run_dir / DB_NAME)
-    st.begin_run("r1", "tbdg", SCENARIO, "0.1.0")
-    st.set_vpn("r1", "vpnA", "1", "ok")
-    for profile, got in DEGRADED.items():
-        params = {"clients": 100}
-        if got is None:  # [run] unreachable = "fail": the runner records the case as failed, params and all
-            st.record_failure("r1", "vpnA", profile, "many_clients", "many-clients-n100", params, 1,
-                              "MeshNotReady: mesh not answering under profile loss-100")  # fmt: skip
-            continue
-        adir = run_dir / profile
-        adir.mkdir()
-        cid = st.start_case(
-            "r1", "vpnA", profile, "many_clients", "many-clients-n100", params, 1, 0, "h1", "h2", adir
-        )
-        st.finish_case(cid, "ok", Outcome(samples=[Sample("failure_rate_pct", got[0], "%"),
-                                                   Sample("response_p50_ms", got[1], "ms")]))  # fmt: skip
-    st.end_run("r1", "ok")
-    st.close()
+    with hand_store(tmp_path, scenario=SCENARIO) as (st, run_dir):
+        for profile, got in DEGRADED.items():
+            params = {"clients": 100}
+            if (
+                got is None
+            ):  # [run] unreachable = "fail": the runner records the case as failed, params and all
+                st.record_failure("r1", "vpnA", profile, "many_clients", "many-clients-n100", params, 1,
+                                  "MeshNotReady: mesh not answering under profile loss-100")  # fmt: skip
+                continue
+            adir = run_dir / profile
+            adir.mkdir()
+            cid = st.start_case(
+                "r1", "vpnA", profile, "many_clients", "many-clients-n100", params, 1, 0, "h1", "h2", adir
+            )
+            st.finish_case(cid, "ok", Outcome(samples=[Sample("failure_rate_pct", got[0], "%"),
+                                                       Sample("response_p50_ms", got[1], "ms")]))  # fmt: skip
     a = analyze([load_run(run_dir)])
     pts = full.degradation_points(a)
     assert set(pts) == {"loss_pct", "delay_ms"}  # "mixed" (loss and delay) is on neither axis

@@ -7,41 +7,39 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from synthetic_runs import hand_store
+
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.report import full, plots
-from tunnelbench.store import DB_NAME, Store
 from tunnelbench.workloads.base import Outcome, Sample, Series
 
 
 def make_store(root: Path) -> Path:
     run = "r1"
-    run_dir = root / run
-    run_dir.mkdir(parents=True)
-    st = Store(run_dir / DB_NAME)
-    st.begin_run(run, "tbpp", 'name = "hand-made"\n', "0.1.0")
-    st.set_vpn(run, "vpnA", "1", "ok")
-    for rep, fair in ((1, 0.875), (2, 0.5)):
-        adir = run_dir / "cases" / "vpnA" / f"r{rep}"
-        adir.mkdir(parents=True)
-        cid = st.start_case(
-            run, "vpnA", "baseline", "multihost", "multihost-bidir", {}, rep, 0, "h1", "h2", adir
-        )
-        out = Outcome(
-            samples=[
-                Sample("stream_fairness", fair, "ratio"),
-                Sample("aggregate_goodput_mbps", 600, "Mbit/s"),
-            ]
-        )
-        for d, base in (("tx", 100.0), ("rx", 50.0)):
-            for k, peer in enumerate(("h2", "h3", "h4")):
-                out.series.append(
-                    Series(
-                        f"{d}_goodput_mbps", "Mbit/s", [(t, base * (k + 1)) for t in (1.0, 2.0, 3.0)], peer
+    with hand_store(root) as (st, run_dir):
+        for rep, fair in ((1, 0.875), (2, 0.5)):
+            adir = run_dir / "cases" / "vpnA" / f"r{rep}"
+            adir.mkdir(parents=True)
+            cid = st.start_case(
+                run, "vpnA", "baseline", "multihost", "multihost-bidir", {}, rep, 0, "h1", "h2", adir
+            )
+            out = Outcome(
+                samples=[
+                    Sample("stream_fairness", fair, "ratio"),
+                    Sample("aggregate_goodput_mbps", 600, "Mbit/s"),
+                ]
+            )
+            for d, base in (("tx", 100.0), ("rx", 50.0)):
+                for k, peer in enumerate(("h2", "h3", "h4")):
+                    out.series.append(
+                        Series(
+                            f"{d}_goodput_mbps",
+                            "Mbit/s",
+                            [(t, base * (k + 1)) for t in (1.0, 2.0, 3.0)],
+                            peer,
+                        )
                     )
-                )
-        st.finish_case(cid, "ok", out)
-    st.end_run(run, "ok")
-    st.close()
+            st.finish_case(cid, "ok", out)
     return run_dir
 
 
