@@ -127,7 +127,7 @@ def test_router_counters_match_the_bytes_the_test_sent(lab_factory):
 
 SCENARIO = """
 name = "path-check"
-vpns = ["easytier"]
+vpns = ["{vpn}"]
 [run]
 repetitions = 1
 retries = 0
@@ -136,32 +136,36 @@ tunnel_timeout_s = 20
 hosts = 3
 {plant}
 [[workloads]]
-name = "tcp"
+name = "udp"
 duration_s = 2
-omit_s = 0
+bitrate = "40M"
 """
 
 
 @pytest.mark.lab
 @pytest.mark.slow
-@pytest.mark.parametrize("plant", [False, True], ids=["direct", "udp-blocked"])
-def test_a_relayed_case_in_a_direct_scenario_fails_as_path_not_direct(tmp_path, plant):
+# The direct control is wireguard-go (no relay: its path cannot move). EasyTier, which relays when UDP between
+# h1 and h2 is dropped, is no control for "direct": 2.0.3 now and then moves an h1 -> h2 flow onto h3 a moment
+# after it starts, every peer connection up and `easytier-cli route` saying DIRECT (CI: 72% via h3; by hand
+# 1 mesh in 4, `tunnelbench up --vpn easytier --hosts 3` + a 40 Mbit/s iperf3 flow) -- the verdict is right there.
+@pytest.mark.parametrize(
+    ("vpn", "plant"), [("wireguard-go", False), ("easytier", True)], ids=["direct", "udp-blocked"]
+)
+def test_a_relayed_case_in_a_direct_scenario_fails_as_path_not_direct(tmp_path, vpn, plant):
     why = lab_missing()
     if why:
         pytest.skip(why)
     scen = tmp_path / "s.toml"
-    scen.write_text(SCENARIO.format(plant='plant_fault = "udp-blocked"' if plant else ""))
+    scen.write_text(SCENARIO.format(vpn=vpn, plant='plant_fault = "udp-blocked"' if plant else ""))
     res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results",
                           str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=600)  # fmt: skip
     (run_dir,) = Path(tmp_path / "r").iterdir()
     db = sqlite3.connect(run_dir / "results.sqlite")
-    assert db.execute("SELECT status FROM vpn WHERE name='easytier'").fetchone()[0] == "ok", res.stderr[
-        -3000:
-    ]
-    rows = db.execute("SELECT status, error FROM \"case\" WHERE vpn='easytier'").fetchall()
+    assert db.execute("SELECT status FROM vpn WHERE name=?", (vpn,)).fetchone()[0] == "ok", res.stderr[-3000:]
+    rows = db.execute('SELECT status, error FROM "case" WHERE vpn=?', (vpn,)).fetchall()
     pct = [v for (v,) in db.execute("SELECT value FROM metric WHERE name='path_direct_pct'")]
     # the case's diagnostics (run.capture = on-failure): router pcap and kernel log kept only when it failed
-    (adir,) = [Path(d) for (d,) in db.execute("SELECT artifact_dir FROM \"case\" WHERE vpn='easytier'")]
+    (adir,) = [Path(d) for (d,) in db.execute('SELECT artifact_dir FROM "case" WHERE vpn=?', (vpn,))]
     assert (adir / "router.pcap").exists() == plant and (adir / "dmesg.txt").exists() == plant, rows
     if not plant:
         assert [r[0] for r in rows] == ["ok"], rows

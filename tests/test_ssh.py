@@ -480,23 +480,26 @@ repetitions = 1
 [lab]
 hosts = 2
 [impair]
-calibration_probes = 1000
+calibration_probes = {probes}
 [impair.profiles.d5]
 delay_ms = 5
-[[workloads]]
-name = "tcp"
-duration_s = 1
-omit_s = 0
 [[workloads]]
 name = "ping"
 count = 20
 interval_s = 0.02
 """
+TCP_WORKLOAD = """[[workloads]]
+name = "tcp"
+duration_s = 1
+omit_s = 0
+"""
 
 
-def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None) -> Path:
+def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None, light: bool = False) -> Path:
+    """light: ping only and 300 calibration probes, for the kernel lane under TCG, where every SSH round trip
+    is slow (seen: a 1 s iperf3 case over SSH past its 34 s timeout, and 75 s of calibration)."""
     scen = tmp_path / "s.toml"
-    scen.write_text(IMPAIR_SCENARIO)
+    scen.write_text(IMPAIR_SCENARIO.format(probes=300 if light else 1000) + ("" if light else TCP_WORKLOAD))
     inv = fx.inventory(tmp_path / "inv.yaml", impair=impair)
     results = tmp_path / "results"
     r = fx.tb("run", str(scen), "--inventory", str(inv), "--results", str(results), "--no-html")
@@ -504,7 +507,7 @@ def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None) -> Path:
     (run_dir,) = results.iterdir()
     db = sqlite3.connect(run_dir / "results.sqlite")
     cases = db.execute('SELECT profile, workload, status, error FROM "case"').fetchall()
-    assert len(cases) == 4 and all(c[2] == "ok" for c in cases), cases
+    assert len(cases) == (2 if light else 4) and all(c[2] == "ok" for c in cases), cases
     rtt = dict(db.execute('SELECT c.profile, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
                           "WHERE m.name = 'rtt_p50_ms'").fetchall())  # fmt: skip
     # 5 ms each way: the median RTT rises by about 10 ms (the native engine adds some 0.1 ms of its own)
@@ -561,7 +564,7 @@ def test_impairment_on_each_peer_egress(ssh_env: SshFixture, tmp_path):
     if probe.returncode != 0:
         pytest.skip("this kernel has no netem (sch_netem): the egress placement cannot be exercised here; "
                     "on targets without netem use tunnelbench_impair: router with the native engine")  # fmt: skip
-    run_dir = _run_impaired(ssh_env, tmp_path, "egress")
+    run_dir = _run_impaired(ssh_env, tmp_path, "egress", light=True)
     env = dict(sqlite3.connect(run_dir / "results.sqlite").execute("SELECT key, value FROM environment"))
     assert env["impair.backend"] == "netem-egress"
 

@@ -134,3 +134,15 @@ def test_a_suite_runs_each_part_narrowed_to_capable_vpns_and_writes_one_matrix(t
     assert cells["nebula"]["key hygiene"]["evidence"].startswith(f"{runs[0].name}: ")
     # the positive control's leak is a finding in the matrix, not a failed run (as in a single run)
     assert "mini: merged from 2 run(s)" in res.stdout and res.returncode == 0, out
+
+
+def test_a_suite_none_of_whose_parts_can_take_the_requested_vpns_says_so_and_runs_nothing(tmp_path):
+    (tmp_path / "suite.toml").write_text('name = "mini"\nsuite = ["acl.toml"]\n')
+    (tmp_path / "acl.toml").write_text(ACL)
+    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "suite.toml"), "--vpn",
+                          "internal", "--results", str(tmp_path / "r"), "--no-html"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "acl.toml: skipped, none of the requested VPNs can take its check" in res.stderr, res.stderr
+    assert "--vpn: no part of suite mini can take internal" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "r").exists()

@@ -205,6 +205,12 @@ def _run_suite(suite, vpns: tuple[str, ...], repetitions: int | None, profiles: 
     except ScenarioError as e:
         err.print(Text(f"{suite.source}: {e}", style="red"))
         return 2
+    if not parts:  # every part left out: nothing to run and no matrix to merge
+        for n in notes:
+            err.print(Text(n, style="dim"))
+        err.print(Text(f"--vpn: no part of suite {suite.name} can take {', '.join(vpns)}; "
+                       f"`tunnelbench plan {suite.name} --vpn all` shows which VPN each part takes", style="red"))  # fmt: skip
+        return 2
     done: list[tuple[Path, str]] = []
     codes = []
     for i, (part, sc, text, over) in enumerate(parts, 1):
