@@ -36,7 +36,7 @@ def nebula(tmp_path: Path, acl: str, n: int = 3) -> Nebula:
 
 def ctx_for(mesh: Mesh, tmp_path: Path, lab: object = None) -> CaseContext:
     h = mesh.hosts
-    return CaseContext(mesh, h[0], h[1], tmp_path, time.monotonic() + 120, {"lab": lab})
+    return CaseContext(mesh, h[0], h[1], tmp_path, time.monotonic() + 120, lab=lab)
 
 
 # -- the option: declared by drivers with ACLs, refused by the others --------------------------------

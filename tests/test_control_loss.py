@@ -129,7 +129,7 @@ def run_case(lab, mesh, client, server, timeout=120, watch=None, **params):
     )
     adir = lab.run_dir / "cases" / f"cl-{time.monotonic_ns()}"
     adir.mkdir(parents=True)
-    ctx = CaseContext(mesh, client, server, adir, time.monotonic() + timeout, {"lab": lab})
+    ctx = CaseContext(mesh, client, server, adir, time.monotonic() + timeout, lab=lab)
     box: dict = {}
 
     def go():
@@ -217,14 +217,14 @@ def test_not_applicable_and_misplaced_control_host(lab_factory):
     adir = lab.run_dir / "cases" / "na"
     adir.mkdir(parents=True)
     with pytest.raises(NotApplicable, match="not applicable: internal has no central control plane"):
-        wl.run(CaseContext(plain, h1, h2, adir, time.monotonic() + 60, {"lab": lab}))
+        wl.run(CaseContext(plain, h1, h2, adir, time.monotonic() + 60, lab=lab))
     with pytest.raises(NotApplicable, match="no relay host"):
         Resilience(Resilience.Params(events=["relay_loss"])).run(
-            CaseContext(plain, h1, h2, adir, time.monotonic() + 60, {"lab": lab})
+            CaseContext(plain, h1, h2, adir, time.monotonic() + 60, lab=lab)
         )
     fake = Mesh(ControlledInternal(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir)))
     with pytest.raises(WorkloadError, match="control host is h3, the probe's server"):
-        wl.run(CaseContext(fake, h1, h3, adir, time.monotonic() + 60, {"lab": lab}))
+        wl.run(CaseContext(fake, h1, h3, adir, time.monotonic() + 60, lab=lab))
     assert not Blackhole(lab.router, lab.tag, h3).active()
 
 

@@ -1,4 +1,4 @@
-"""The hosts' stateful firewall (issue 15 item 5, seed 004's conntrack cost): the rule set really puts every
+"""The hosts' stateful firewall (issue 15 item 5, Nebula's benchmark blog's conntrack cost): the rule set really puts every
 packet through connection tracking (its counters against the echo requests this test sends and a TCP
 connection it opens), a run records it, and it is refused where it cannot be applied."""
 

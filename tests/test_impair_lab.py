@@ -110,7 +110,7 @@ def test_reorder_25pct(path):
 
 
 def test_correlated_reorder_keeps_its_rate(path):
-    # seed 003's Medium reorder: 2.5% at 50% correlation. netem's correlated draw, passed through as is,
+    # The ten-VPN thesis's Medium reorder: 2.5% at 50% correlation. netem's correlated draw, passed through as is,
     # reordered 0 of 3000 probes on Debian's 6.1 kernel
     p = Profile(name="rc", delay_ms=4, reorder_pct=2.5, reorder_correlation_pct=50)
     c, cal = check(path, p, "reorder share", probes=4000)
@@ -119,7 +119,7 @@ def test_correlated_reorder_keeps_its_rate(path):
 
 
 def test_correlated_loss_keeps_its_rate(path):
-    # seed 003's Medium loss: 1% at 50% correlation. netem's own correlation would drop far fewer
+    # The ten-VPN thesis's Medium loss: 1% at 50% correlation. netem's own correlation would drop far fewer
     p = Profile(name="corr", loss_pct=1, loss_correlation_pct=50)
     c, cal = check(path, p, "loss", probes=20000, interval_us=100)
     assert c.configured == 1.0

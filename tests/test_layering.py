@@ -104,3 +104,36 @@ def f():
         "x.py:15: imports tunnelbench.report (the report room is above the lab)",
         "x.py:17: imports tunnelbench.runner (the runner room is above the lab)",
     ], got
+
+
+def test_both_labs_declare_every_member_of_the_lab_protocol_and_the_runner_duck_types_neither():
+    """The runner and the workloads use a lab only through `Lab` (lab/__init__.py): every member it declares
+    exists on NetnsLab and SshLab (read from the protocol's own text), and runner.py holds no getattr/hasattr
+    on the lab or a driver. The SSH lab's path policies refuse with LabError instead of being absent."""
+    import inspect
+    import re
+
+    import pytest
+
+    from tunnelbench.lab import Lab, LabError
+    from tunnelbench.lab.journal import Journal
+    from tunnelbench.lab.netns import NetnsLab
+    from tunnelbench.lab.ssh import SshLab
+
+    text = inspect.getsource(Lab)
+    declared = set(re.findall(r"^    (\w+):", text, re.M)) | set(re.findall(r"^    def (\w+)\(", text, re.M))
+    assert {"relay", "router", "path_policies", "all_hosts", "mapping", "offlab_destinations"} <= declared
+    netns = NetnsLab("tbzz00", 3, Path("/nonexistent"), Journal.__new__(Journal), "relay")
+    assert netns.path_policies and netns.relay is netns.hosts[2] and netns.mapping() is None
+    ssh = SshLab.__new__(SshLab)
+    for name in sorted(declared):
+        assert hasattr(netns, name), f"NetnsLab lacks Lab.{name}"
+        assert hasattr(SshLab, name) or name in ("tag", "run_dir", "journal", "hosts", "router"), (
+            f"SshLab lacks Lab.{name}"
+        )
+    assert SshLab.path_policies is False and SshLab.relay is None
+    with pytest.raises(LabError, match="needs the namespace lab's path policies"):
+        ssh.block_udp_between_peers()
+    runner = (SRC / "tunnelbench" / "runner.py").read_text()
+    duck = re.findall(r"(?:getattr|hasattr)\((?:self\.lab|lab|driver|mesh\.driver)\b", runner)
+    assert not duck, duck

@@ -1,4 +1,4 @@
-"""Daemon memory over time (issue 15 item 8, seed 004): the monitor stores each host's daemon RSS as a series
+"""Daemon memory over time (issue 15 item 8, Nebula's benchmark blog): the monitor stores each host's daemon RSS as a series
 with its mean and peak as metrics (and declares every metric it adds); the report pools those series per
 workload label and VPN into a "memory over time" plot; CPU efficiency of the multihost workload divides the
 sum over every stream by the daemon CPU of every host, not only of the client and the server.

@@ -1,4 +1,4 @@
-"""Multi-host per-peer plots (issue 15 item 9, seed 004): the report draws, per VPN, each peer's goodput over
+"""Multi-host per-peer plots (issue 15 item 9, Nebula's benchmark blog): the report draws, per VPN, each peer's goodput over
 time in each direction from the series the multihost workload stores (host = the peer), titled with that case's
 Jain fairness index. Known answers: a hand-made store with distinct per-peer values, read back from the SVG."""
 

@@ -1,4 +1,4 @@
-"""resilience restart_each (issue 15 item 10, seed 003's per-node reboot): the per-node computation on
+"""resilience restart_each (issue 15 item 10, the ten-VPN thesis's per-node reboot): the per-node computation on
 hand-made reply timestamps with known answers, and a real 3-host wireguard-go mesh whose daemons are
 restarted one by one, checked against what the kernel says (new PIDs, their start times)."""
 

@@ -67,7 +67,7 @@ def run_leak(lab, mesh, **params) -> tuple[dict[str, float], float]:
     wl = WORKLOADS["leak"](WORKLOADS["leak"].Params(**params))
     adir = lab.run_dir / "cases" / f"leak-{time.monotonic_ns()}"
     adir.mkdir(parents=True)
-    ctx = CaseContext(mesh, lab.hosts[0], lab.hosts[1], adir, time.monotonic() + 60, {"lab": lab})
+    ctx = CaseContext(mesh, lab.hosts[0], lab.hosts[1], adir, time.monotonic() + 60, lab=lab)
     t0 = time.monotonic()
     out = wl.run(ctx)
     took = time.monotonic() - t0
@@ -116,8 +116,8 @@ def test_tunnel_delivering_nothing_is_inconclusive(lab_mesh):
 
 def test_no_router_is_refused(tmp_path: Path):
     wl = WORKLOADS["leak"](WORKLOADS["leak"].Params())
-    for opts in ({}, {"lab": type("Lab", (), {"router": None})()}):
-        ctx = CaseContext(None, None, None, tmp_path, time.monotonic() + 5, opts)  # type: ignore[arg-type]
+    for lab in (None, type("Lab", (), {"router": None})()):
+        ctx = CaseContext(None, None, None, tmp_path, time.monotonic() + 5, lab=lab)  # type: ignore[arg-type]
         with pytest.raises(WorkloadError, match="router"):
             wl.run(ctx)
 
@@ -220,7 +220,7 @@ def test_relay_capture_needs_a_relay_host(tmp_path: Path):
     h1, h2, h3 = (type("H", (), {"name": n})() for n in ("h1", "h2", "h3"))
     for relay in (None, h2):
         lab = type("Lab", (), {"router": object(), "relay": relay})()
-        ctx = CaseContext(None, h1, h2, tmp_path, time.monotonic() + 5, {"lab": lab})  # type: ignore[arg-type]
+        ctx = CaseContext(None, h1, h2, tmp_path, time.monotonic() + 5, lab=lab)  # type: ignore[arg-type]
         with pytest.raises(WorkloadError, match=r'\[lab\] path = "relay"' if relay is None else "the server"):
             wl.run(ctx)
 

@@ -554,7 +554,7 @@ def test_impairment_on_router_host_with_calibration(ssh_env: SshFixture, tmp_pat
 
 @pytest.mark.kernel
 def test_impairment_on_each_peer_egress(ssh_env: SshFixture, tmp_path):
-    """tunnelbench_impair: egress: netem on each peer's own underlay interface (seed 003's placement)."""
+    """tunnelbench_impair: egress: netem on each peer's own underlay interface (the ten-VPN thesis's placement)."""
     t = next(t for t in ssh_env.targets if t.name == "h1")
     probe = ssh_env.in_target(
         t,

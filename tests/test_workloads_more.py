@@ -108,7 +108,7 @@ def test_multihost_tx_rx_bidir(mesh4):
             per_host = {s.host for s in out.samples if s.name == "daemon_rss_mb"}
             assert per_host == {h.name for h in mesh4.hosts}
             assert all(0 < s.value < 500 for s in out.samples if s.name == "daemon_rss_mb")
-    # the MSS clamp of seed 004 reached iperf3
+    # the MSS clamp of Nebula's benchmark blog reached iperf3
     import json
 
     adir = sorted((mesh4.run_dir / "cases").glob("multihost-bidir*"))[-1]
@@ -400,7 +400,7 @@ def test_resilience_failover_to_relay(tmp_path):
                                                                          direct_settle_s=3, timeout_s=30))  # fmt: skip
             adir = run_dir / "cases" / "failover"
             adir.mkdir(parents=True)
-            ctx = CaseContext(mesh, lab.hosts[0], lab.hosts[1], adir, time.monotonic() + 180, {"lab": lab})
+            ctx = CaseContext(mesh, lab.hosts[0], lab.hosts[1], adir, time.monotonic() + 180, lab=lab)
             out = wl.run(ctx)
             m = {s.name: s.value for s in out.samples}
             print("failover metrics", m)

@@ -448,7 +448,7 @@ class Keeper:
             **(sc.vpn_options.get(self.vpn, {}) if self.vpn != base else {}),
         }
         spec = MeshSpec(hosts=list(lab.hosts), tag=self.tag, workdir=self.run_dir, mtu=sc.fairness.tunnel_mtu,
-                        options=options, path=sc.lab.path, relay=getattr(lab, "relay", None),
+                        options=options, path=sc.lab.path, relay=lab.relay,
                         topology=sc.lab.topology, hub=server)  # fmt: skip
         driver = cls(spec)
         self.mesh = mesh = Mesh(driver)

@@ -402,19 +402,19 @@ class Runner:
         self.lab.wait_links()
         h0 = self.lab.hosts[0]
         env = environment.collect_remote(h0) if h0.remote else environment.collect(h0.argv([]))
-        if hasattr(self.lab, "mapping"):
+        mapping = self.lab.mapping()
+        if mapping is not None:
             env["lab.inventory"] = self.sc.lab.inventory
-            env["lab.mapping"] = self.lab.mapping()
-            self._say(f"ssh lab: {self.lab.mapping()}")
+            env["lab.mapping"] = mapping
+            self._say(f"ssh lab: {mapping}")
         env["lab.backend"] = self.sc.lab.backend
         env["lab.hosts"] = self.sc.lab.hosts
         env["fairness.mss"] = self.sc.fairness.mss or "none (path default)"
         env["fairness.tunnel_mtu"] = self.sc.fairness.tunnel_mtu or "none (each VPN's default)"
         env["lab.path"] = self.sc.lab.path
         env["lab.underlay_mtu"] = self.sc.lab.underlay_mtu or "1500 (veth default)"
-        relay = getattr(self.lab, "relay", None)
-        if relay is not None:
-            env["lab.relay"] = relay.name
+        if self.lab.relay is not None:
+            env["lab.relay"] = self.lab.relay.name
         self.store.set_env(self.run_id, env)
         if self.sc.hosts.firewall == "stateful":  # before any VPN starts: every packet through conntrack
             hostfw.install(self.lab.hosts, f"{self.tag}hostfw")
@@ -768,7 +768,7 @@ class Runner:
             return
         spec = MeshSpec(hosts=list(self.lab.hosts), tag=self.lab.tag, workdir=self.run_dir,
                         mtu=self.sc.fairness.tunnel_mtu, options=self._vpn_options(vpn),
-                        path=self.sc.lab.path, relay=getattr(self.lab, "relay", None),
+                        path=self.sc.lab.path, relay=self.lab.relay,
                         topology=self.sc.lab.topology, hub=self.server,
                         session="" if first and not self.session_prefix
                         else f"{self.session_prefix}s{self.bringups.get(vpn, 0) + 1}")  # fmt: skip
@@ -841,7 +841,7 @@ class Runner:
                         for wl in wls:
                             if self._is_done(vpn, label, wl, rep):
                                 continue
-                            if self.sc.run.unreachable == "fail":  # seed 001: measured as failures
+                            if self.sc.run.unreachable == "fail":  # Goethals et al.: measured as failures
                                 self.store.record_failure(self.run_id, vpn, label, wl.name, wl.label(),
                                                           wl.params.model_dump(), rep, f"MeshNotReady: {why}")  # fmt: skip
                             else:
@@ -920,7 +920,7 @@ class Runner:
 
     def _vpn_settings(self, driver: VpnDriver) -> dict:
         """What ran (driver.settings, with its defaults), the path scenario, and the feature record."""
-        out = dict(getattr(driver, "settings", {}))
+        out = dict(driver.settings)
         out.setdefault("mtu", driver.mtu)
         out["path"] = driver.spec.path
         if driver.features:
@@ -1028,8 +1028,7 @@ class Runner:
 
     def _offlab_dests(self) -> dict[str, int]:
         """Dropped packets per off-lab destination so far (netns labs; {} elsewhere)."""
-        read = getattr(self.lab, "offlab_destinations", None)
-        return read() if read is not None else {}
+        return self.lab.offlab_destinations() if self.lab is not None else {}
 
     def _keep_logs(self, driver: VpnDriver, dest: Path) -> None:
         """A failed case's daemon logs, for the report: with the session's secret values redacted (some
@@ -1055,7 +1054,7 @@ class Runner:
                                         wl.params.model_dump(), rep, attempt, client.name, server.name, adir)  # fmt: skip
             t0 = time.monotonic()
             ctx = CaseContext(mesh, client, server, adir, t0 + self._case_timeout(wl),
-                              {"mss": self.sc.fairness.mss, "lab": self.lab})  # fmt: skip
+                              {"mss": self.sc.fairness.mss}, self.lab)  # fmt: skip
             diag = self._diagnostics(adir, mesh, client)
             try:
                 diag.start()
@@ -1065,7 +1064,7 @@ class Runner:
                 if client.remote:  # SSH: the targets' machine CPU, not the controller's
                     mon.machines = [h for h in self._lab_hosts() if h.remote]
                 eng0 = self._engine_stats()
-                kern_hosts = [client, server, getattr(self.lab, "router", None)]
+                kern_hosts = [client, server, self.lab.router if self.lab else None]
                 kern0 = counters.sample(kern_hosts)  # kernel drop counters (lab/counters.py)
                 path0 = self._path_counters()
                 track = None
@@ -1131,7 +1130,7 @@ class Runner:
     def _diagnostics(self, adir: Path, mesh: Mesh, client) -> CaseDiagnostics:
         """The case's pcap, kernel log and CPU profile, as `run.capture` and `run.flamegraph` ask."""
         return CaseDiagnostics(adir, self.sc.run.capture, self.sc.run.capture_packets, self.sc.run.flamegraph,
-                               getattr(self.lab, "router", None), client, mesh.daemons, self._lab_hosts())  # fmt: skip
+                               self.lab.router if self.lab else None, client, mesh.daemons, self._lab_hosts())  # fmt: skip
 
     def _engine_stats(self) -> dict | None:
         if not isinstance(self.backend, NativeBackend) or self.backend.profile is None:
@@ -1169,7 +1168,7 @@ class Runner:
 
     def _lab_hosts(self) -> list:
         assert self.lab is not None
-        return list(self.lab.all_hosts()) if hasattr(self.lab, "all_hosts") else list(self.lab.hosts)
+        return list(self.lab.all_hosts())
 
     def _path_counters(self) -> dict[str, int] | None:
         """The router's path counters before a case; None (no verdict for it) when they cannot be read."""

@@ -46,7 +46,7 @@ class RunCfg(Strict):
     unreachable: Literal["skip", "fail"] = Field(
         "skip",
         description="cases under a profile where the mesh does not answer: skip = skipped with the reason; fail = "
-        "recorded as failed cases (seed 001's degradation sweeps: a mesh that cannot come up is a measured failure)",
+        "recorded as failed cases (Goethals et al.'s degradation sweeps: a mesh that cannot come up is a measured failure)",
     )
     monitor_interval_s: float = Field(0.5, ge=0.05, le=10, description="daemon CPU/RSS sampling period")
     results_dir: str = Field("results", description="where run folders are written")
@@ -113,7 +113,7 @@ class LabCfg(Strict):
     topology: Literal["mesh", "star"] = Field(
         "mesh",
         description="mesh = every host peers with every other; star = peers only with the server "
-        "host (many-client scenarios, seed 001; only drivers that list it)",
+        "host (many-client scenarios, Goethals et al.; only drivers that list it)",
     )
     client: str = Field("h1", description="host that runs workload clients (fixed placement)")
     server: str = Field("h2", description="host that runs workload servers (fixed placement)")
@@ -181,7 +181,9 @@ class LabCfg(Strict):
 
 
 class Fairness(Strict):
-    mss: int | None = Field(None, ge=536, le=9000, description="clamp TCP MSS in iperf3 (-M), as seed 004")
+    mss: int | None = Field(
+        None, ge=536, le=9000, description="clamp TCP MSS in iperf3 (-M), as Nebula's benchmark blog"
+    )
     tunnel_mtu: int | None = Field(None, ge=1280, le=9000, description="common tunnel MTU for every VPN")
 
 
@@ -263,7 +265,7 @@ class HostsCfg(Strict):
     firewall: Literal["none", "stateful"] = Field(
         "none",
         description="stateful = an nftables conntrack rule set on every lab host (established/related accept, "
-        "invalid drop, new accept), as real deployments run one (seed 004: about 10% of throughput); "
+        "invalid drop, new accept), as real deployments run one (Nebula's benchmark blog: about 10% of throughput); "
         "namespace lab only",
     )
     sysctl: dict[str, SysctlValue] = Field(

@@ -9,7 +9,7 @@ Everything goes through the Host API (run, spawn, write_file, read_file), so the
 control connection among it): qdiscs then match only peer-to-peer packets (a tagged prio root with u32
 filters, see `FilteredTc`), iptables rules match peer addresses only, and everything created is journaled
 on the host so `clean --inventory` can undo it. `EgressNetemBackend` is the other real-host placement:
-netem on each peer's own egress, impairing what it sends to the other peers (as seed 003 did)."""
+netem on each peer's own egress, impairing what it sends to the other peers (as the ten-VPN thesis did)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ the inventory says (`tunnelbench_impair`, one value for the whole inventory):
 
 - "router": the router host's interfaces toward each peer (netem where its kernel has it, else the native
   engine copied there); the default when the inventory has a router host;
-- "egress": netem on each peer's own underlay interface, impairing what it sends to the other peers (seed
-  003's placement); the default without a router host.
+- "egress": netem on each peer's own underlay interface, impairing what it sends to the other peers (the
+  ten-VPN thesis's placement); the default without a router host.
 
 The runner asks `backend_for(lab, ...)` and records `plan(lab)`; it never looks at which kind of lab it has."""
 

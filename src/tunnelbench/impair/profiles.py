@@ -171,39 +171,49 @@ class Profile(BaseModel):
 def _library() -> dict[str, Profile]:
     lib = [
         Profile(name="baseline", description="no impairment: the raw namespace path"),
-        # seed 003's per-host tc netem profiles. Low's jitter equals its delay: with uniform jitter the added
+        # The ten-VPN thesis's per-host tc netem profiles. Low's jitter equals its delay: with uniform jitter the added
         # delay spans 0-4 ms, so packets overtake each other (jitter alone reorders, as in netem) on top of
         # the 0.5% explicit reordering; with a normal distribution netem would clamp negative delays to 0.
-        Profile(name="low", description="seed 003 Low: 2 ms ± 2 ms, 0.25% loss, 0.5% reorder, 25% correlation",
+        Profile(name="low", description="the ten-VPN thesis Low: 2 ms ± 2 ms, 0.25% loss, 0.5% reorder, 25% correlation",
                 delay_ms=2, jitter_ms=2, loss_pct=0.25, loss_correlation_pct=25, reorder_pct=0.5,
                 reorder_correlation_pct=25),
-        Profile(name="medium", description="seed 003 Medium: 4 ms, 1% loss, 2.5% reorder, 50% correlation",
+        Profile(name="medium", description="the ten-VPN thesis Medium: 4 ms, 1% loss, 2.5% reorder, 50% correlation",
                 delay_ms=4, loss_pct=1, loss_correlation_pct=50, reorder_pct=2.5, reorder_correlation_pct=50),
-        Profile(name="high", description="seed 003 High: 6 ms, 2.5% loss, 5% reorder, 50% correlation",
+        Profile(name="high", description="the ten-VPN thesis High: 6 ms, 2.5% loss, 5% reorder, 50% correlation",
                 delay_ms=6, loss_pct=2.5, loss_correlation_pct=50, reorder_pct=5, reorder_correlation_pct=50),
         Profile(name="edge-100", description="rate-limited edge uplink: 100 Mbit/s, 20 ms each way",
                 rate_mbit=100, delay_ms=20),
         Profile(name="gemodel-1", description="bursty loss: Gilbert-Elliott p 0.5%, r 25% (≈2% loss, bursts of 4)",
                 gemodel=GilbertElliott(p_pct=0.5, r_pct=25)),
     ]  # fmt: skip
-    # seed 000: loss 1/5/10% and delay 50/250/350 ms (tc on the node interface)
+    # Kjorveziroski et al.: loss 1/5/10% and delay 50/250/350 ms (tc on the node interface)
     for loss in (1, 5, 10):
         lib.append(
             Profile(
-                name=f"loss-{loss}", description=f"seed 000 loss sweep: {loss}% random loss", loss_pct=loss
+                name=f"loss-{loss}",
+                description=f"Kjorveziroski et al. loss sweep: {loss}% random loss",
+                loss_pct=loss,
             )
         )
     for d in (50, 250, 350):
         lib.append(
-            Profile(name=f"delay-{d}", description=f"seed 000 delay sweep: {d} ms each way", delay_ms=d)
+            Profile(
+                name=f"delay-{d}",
+                description=f"Kjorveziroski et al. delay sweep: {d} ms each way",
+                delay_ms=d,
+            )
         )
-    # seed 001: loss 0-100% in 10% steps, latency 1000-5000 ms in 1000 ms steps (NetEm on the host interface)
+    # Goethals et al.: loss 0-100% in 10% steps, latency 1000-5000 ms in 1000 ms steps (NetEm on the host interface)
     for loss in range(10, 101, 10):
         lib.append(
-            Profile(name=f"xloss-{loss}", description=f"seed 001 extreme loss sweep: {loss}%", loss_pct=loss)
+            Profile(
+                name=f"xloss-{loss}",
+                description=f"Goethals et al. extreme loss sweep: {loss}%",
+                loss_pct=loss,
+            )
         )
     for d in range(1000, 5001, 1000):
-        lib.append(Profile(name=f"xdelay-{d}", description=f"seed 001 extreme latency sweep: {d} ms each way",
+        lib.append(Profile(name=f"xdelay-{d}", description=f"Goethals et al. extreme latency sweep: {d} ms each way",
                            delay_ms=d))  # fmt: skip
     return {p.name: p for p in lib}
 

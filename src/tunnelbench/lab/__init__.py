@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from tunnelbench.scenario import LabCfg
 
 
+class LabError(RuntimeError):
+    """What this lab cannot do (e.g. a path policy on real hosts over SSH)."""
+
+
 class Lab(Protocol):
     tag: str
     run_dir: Path
@@ -22,11 +26,25 @@ class Lab(Protocol):
     # forwards every underlay packet between peers: impairment and firewall policies live here. The SSH lab
     # may have none (an inventory without a router host): then no router-side policies can be applied
     router: Host | None
+    # the relay path's relay host (lab.path relay/nat); None on a direct path and in the SSH lab
+    relay: Host | None
+    # True: the lab can drop UDP between peers and count a relay's bytes (the path policies below); the SSH
+    # lab cannot (real networks are not the benchmark's to filter), and its policy methods raise LabError
+    path_policies: bool
 
     def build(self) -> None: ...
     def wait_links(self, timeout: float = 5.0) -> None: ...
     def destroy(self) -> list[str]: ...
     def offlab_drops(self, counter: str = "offlab") -> int: ...
+    def offlab_destinations(
+        self,
+    ) -> dict[str, int]: ...  # dropped packets per off-lab address; {}: none known
+    def all_hosts(self) -> list[Host]: ...  # every machine a run's monitors and diagnostics read
+    def mapping(self) -> str | None: ...  # "h1=inventory-name, ...", None when hosts have no other name
+    def block_udp_between_peers(self, except_host: Host | None = None) -> None: ...
+    def unblock(self) -> None: ...
+    def watch_relay(self, relay: Host | None = None) -> None: ...
+    def relay_bytes(self, relay: Host | None = None) -> dict[str, int]: ...
 
 
 def make_lab(cfg: LabCfg, tag: str, run_dir: Path, journal: Journal) -> Lab:

@@ -145,6 +145,7 @@ class NetnsLab:
             for i in range(1, n_hosts + 1)
         ]
         self.relay: NetnsHost | None = None
+        self.path_policies = True
         if path != "direct":
             if n_hosts < 3:
                 raise ValueError(f"lab path {path!r} needs at least 3 hosts (two peers and a relay host)")
@@ -371,6 +372,13 @@ table inet {self.nft_table} {{
 }}
 """
         self.router.run(["nft", "-f", "-"], input=rules)
+
+    def all_hosts(self) -> list[NetnsHost]:
+        """The peers: the router and NAT namespaces are this same machine, read once through the peers."""
+        return list(self.hosts)
+
+    def mapping(self) -> None:
+        return None  # the hosts are the lab's own namespaces: no inventory names
 
     def offlab_drops(self, counter: str = "offlab") -> int:
         """Packets the router dropped: `offlab` = addressed outside the lab (a VPN probing the internet),

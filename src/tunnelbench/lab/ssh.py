@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tunnelbench.lab import LabError
 from tunnelbench.lab import host as _hostmod
 from tunnelbench.lab.addressing import TUNNEL_RANGES_V4, TUNNEL_RANGES_V6
 from tunnelbench.lab.host import CommandError, Host, Process, Result
@@ -695,12 +696,35 @@ class SshLab:
         self._guard = False
         self._entries: dict[str, list[dict]] = {}
 
+    relay: SshHost | None = None  # lab.path must be "direct" here (lab.make_lab)
+    path_policies = False
+
     def all_hosts(self) -> list[SshHost]:
         return [*self.hosts, *([self.router] if self.router else []), *self.relays,
                 *([self.control] if self.control else [])]  # fmt: skip
 
     def mapping(self) -> str:
         return ", ".join(f"{h.name}={h.inv.name}" for h in self.all_hosts())
+
+    def offlab_destinations(self) -> dict[str, int]:
+        return {}  # real hosts have other traffic: nothing off the lab is dropped or counted
+
+    # -- path policies: not on real networks (Lab.path_policies is False) ---------------------------
+    def _no_policies(self, what: str) -> LabError:
+        return LabError(f"{what} needs the namespace lab's path policies; the SSH lab does not filter real "
+                        "networks (run it without --inventory)")  # fmt: skip
+
+    def block_udp_between_peers(self, except_host: Host | None = None) -> None:
+        raise self._no_policies("blocking UDP between peers")
+
+    def unblock(self) -> None:
+        raise self._no_policies("unblocking UDP between peers")
+
+    def watch_relay(self, relay: Host | None = None) -> None:
+        raise self._no_policies("counting a relay's bytes")
+
+    def relay_bytes(self, relay: Host | None = None) -> dict[str, int]:
+        raise self._no_policies("counting a relay's bytes")
 
     # -- build -----------------------------------------------------------------------------------------
     def build(self) -> None:

@@ -333,12 +333,12 @@ def degradation(axes: dict[str, dict[str, dict[float, dict[str, list[float]]]]])
         for r in (0, 1):
             grid[r][col].grid(True, alpha=0.3)
     grid[0][0].legend(fontsize=7, loc="best")
-    fig.suptitle("many clients under degradation (seed 001)", fontsize=9, x=0.01, ha="left")
+    fig.suptitle("many clients under degradation (Goethals et al.)", fontsize=9, x=0.01, ha="left")
     return to_svg(fig)
 
 
 def per_peer(streams: dict[str, dict[str, list[tuple[float, float]]]], title: str) -> str | None:
-    """Multi-host per-peer goodput over time (seed 004): one panel per direction (tx = from the one host,
+    """Multi-host per-peer goodput over time (Nebula's benchmark blog): one panel per direction (tx = from the one host,
     rx = into it), one line per peer; equal lines = a fair share."""
     dirs = [d for d in ("tx", "rx") if streams.get(d)]
     if not dirs:

@@ -56,7 +56,7 @@ DRIVERS: dict[str, type[VpnDriver]] = {
         StrongSwan,
         SoftEther,
         Innernet,
-        # kernel data paths (seed 002): need the modules lab/kernel.py probes for
+        # kernel data paths (Gentile et al.): need the modules lab/kernel.py probes for
         Gre,
         GreTap,
         Ipip,
@@ -64,7 +64,7 @@ DRIVERS: dict[str, type[VpnDriver]] = {
         Gue,
         Geneve,
         Macsec,
-        # kernel IPsec (seed 002): strongSwan IKEv2, kernel ESP
+        # kernel IPsec (Gentile et al.): strongSwan IKEv2, kernel ESP
         KernelIpsec,
         IpsecTransport,
         IpsecVti,

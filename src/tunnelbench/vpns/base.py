@@ -62,7 +62,7 @@ class MeshSpec:
     path: str = "direct"
     relay: Host | None = None
     # "mesh": every host peers with every other; "star": hosts peer only with the hub (the server host),
-    # for many-client scenarios (seed 001) where N^2 peerings would not fit. Drivers list theirs in topologies
+    # for many-client scenarios (Goethals et al.) where N^2 peerings would not fit. Drivers list theirs in topologies
     topology: str = "mesh"
     hub: Host | None = None
     # interleaved rounds bring a VPN's mesh up once per round: each bring-up gets fresh config and key

@@ -321,7 +321,7 @@ IPROUTE_MACSEC = "https://man7.org/linux/man-pages/man8/ip-macsec.8.html"
 
 
 def _kernel_tunnel(protocol: tuple[str, str], ciphers: tuple[str, str] | None = None) -> dict:
-    """A kernel tunnel of seed 002: static, no control plane, Linux only; unencrypted unless `ciphers`."""
+    """A kernel tunnel of Gentile et al.: static, no control plane, Linux only; unencrypted unless `ciphers`."""
     none = ("none (no encryption, no authentication): a baseline, not a VPN", protocol[1])
     return {
         "protocol": fact(*protocol),

@@ -1,7 +1,7 @@
 """FOU (Foo over UDP) in the kernel: IP in IP carried in UDP, one tunnel per peer; every host listens on
 one FOU receive port (`ip fou add port 5555 ipproto 4`) and each tunnel sends to the peer's, from a source
 port hashed per flow (`encap-sport auto`, so RSS/ECMP spread flows). Not a VPN: no encryption, no
-authentication; 28 bytes of overhead (IPv4 + UDP), as in seed 002's listing."""
+authentication; 28 bytes of overhead (IPv4 + UDP), as in Gentile et al.'s listing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GRE (RFC 2784) in the kernel: an IP-in-GRE tunnel per peer, no key, no checksum. Not a VPN: no
-encryption, no authentication; seed 002's lightest L3 tunnel (24 bytes of overhead: outer IPv4 + GRE)."""
+encryption, no authentication; Gentile et al.'s lightest L3 tunnel (24 bytes of overhead: outer IPv4 + GRE)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """No VPN: workloads run over the underlay addresses. The baseline every ratio is taken against.
 
 `internal@mtuNNNN` is a second baseline with every host's underlay interface at MTU NNNN while it runs
-(seed 000 ran its no-VPN baseline at 1450 and 1230 besides 1500, the MTUs the VPNs leave a packet): it is
+(Kjorveziroski et al. ran its no-VPN baseline at 1450 and 1230 besides 1500, the MTUs the VPNs leave a packet): it is
 reported as its own row, a baseline, never a contender, and the ratios stay against plain `internal`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kernel IPsec (seed 002): strongSwan's charon does IKEv2, the kernel does ESP (XFRM, no kernel-libipsec).
+"""Kernel IPsec (Gentile et al.): strongSwan's charon does IKEv2, the kernel does ESP (XFRM, no kernel-libipsec).
 Four ways to use it, one driver each, all a full mesh of one IKE_SA per pair (PSK per pair, IKE
 aes256gcm16-prfsha256-x25519, ESP aes256gcm16 = AES-256-GCM), reusing the `strongswan` driver's charon
 set-up (private /run per charon, vici socket, per-host strongswan.conf/swanctl.conf; vpns/strongswan.py):

@@ -55,7 +55,7 @@ os.execvpe(sys.argv[2], sys.argv[2:], {**os.environ, "WG_TUN_FD": str(fd)})
 
 def raise_inotify_limit(daemons: int) -> None:
     """Each daemon watches its UAPI socket with an inotify instance; Linux allows 128 per user by default,
-    so a many-client lab (seed 001) would stop at the 129th daemon ("too many open files"). Only raised,
+    so a many-client lab (Goethals et al.) would stop at the 129th daemon ("too many open files"). Only raised,
     never lowered; only on this machine (an SSH lab's hosts run one daemon each)."""
     knob = Path("/proc/sys/fs/inotify/max_user_instances")
     try:

@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from tunnelbench.lab import Lab
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import Mesh
 
@@ -72,6 +73,8 @@ class CaseContext:
     artifact_dir: Path
     deadline: float  # time.monotonic() by which the case must end
     options: dict = field(default_factory=dict)  # scenario-wide knobs such as MSS clamping
+    # the lab the case runs in: its router, relay host and path policies (None: a workload run on its own)
+    lab: Lab | None = None
 
     def remaining(self, floor: float = 1.0) -> float:
         return max(floor, self.deadline - time.monotonic())

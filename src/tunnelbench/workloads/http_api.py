@@ -1,4 +1,4 @@
-"""Request/response (seed 000's Kubernetes API test: 5000 requests at 10 req/s): an HTTP API endpoint
+"""Request/response (Kjorveziroski et al.'s Kubernetes API test: 5000 requests at 10 req/s): an HTTP API endpoint
 (nginx) on the server host and a load generator, `hey` (Go, github.com/rakyll/hey v0.1.5, pinned in
 scripts/setup.sh), at a fixed request rate for a fixed count. Latency mean (the seed plots it) and
 percentiles from hey's per-request CSV, and the error rate (transport errors + non-200).
@@ -35,9 +35,9 @@ HEY_VERSION = "v0.1.5"
 
 
 class HttpApiParams(Params):
-    count: int = Field(200, ge=1, le=10_000_000, description="requests in total (seed 000: 5000)")
+    count: int = Field(200, ge=1, le=10_000_000, description="requests in total (Kjorveziroski et al.: 5000)")
     rate_per_s: float = Field(
-        20.0, gt=0, le=100_000, description="request rate over all workers (seed 000: 10)"
+        20.0, gt=0, le=100_000, description="request rate over all workers (Kjorveziroski et al.: 10)"
     )
     concurrency: int = Field(1, ge=1, le=10_000, description="hey workers (-c); each runs rate/concurrency")
     keepalive: bool = Field(True, description="reuse connections (an API client does); False = new TCP each")
@@ -72,12 +72,12 @@ def pod_list(n: int) -> bytes:
 
 class HttpApi(Workload):
     name = "http_api"
-    summary = "HTTP API calls at a fixed rate for a fixed count (hey -> nginx /api), seed 000"
+    summary = "HTTP API calls at a fixed rate for a fixed count (hey -> nginx /api), Kjorveziroski et al."
     tools = ("nginx", "hey")
     headline = ("request_p50_ms", "request_p99_ms", "error_rate_pct")
     Params = HttpApiParams
     metrics = (
-        MetricSpec("request_mean_ms", "ms", "lower", "mean response time (what seed 000 plots)"),
+        MetricSpec("request_mean_ms", "ms", "lower", "mean response time (what Kjorveziroski et al. plots)"),
         MetricSpec("request_p50_ms", "ms", "lower", "median response time"),
         MetricSpec("request_p90_ms", "ms", "lower", "90th percentile response time"),
         MetricSpec("request_p99_ms", "ms", "lower", "99th percentile response time"),

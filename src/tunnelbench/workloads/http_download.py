@@ -1,4 +1,4 @@
-"""HTTP bulk download (seed 003's Nix binary-cache download): nginx on the server host serves a file set
+"""HTTP bulk download (the ten-VPN thesis's Nix binary-cache download): nginx on the server host serves a file set
 shaped like a binary cache (many small files plus a few large ones), generated deterministically into the
 run folder; curl fetches all of it over the tunnel with several parallel connections (`curl --parallel`).
 Total time and goodput; per-file times of the small files show the per-request cost."""

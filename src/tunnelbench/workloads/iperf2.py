@@ -1,4 +1,4 @@
-"""iperf2 (Debian's `iperf` 2.1) as the second engine of the tcp and udp workloads (seed 002's tool): a server
+"""iperf2 (Debian's `iperf` 2.1) as the second engine of the tcp and udp workloads (Gentile et al.'s tool): a server
 on the server host, the client on the client host, both with enhanced reports (-e) in plain bytes and
 bits/s (-f b: exact integers, where -y C in 2.1.8 drops the enhanced fields such as retries), parsed into
 the iperf3 engine's metric names.

@@ -1,4 +1,4 @@
-"""Latency under load (seed 003's buffer bloat): ICMP echo at a fine interval on the idle tunnel first,
+"""Latency under load (the ten-VPN thesis's buffer bloat): ICMP echo at a fine interval on the idle tunnel first,
 then again while an iperf3 TCP bulk transfer saturates the same path; the added latency is the loaded
 percentile minus the idle one, measured in the same case."""
 

@@ -339,15 +339,15 @@ class Leak(Workload):
         return 10 + len(p.sizes) * len(p.protocols) * p.count * 0.02
 
     def _capture_host(self, ctx: CaseContext) -> Host:
-        lab = ctx.options.get("lab")
+        lab = ctx.lab
         if self.params.capture_at == "router":
-            router = getattr(lab, "router", None)
+            router = lab.router if lab else None
             if router is None:
                 raise WorkloadError(
                     "the leak check needs the lab's router host: it captures the underlay there"
                 )
             return router
-        relay = getattr(lab, "relay", None)
+        relay = lab.relay if lab else None
         if relay is None:
             raise WorkloadError('leak with capture_at = "relay" needs a relay host: set [lab] path = "relay" '
                                 '(relay = "hN", default the last host)')  # fmt: skip

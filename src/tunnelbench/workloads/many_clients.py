@@ -1,4 +1,4 @@
-"""Many clients (seed 001): N client hosts, each calling a REST service on the server host every 250 ms
+"""Many clients (Goethals et al.): N client hosts, each calling a REST service on the server host every 250 ms
 for a set time (an empty GET answered `200 OK` by nginx, a new TCP connection per call as the seed's curl
 did); response-time percentiles and the failure rate (timeouts after 10 s, connection errors, non-200).
 
@@ -45,7 +45,7 @@ class ManyClientsParams(Params):
 
 class ManyClients(Workload):
     name = "many_clients"
-    summary = "N client hosts call a REST service every 250 ms (seed 001 scalability)"
+    summary = "N client hosts call a REST service every 250 ms (Goethals et al. scalability)"
     tools = ("nginx",)
     headline = ("response_p50_ms", "response_p99_ms", "failure_rate_pct")
     Params = ManyClientsParams

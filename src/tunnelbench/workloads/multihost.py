@@ -1,6 +1,6 @@
-"""Multi-host traffic (seed 004): one host transmits to N others at once (`tx`), N hosts transmit to one
+"""Multi-host traffic (Nebula's benchmark blog): one host transmits to N others at once (`tx`), N hosts transmit to one
 (`rx`, iperf3 -R from the one host as the seed ran it), or both at once (`bidir`). TCP with the MSS
-clamped to 1200 by default (`iperf3 -M 1200`, as seed 004), one iperf3 server per peer on its own port.
+clamped to 1200 by default (`iperf3 -M 1200`, as Nebula's benchmark blog), one iperf3 server per peer on its own port.
 
 Per-stream goodput carries the peer's host name; the aggregates are the sums of the streams. Per-host
 daemon CPU and memory come from the runner's Monitor, which samples every host's VPN daemons."""
@@ -30,7 +30,9 @@ class MultihostParams(Params):
     peers: int | None = Field(None, ge=1, le=64, description="peers to use (default: every other host)")
     duration_s: float = Field(10.0, gt=0, le=3600, description="measured seconds")
     omit_s: float = Field(1.0, ge=0, le=60, description="warm-up seconds excluded (iperf3 -O)")
-    mss: int | None = Field(1200, ge=0, le=9000, description="iperf3 -M (seed 004: 1200); 0 = no clamp")
+    mss: int | None = Field(
+        1200, ge=0, le=9000, description="iperf3 -M (Nebula's benchmark blog: 1200); 0 = no clamp"
+    )
 
 
 def jain(values: list[float]) -> float | None:
@@ -41,7 +43,7 @@ def jain(values: list[float]) -> float | None:
 
 class Multihost(Workload):
     name = "multihost"
-    summary = "one host to N peers, N peers to one, or both at once (iperf3 -M 1200, seed 004)"
+    summary = "one host to N peers, N peers to one, or both at once (iperf3 -M 1200, Nebula's benchmark blog)"
     tools = ("iperf3", "ss")
     headline = ("aggregate_goodput_mbps", "stream_fairness")
     Params = MultihostParams

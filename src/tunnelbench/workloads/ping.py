@@ -59,7 +59,7 @@ def rtt_samples(parsed: dict, out: Outcome, prefix: str = "rtt") -> None:
     out.add(f"{prefix}_mdev_ms", vals.std(), "ms")
     for q in (50, 95, 99):
         out.add(f"{prefix}_p{q}_ms", float(np.percentile(vals, q)), "ms")
-    # seed 003's spike ratio: the worst RTT over the mean (1 = no spike; a stall of a VPN shows as >> 1)
+    # The ten-VPN thesis's spike ratio: the worst RTT over the mean (1 = no spike; a stall of a VPN shows as >> 1)
     out.add(f"{prefix}_spike_ratio", float(vals.max() / vals.mean()) if vals.mean() > 0 else None, "ratio")
 
 
@@ -84,7 +84,9 @@ class Ping(Workload):
         MetricSpec("rtt_p50_ms", "ms", "lower", "median RTT"),
         MetricSpec("rtt_p95_ms", "ms", "lower", "95th percentile RTT"),
         MetricSpec("rtt_p99_ms", "ms", "lower", "99th percentile RTT"),
-        MetricSpec("rtt_spike_ratio", "ratio", "lower", "maximum RTT / mean RTT (seed 003's spike ratio)"),
+        MetricSpec(
+            "rtt_spike_ratio", "ratio", "lower", "maximum RTT / mean RTT (the ten-VPN thesis's spike ratio)"
+        ),
         MetricSpec("ping_loss_pct", "%", "lower", "echo requests without reply"),
     )
 

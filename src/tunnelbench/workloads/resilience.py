@@ -1,10 +1,10 @@
-"""Resilience, from the traffic's point of view (seed 003's reboot test): a continuous ICMP probe from the
+"""Resilience, from the traffic's point of view (the ten-VPN thesis's reboot test): a continuous ICMP probe from the
 client to the server's tunnel address (every 10 ms) while
 
 - `restart_one`: the server host's VPN daemon is stopped and started again (state kept, as after a
   daemon restart or a reboot),
 - `restart_all`: every host's daemon is restarted (the whole mesh reboots),
-- `restart_each` (seed 003 rebooted every machine and reported per node): each host's daemon in turn (h1,
+- `restart_each` (the ten-VPN thesis rebooted every machine and reported per node): each host's daemon in turn (h1,
   h2, ...; the first `each_hosts` of the mesh) is stopped and started again while every host it has a tunnel
   to (driver.peers) probes it (one `ping -D` per prober, started before the restart). Per node (metric host
   = the restarted node): node_reconnect_s = restart -> every prober answered again, node_gap_s = the longest
@@ -391,18 +391,18 @@ class Resilience(Workload):
 
     def _failover(self, ctx: CaseContext, out: Outcome) -> None:
         p = self.params
-        lab = ctx.options.get("lab")
+        lab = ctx.lab
         driver = ctx.mesh.driver
-        if lab is None or not hasattr(lab, "block_udp_between_peers"):
+        if lab is None or not lab.path_policies:
             raise WorkloadError("failover needs the namespace lab's UDP-blocking policy (lab.path = 'relay')")
-        if getattr(lab, "relay", None) is None:
+        if lab.relay is None:
             raise WorkloadError("failover needs a relay host: run it with lab.path = 'relay'")
         if "relay" not in type(driver).paths:
             raise WorkloadError(f"{ctx.mesh.vpn} has no relay path: nothing to fail over to")
         lab.unblock()
         try:
             time.sleep(p.direct_settle_s)
-            watch = hasattr(lab, "watch_relay") and hasattr(lab, "relay_bytes")
+            watch = lab.path_policies  # relay byte counters come with the path policies
             probe = Probe(ctx, "probe-failover", p.probe_interval_s)
             try:
                 if probe.wait_reply_after(0, 10) is None:
@@ -437,7 +437,7 @@ class Resilience(Workload):
 
     # -- control_loss / relay_loss -----------------------------------------------------------------
     def _cut_target(self, ctx: CaseContext, ev: str):
-        lab = ctx.options.get("lab")
+        lab = ctx.lab
         driver = ctx.mesh.driver
         if ev == "control_loss":
             host = type(driver).control_host(driver.spec)
@@ -445,7 +445,7 @@ class Resilience(Workload):
                 raise NotApplicable(f"control_loss: not applicable: {ctx.mesh.vpn} has no central control "
                                     "plane in this lab (driver.control_host is None)")  # fmt: skip
         else:
-            host = getattr(lab, "relay", None) or driver.spec.relay
+            host = (lab.relay if lab else None) or driver.spec.relay
             if host is None:
                 raise NotApplicable(
                     "relay_loss: not applicable: the lab has no relay host (lab.path = 'relay' or 'nat')"
@@ -454,7 +454,7 @@ class Resilience(Workload):
             raise WorkloadError(f"{ev}: {ctx.mesh.vpn}'s {ev.split('_')[0]} host is {host.name}, the probe's "
                                 f"{'client' if host.name == ctx.client.name else 'server'}: place lab.client and "
                                 "lab.server on two other hosts")  # fmt: skip
-        if lab is None or getattr(lab, "router", None) is None or not getattr(lab, "tag", None):
+        if lab is None or lab.router is None or not lab.tag:
             raise WorkloadError(f"{ev} needs the namespace lab's router to cut {host.name} off")
         return Blackhole(lab.router, lab.tag, host)
 

@@ -1,8 +1,8 @@
-"""Streaming (seed 003's RIST video test): a constant-bitrate media-like UDP stream (default 25 Mbit/s in
+"""Streaming (the ten-VPN thesis's RIST video test): a constant-bitrate media-like UDP stream (default 25 Mbit/s in
 1316-byte datagrams, 7 MPEG-TS packets each) from the client to the server, carried by real RIST (librist
 0.2.7's `ristsender`/`ristreceiver` from Debian's rist-tools, main profile, ARQ retransmissions) over
 the tunnel, or as plain UDP (`transport = "udp"`). ffmpeg's RIST support is not used: Debian's ffmpeg
-would add an encoder whose warm-up seed 003 saw as dropped frames; the source here is a paced Python
+would add an encoder whose warm-up the ten-VPN thesis saw as dropped frames; the source here is a paced Python
 sender whose datagrams carry a sequence number and a send timestamp.
 
 The receiver applies a playout buffer: a datagram is on time if it arrives within `playout_ms` of the

@@ -2,7 +2,7 @@
 
 Two engines measure it under the same metric names, so one tool can be checked against the other:
   iperf3 (default): a timed transfer with an omit_s warm-up (-O); every metric below.
-  iperf2 (`engine = "iperf2"`, Debian's `iperf` 2.1, seed 002's tool): a timed transfer, or with
+  iperf2 (`engine = "iperf2"`, Debian's `iperf` 2.1, Gentile et al.'s tool): a timed transfer, or with
       `bytes = "100M"` a byte-count transfer (iperf -n; K/M/G are powers of 1024, k/m/g of 1000). iperf2
       has no -O: the warm-up runs omit_s longer and only the one-second reports after it count; a
       byte-count transfer counts from its first byte, so omit_s is not allowed with bytes. Its enhanced

@@ -1,8 +1,8 @@
-"""UDP, client -> server over the tunnel, unlimited (-b 0, seed 003) or at a fixed rate.
+"""UDP, client -> server over the tunnel, unlimited (-b 0, the ten-VPN thesis) or at a fixed rate.
 
 Two engines measure it under the same metric names, so one tool can be checked against the other:
   iperf3 (default): every metric below.
-  iperf2 (`engine = "iperf2"`, Debian's `iperf` 2.1, seed 002's tool): the receiver's numbers come from the
+  iperf2 (`engine = "iperf2"`, Debian's `iperf` 2.1, Gentile et al.'s tool): the receiver's numbers come from the
       server report the client gets back (else the server's own output). iperf2 reads rates with K/M/G as
       powers of 1024, so the bitrate is passed in its powers-of-1000 spelling (100M -> 100m), the rate iperf3
       sends; it has no unlimited -b 0, so 0 becomes 100g (send as fast as it can). `bytes = "100M"` sends a
