@@ -194,9 +194,12 @@ def test_killing_the_engine_mid_case_fails_the_case(tmp_path):
         while time.monotonic() < deadline:
             dbs = list(results.glob("*/results.sqlite"))
             if dbs:
-                c = sqlite3.connect(dbs[0], timeout=5)
-                running = c.execute("SELECT COUNT(*) FROM \"case\" WHERE status='running'").fetchone()[0]
-                c.close()
+                try:  # the file exists a moment before the store has created its tables
+                    c = sqlite3.connect(dbs[0], timeout=5)
+                    running = c.execute("SELECT COUNT(*) FROM \"case\" WHERE status='running'").fetchone()[0]
+                    c.close()
+                except sqlite3.Error:
+                    running = 0
                 if running:
                     run_dir = dbs[0].parent
                     break
