@@ -161,7 +161,16 @@ class Host(ABC):
             stdout, stderr = popen.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
             popen.kill()
-            stdout, _ = popen.communicate()
+            try:
+                stdout, _ = popen.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                # a grandchild the command left behind still holds its stdout open: reading to EOF would
+                # wait as long as that process lives (an unbounded hang), so give up on the rest of the output
+                stdout = ""
+                for pipe in (popen.stdout, popen.stderr, popen.stdin):
+                    if pipe:
+                        pipe.close()
+                popen.wait(timeout=5)
             raise CommandError(self.name, argv, None, stdout or "") from None
         except BaseException:  # Ctrl-C or an abort: never leave the child behind
             popen.kill()

@@ -1,0 +1,44 @@
+"""Host.run's timeout: a command that outlives it is killed and reported, and the call returns even when the
+command left a process behind that still holds its output pipe (reading to EOF would wait for that process:
+CI once sat an hour in a test until its own limit)."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tunnelbench.lab.host import CommandError, Host
+
+
+class LocalHost(Host):
+    def __init__(self) -> None:
+        self.name, self.underlay_ip, self.journal, self.workdir = "local", "127.0.0.1", None, Path("/tmp")
+
+    def argv(self, argv):
+        return list(argv)
+
+
+def test_a_command_past_its_timeout_raises_with_no_exit_code():
+    t0 = time.monotonic()
+    with pytest.raises(CommandError) as err:
+        LocalHost().run(["sleep", "30"], timeout=0.5)
+    assert err.value.returncode is None
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_grandchild_holding_the_pipe_does_not_hold_the_caller(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    # the shell backgrounds a sleeper (it inherits stdout) and records its PID; the shell itself outlives the
+    # timeout and is killed, the sleeper is not
+    script = f"sleep 40 & echo $! > {pidfile}; echo started; sleep 40"
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(CommandError):
+            LocalHost().run(["sh", "-c", script], timeout=1)
+        took = time.monotonic() - t0
+        assert took < 15, f"run() returned after {took:.1f} s: it waited for the grandchild's pipe"
+    finally:
+        if pidfile.exists():
+            pid = int(pidfile.read_text())
+            os.kill(pid, 9)  # the test's own grandchild, by its PID
