@@ -157,3 +157,56 @@ def test_a_profile_that_breaks_the_mesh_is_measured_as_failures_or_skipped(tmp_p
         assert all(json.loads(r[3])["count"] == 3 for r in lossy)  # the workload's own parameters
     else:
         assert [r[1] for r in lossy] == ["skipped"] * len(lossy) and lossy, rows
+
+
+CAPPED = """
+name = "capped"
+vpns = ["wireguard-go"]
+profiles = ["baseline"]
+[run]
+repetitions = 1
+retries = 0
+drift_check_s = 0
+[lab]
+hosts = 4
+topology = "star"
+hosts_per_vpn = {"wireguard-go" = 3}
+[[workloads]]
+name = "many_clients"
+clients = 2
+duration_s = 2
+[[workloads]]
+name = "many_clients"
+clients = 3
+duration_s = 2
+"""
+
+
+@pytest.mark.lab
+def test_hosts_per_vpn_runs_the_vpn_on_the_first_hosts_and_skips_larger_n(tmp_path):
+    """lab.hosts_per_vpn = 3 on a 4-host lab: wireguard-go's daemons run on h1..h3 only (h4 gets no folder
+    and no daemon in the journal), N = 2 is measured, N = 3 is skipped with the reason."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from conftest import lab_missing
+
+    if lab_missing():
+        pytest.skip(lab_missing())
+    (tmp_path / "s.toml").write_text(CAPPED)
+    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "s.toml"), "--results",
+                          str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    (run_dir,) = (tmp_path / "r").iterdir()
+    db = sqlite3.connect(run_dir / DB_NAME)
+    rows = dict(db.execute('SELECT label, status || ": " || coalesce(error, "") FROM "case"').fetchall())
+    assert rows["many-clients-n2"] == "ok: ", (rows, res.stderr[-2000:])
+    assert rows["many-clients-n3"].startswith("skipped: wireguard-go runs on 3 hosts in this scenario"), rows
+    (settings,) = db.execute("SELECT settings FROM vpn WHERE name = 'wireguard-go'").fetchone()
+    assert json.loads(settings)["mesh_hosts"] == 3
+    spawned = [
+        line for line in (run_dir / "journal.jsonl").read_text().splitlines() if "wireguard-go" in line
+    ]
+    assert any('"h3"' in line for line in spawned) and not any('"h4"' in line for line in spawned), spawned
+    dirs = sorted(p.parent.name for p in run_dir.rglob("wireguard-go") if p.is_dir())
+    assert "h3" in dirs and "h4" not in dirs, dirs

@@ -53,6 +53,25 @@ def test_placement_must_name_existing_distinct_hosts():
     assert "different hosts" in err_of({**MIN, "lab": {"client": "h2", "server": "h2"}})
 
 
+def test_hosts_per_vpn_keeps_client_and_server_and_names_the_vpn():
+    sc = parse_scenario({**MIN, "vpns": ["wireguard-go", "nebula@1.9.0"],
+                         "lab": {"hosts": 5, "hosts_per_vpn": {"wireguard-go": 3, "nebula": 4}}})  # fmt: skip
+    assert (sc.mesh_hosts("wireguard-go"), sc.mesh_hosts("nebula@1.9.0"), sc.mesh_hosts("internal")) == (
+        3,
+        4,
+        5,
+    )
+    msg = err_of({**MIN, "lab": {"hosts": 4, "server": "h3", "hosts_per_vpn": {"nebula": 2}}})
+    assert "hosts_per_vpn.nebula: 2 is not between 3" in msg and "server h3" in msg
+    assert "and lab.hosts = 4" in err_of({**MIN, "lab": {"hosts": 4, "hosts_per_vpn": {"nebula": 5}}})
+    assert "lab.hosts_per_vpn: unknown VPN 'nebulla'" in err_of(
+        {**MIN, "lab": {"hosts": 4, "hosts_per_vpn": {"nebulla": 3}}}
+    )
+    assert 'only used with path = "direct"' in err_of(
+        {**MIN, "lab": {"hosts": 4, "path": "relay", "hosts_per_vpn": {"nebula": 3}}}
+    )
+
+
 def test_profile_scoped_to_a_host_the_lab_does_not_have():
     edge = {"delay_ms": 10, "hosts": ["h4"]}
     msg = err_of({**MIN, "profiles": ["edge"], "lab": {"hosts": 3}, "impair": {"profiles": {"edge": edge}}})

@@ -218,7 +218,7 @@ def test_overhead(mesh):
     assert 0 <= m["small_packet_loss_pct"] <= 100
 
 
-@pytest.mark.parametrize("vpn", [*VPNS, "softether"])
+@pytest.mark.parametrize("vpn", [*VPNS, "softether", "nebula"])
 def test_many_clients_star(vpn, lab_factory):
     mesh = make_mesh(lab_factory, vpn, 7, star=True)
     try:
@@ -227,7 +227,15 @@ def test_many_clients_star(vpn, lab_factory):
         if vpn == "softether":  # the virtual hub runs on the star's hub host (not the last host)
             assert mesh.driver.hub is hub
         # cryptokey routing: spokes talk to the hub only (SoftEther's hub is a switch: spokes meet through it)
-        if vpn not in ("internal", "softether"):
+        if vpn == "nebula":  # the hub is the lighthouse and each spoke's only static host
+            import json
+
+            assert mesh.driver.control_host(mesh.driver.spec) is hub
+            for s in spokes:
+                conf = json.loads((mesh.driver.host_dir(s) / "config.yml").read_text())
+                assert list(conf["static_host_map"]) == [mesh.tunnel_ip(hub)]
+                assert conf["lighthouse"]["hosts"] == [mesh.tunnel_ip(hub)]
+        elif vpn not in ("internal", "softether"):
             assert [h.name for h in mesh.driver.peers(spokes[0])] == [hub.name]
             probe = spokes[0].run(["ping", "-c1", "-W1", mesh.tunnel_ip(spokes[1])], check=False)
             assert probe.returncode != 0

@@ -766,7 +766,9 @@ class Runner:
             self._say(f"{vpn}: skipped: {avail.reason}", "yellow")
             progress.advance(task, self._remaining_cases(vpn, reps))
             return
-        spec = MeshSpec(hosts=list(self.lab.hosts), tag=self.lab.tag, workdir=self.run_dir,
+        # lab.hosts_per_vpn: the first hosts (client and server among them); the rest stay idle for this VPN
+        hosts = list(self.lab.hosts)[: self.sc.mesh_hosts(vpn)]
+        spec = MeshSpec(hosts=hosts, tag=self.lab.tag, workdir=self.run_dir,
                         mtu=self.sc.fairness.tunnel_mtu, options=self._vpn_options(vpn),
                         path=self.sc.lab.path, relay=self.lab.relay,
                         topology=self.sc.lab.topology, hub=self.server,
@@ -822,7 +824,13 @@ class Runner:
                       "yellow")  # fmt: skip
         if first:
             self._say(
-                f"{vpn} {avail.version}: mesh of {len(self.lab.hosts)} up, all pairs answering after {waited:.2f} s"
+                f"{vpn} {avail.version}: mesh of {len(hosts)}"
+                + (
+                    f" (of the lab's {len(self.lab.hosts)}: lab.hosts_per_vpn)"
+                    if len(hosts) < len(self.lab.hosts)
+                    else ""
+                )
+                + f" up, all pairs answering after {waited:.2f} s"
             )
             self._tax_check(vpn, mesh)
             self._key_check(vpn, driver)
@@ -923,6 +931,7 @@ class Runner:
         out = dict(driver.settings)
         out.setdefault("mtu", driver.mtu)
         out["path"] = driver.spec.path
+        out["mesh_hosts"] = len(driver.spec.hosts)
         if driver.features:
             from tunnelbench.vpns.features import record
 

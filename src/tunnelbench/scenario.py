@@ -141,6 +141,13 @@ class LabCfg(Strict):
         default_factory=dict,
         description='path nat: per-host NAT types overriding nat_type, e.g. {h1 = "symmetric", h2 = "full-cone"}',
     )
+    hosts_per_vpn: dict[str, int] = Field(
+        default_factory=dict,
+        description="how many of the lab's hosts a VPN's mesh takes (the first ones, client and server among "
+        "them), e.g. {softether = 101}: a VPN whose daemons cannot all fit the machine or come up in time at "
+        "lab.hosts still runs the cases its hosts can take; a case that needs more hosts is skipped with the "
+        "reason. Key: a driver name (every version of it) or NAME@VERSION",
+    )
     plant_fault: Literal["udp-blocked"] | None = Field(
         None,
         description="test-only negative control of the path check: udp-blocked = the router drops UDP between "
@@ -171,6 +178,15 @@ class LabCfg(Strict):
             if bad:
                 raise ValueError(f"nat_types: {', '.join(bad)} is not a host behind a NAT (the peers but the relay "
                                  f"host {relay}: {', '.join(n for n in names if n != relay)})")  # fmt: skip
+        need = max(names.index(self.client), names.index(self.server)) + 1
+        for vpn, n in self.hosts_per_vpn.items():
+            if not need <= n <= self.hosts:
+                raise ValueError(f"hosts_per_vpn.{vpn}: {n} is not between {need} (the client {self.client} and "
+                                 f"server {self.server} are among a VPN's hosts) and lab.hosts = {self.hosts}")  # fmt: skip
+        if self.hosts_per_vpn and self.path != "direct":
+            raise ValueError(
+                'hosts_per_vpn is only used with path = "direct" (the relay host is the last one)'
+            )
         if self.plant_fault and self.backend != "netns":
             raise ValueError('plant_fault needs backend = "netns" (the lab\'s router drops the traffic)')
         if self.backend == "ssh" and not self.inventory:
@@ -426,6 +442,23 @@ class Scenario(Strict):
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
+
+    @model_validator(mode="after")
+    def _hosts_per_vpn(self) -> Scenario:
+        from tunnelbench.vpns import resolve
+
+        for name in self.lab.hosts_per_vpn:
+            try:
+                resolve(name)
+            except ValueError as e:
+                raise ValueError(f"lab.hosts_per_vpn: {e}") from None
+        return self
+
+    def mesh_hosts(self, vpn: str) -> int:
+        """How many of the lab's hosts `vpn` (a vpns entry) runs on: lab.hosts_per_vpn for NAME@VERSION, else
+        for its base name, else every host."""
+        caps = self.lab.hosts_per_vpn
+        return caps.get(vpn) or caps.get(vpn.partition("@")[0]) or self.lab.hosts
 
     @model_validator(mode="after")
     def _firewall(self) -> Scenario:

@@ -60,6 +60,9 @@ class Nebula(VpnDriver):
     # relay / nat paths: the relay host is lighthouse and relay (am_relay); the others use it as their
     # relay when no direct tunnel can be made (UDP blocked, or NATs that do not punch)
     paths = frozenset({"direct", "relay", "nat"})
+    # star (many-clients): the hub is the lighthouse and every spoke's only static_host_map entry, so a spoke
+    # holds one tunnel, to the hub, as the seeds' clients-to-server deployments do
+    topologies = frozenset({"mesh", "star"})
     acl_support = True
     revocation = "certificate fingerprint into `pki.blocklist` on every other host, then SIGHUP their nebula"
 
@@ -79,7 +82,9 @@ class Nebula(VpnDriver):
         super().__init__(spec)
         cipher = self.options.cipher
         self.settings: dict = {
-            "mode": "full mesh, direct UDP tunnels (h1 is also lighthouse)",
+            "mode": f"star around {spec.hub.name} (the lighthouse; the spokes' only static host)"
+            if spec.topology == "star" and spec.hub is not None
+            else "full mesh, direct UDP tunnels (h1 is also lighthouse)",
             "cipher": CIPHERS[cipher],
             "nebula_cipher": cipher,
             "handshake": "Noise IX, Curve25519",
@@ -104,7 +109,9 @@ class Nebula(VpnDriver):
 
     @classmethod
     def control_host(cls, spec) -> Host:
-        """The lighthouse: the relay host in path relay/nat (lighthouse and relay), else h1."""
+        """The lighthouse: the relay host in path relay/nat (lighthouse and relay), the hub in a star, else h1."""
+        if spec.topology == "star" and spec.hub is not None:
+            return spec.hub
         return spec.relay if spec.path != "direct" and spec.relay is not None else spec.hosts[0]
 
     def peers(self, host: Host) -> list[Host]:
@@ -183,7 +190,7 @@ class Nebula(VpnDriver):
             },
             "static_host_map": {
                 self.tunnel_ip(p): [f"{p.public_ip}:{LISTEN_PORT}"]
-                for p in self.spec.hosts
+                for p in (self.spec.hosts if self.spec.topology == "mesh" else VpnDriver.peers(self, host))
                 if p is not host and not p.behind_nat
             },
             "lighthouse": {

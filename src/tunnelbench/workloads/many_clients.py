@@ -22,7 +22,15 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import (
+    CaseContext,
+    MetricSpec,
+    NotApplicable,
+    Outcome,
+    Params,
+    Workload,
+    WorkloadError,
+)
 from tunnelbench.workloads.common import add_percentiles
 from tunnelbench.workloads.nginx import start_nginx, stop_nginx
 
@@ -77,6 +85,9 @@ class ManyClients(Workload):
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params
         clients = [h for h in ctx.mesh.hosts if h is not ctx.server][: p.clients]
+        if len(clients) < p.clients and ctx.lab is not None and len(ctx.mesh.hosts) < len(ctx.lab.hosts):
+            raise NotApplicable(f"{ctx.mesh.vpn} runs on {len(ctx.mesh.hosts)} hosts in this scenario "
+                                f"(lab.hosts_per_vpn): N = {p.clients} needs {p.clients + 1}")  # fmt: skip
         if len(clients) < p.clients:
             raise WorkloadError(f"many_clients needs {p.clients} client hosts besides the server; the lab has "
                                 f"{len(clients)} (set lab.hosts >= {p.clients + 1})")  # fmt: skip
