@@ -66,3 +66,19 @@ def test_the_command_prints_the_total(tmp_path):
                          env={"COLUMNS": "150", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "5 cases;" in res.stdout and "declared" in res.stdout
+
+
+def test_cases_beyond_a_vpns_hosts_per_vpn_count_as_skipped(tmp_path):
+    lab = {"hosts": 11, "topology": "star", "hosts_per_vpn": {"wireguard-go": 6}}
+    wls = [{"name": "many_clients", "clients": n} for n in (5, 10)]
+    sc = parse_scenario(
+        {"vpns": ["internal", "wireguard-go"], "run": {"repetitions": 2}, "lab": lab, "workloads": wls}
+    )
+    p = make_plan(sc, tmp_path / "none", lambda v: None)
+    by = {(x.vpn, x.label): x for x in p.lines}
+    assert by[("wireguard-go", "many-clients-n10")].cases == 0
+    assert by[("wireguard-go", "many-clients-n10")].source == "skipped: lab.hosts_per_vpn = 6"
+    assert (
+        by[("wireguard-go", "many-clients-n5")].cases == 2 and by[("internal", "many-clients-n10")].cases == 2
+    )
+    assert p.cases == 6

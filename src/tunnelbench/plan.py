@@ -81,6 +81,11 @@ def make_plan(sc: Scenario, results: Path, available=None) -> Plan:
             plan.unavailable[vpn] = why
             continue
         for wl in wls:
+            if wl.hosts_needed() > sc.mesh_hosts(vpn):  # the runner skips it, saying why
+                plan.lines.append(
+                    Line(vpn, wl.label(), 0, 0.0, f"skipped: lab.hosts_per_vpn = {sc.mesh_hosts(vpn)}")
+                )
+                continue
             seen = past.get((vpn, wl.label()), [])
             if seen:
                 per, src = statistics.median(seen), f"measured (n={len(seen)})"

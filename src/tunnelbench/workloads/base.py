@@ -113,6 +113,11 @@ class Workload(ABC):
     def expected_seconds(self) -> float:
         """How long one case should take when all is well (the case timeout is derived from it)."""
 
+    def hosts_needed(self) -> int:
+        """Hosts of the VPN's mesh one case uses (client and server); `tunnelbench plan` counts a case whose VPN
+        runs on fewer (lab.hosts_per_vpn) as skipped."""
+        return 2
+
     @abstractmethod
     def run(self, ctx: CaseContext) -> Outcome: ...
 

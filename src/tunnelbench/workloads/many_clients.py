@@ -79,6 +79,9 @@ class ManyClients(Workload):
     def label(self) -> str:
         return f"many-clients-n{self.params.clients}"
 
+    def hosts_needed(self) -> int:
+        return self.params.clients + 1
+
     def expected_seconds(self) -> float:
         return self.params.duration_s + self.params.timeout_s + 5 + self.params.clients / 100
 
