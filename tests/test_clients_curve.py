@@ -202,6 +202,9 @@ def test_hosts_per_vpn_runs_the_vpn_on_the_first_hosts_and_skips_larger_n(tmp_pa
     rows = dict(db.execute('SELECT label, status || ": " || coalesce(error, "") FROM "case"').fetchall())
     assert rows["many-clients-n2"] == "ok: ", (rows, res.stderr[-2000:])
     assert rows["many-clients-n3"].startswith("skipped: wireguard-go runs on 3 hosts in this scenario"), rows
+    # the server answers two clients: no client-server pair path to confirm, so no path share is recorded
+    path = db.execute("SELECT count(*) FROM metric WHERE name LIKE 'path_%'").fetchone()[0]
+    assert path == 0
     (settings,) = db.execute("SELECT settings FROM vpn WHERE name = 'wireguard-go'").fetchone()
     assert json.loads(settings)["mesh_hosts"] == 3
     spawned = [
