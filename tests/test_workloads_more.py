@@ -218,7 +218,7 @@ def test_overhead(mesh):
     assert 0 <= m["small_packet_loss_pct"] <= 100
 
 
-@pytest.mark.parametrize("vpn", [*VPNS, "softether", "nebula"])
+@pytest.mark.parametrize("vpn", [*VPNS, "softether", "nebula", "tinc"])
 def test_many_clients_star(vpn, lab_factory):
     mesh = make_mesh(lab_factory, vpn, 7, star=True)
     try:
@@ -235,6 +235,16 @@ def test_many_clients_star(vpn, lab_factory):
                 conf = json.loads((mesh.driver.host_dir(s) / "config.yml").read_text())
                 assert list(conf["static_host_map"]) == [mesh.tunnel_ip(hub)]
                 assert conf["lighthouse"]["hosts"] == [mesh.tunnel_ip(hub)]
+        elif (
+            vpn == "tinc"
+        ):  # the hub is the meta star's centre; a spoke holds its own and the hub's host file
+            conf = (mesh.driver.confdir(spokes[0]) / "tinc.conf").read_text()
+            assert [ln for ln in conf.splitlines() if ln.startswith("ConnectTo")] == [
+                f"ConnectTo = {hub.name}"
+            ]
+            assert sorted(p.name for p in (mesh.driver.confdir(spokes[0]) / "hosts").iterdir()) == sorted(
+                [hub.name, spokes[0].name]
+            )
         elif vpn not in ("internal", "softether"):
             assert [h.name for h in mesh.driver.peers(spokes[0])] == [hub.name]
             probe = spokes[0].run(["ping", "-c1", "-W1", mesh.tunnel_ip(spokes[1])], check=False)

@@ -3,7 +3,7 @@
 Data plane: a full mesh. tinc 1.0 sends every UDP packet straight to the destination node's underlay
 address (learned from the edges), whatever the meta connections are, so h2 -> h3 never passes h1.
 
-Control plane (meta connections, TCP 655): a star by default, h1 <-> every other host. A full mesh of
+Control plane (meta connections, TCP 655): a star by default, h1 (a star topology's hub) <-> every other host. A full mesh of
 ConnectTo lines (vpn_options.tinc.tinc_meta = "full") is racy in tinc 1.0.36: when a third node joins,
 it learns about a peer through h1 first and sends that peer its UDP key via h1 (ANS_KEY), then the
 direct meta connection comes up and the peer's REQ_KEY is answered directly with a *new* key. The two
@@ -62,6 +62,9 @@ class Tinc(VpnDriver):
     # tinc does not set an MTU: the tun device keeps the kernel's 1500 and tinc relies on its PMTU
     # discovery (ICMP frag-needed to the sender, TCP fallback for oversize packets)
     default_mtu = 1500
+    # star (many-clients): the meta star's centre is the hub instead of h1, spokes hold only their own and
+    # the hub's host file. The data plane stays tinc's: a spoke could still reach another one directly.
+    topologies = frozenset({"mesh", "star"})
     settle_s = 6.0  # PMTU discovery finishes ~5 s after start; until then big packets ride the TCP meta link
 
     class Options(TunnelOptions):
@@ -86,10 +89,11 @@ class Tinc(VpnDriver):
     def __init__(self, spec):
         super().__init__(spec)
         cipher, digest = self.options.cipher, self.options.digest
-        self.meta = self.options.tinc_meta
+        # a star topology keeps the meta connections a star too (around the hub)
+        self.meta = "star" if spec.topology == "star" else self.options.tinc_meta
         self.settings: dict = {
             "mode": "full mesh data plane (direct UDP), router mode (Mode = router, tun)",
-            "meta_connections": "star around h1" if self.meta == "star" else "full mesh",
+            "meta_connections": f"star around {self._centre().name}" if self.meta == "star" else "full mesh",
             "cipher": cipher,
             "digest": digest,
             "mac_length": MAC_LENGTH,
@@ -173,18 +177,27 @@ class Tinc(VpnDriver):
             down = '#!/bin/sh\nip link set "$INTERFACE" down\n'
             h.write_file(conf / "tinc-down", down, 0o755)
         for h in self.spec.hosts:
-            for p in self.spec.hosts:
+            # a star's spoke needs the hub's file only (its one meta connection): N files, not N^2
+            for p in (
+                self.spec.hosts if self.spec.topology == "mesh" or h is self._centre() else [self._centre()]
+            ):
                 if p is not h:
                     h.write_file(self.confdir(h) / "hosts" / p.name, host_files[p.name], 0o644)
 
     def _buffer_keys(self) -> tuple[str, ...]:
         return ("UDPRcvBuf", "UDPSndBuf") if self.options.udp_socket_buffer else ()
 
+    def _centre(self) -> Host:
+        """The meta star's centre: the hub in a star topology, else h1."""
+        if self.spec.topology == "star" and self.spec.hub is not None:
+            return self.spec.hub
+        return self.spec.hosts[0]
+
     def _connect_to(self, host: Host) -> list[Host]:
-        hosts = self.spec.hosts
-        if self.meta == "full" or host is hosts[0]:
+        hosts, centre = self.spec.hosts, self._centre()
+        if self.meta == "full" or host is centre:
             return [p for p in hosts if p is not host]
-        return [hosts[0]]  # star: h1 also dials everyone, so start order does not matter
+        return [centre]  # star: the centre also dials everyone, so start order does not matter
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self, host: Host) -> None:
