@@ -477,10 +477,12 @@ vpns = ["internal"]
 profiles = ["baseline", "d5"]
 [run]
 repetitions = 1
+drift_check_s = 0
 [lab]
 hosts = 2
 [impair]
 calibration_probes = {probes}
+tax_check_s = 0
 [impair.profiles.d5]
 delay_ms = 5
 [[workloads]]
