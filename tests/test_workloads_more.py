@@ -297,7 +297,9 @@ def test_tunnel_addresses_beyond_254():
     assert d.tunnel_prefixlen == 16 and DRIVERS["wireguard-go"].tunnel_prefixlen == 24
     assert len(d.peers(hosts[1])) == 1000 and d.peers(hosts[5]) == [hosts[1]]
     with pytest.raises(ValueError, match="does not support topology"):
-        DRIVERS["tinc"](MeshSpec(hosts=hosts[:3], tag="t", workdir=Path("/x"), topology="star", hub=hosts[1]))
+        DRIVERS["vpncloud"](
+            MeshSpec(hosts=hosts[:3], tag="t", workdir=Path("/x"), topology="star", hub=hosts[1])
+        )
 
 
 def test_streaming_rist_and_udp(mesh):
