@@ -569,8 +569,11 @@ class Mesh:
     # minutes each way (each spoke waits on its own daemon and vpncmd), and of 1000 never finished
     SPOKES_AT_ONCE = 8
 
+    def _star_hub(self) -> Host | None:
+        return self.driver.spec.hub if self.driver.spec.topology == "star" else None
+
     def start(self) -> None:
-        hub = self.driver.spec.hub if self.driver.spec.topology == "star" else None
+        hub = self._star_hub()
         if hub is None:
             for h in self.hosts:
                 self.driver.start(h)
@@ -579,7 +582,7 @@ class Mesh:
         self._each_spoke(self.driver.start, hub)
 
     def stop(self) -> None:
-        hub = self.driver.spec.hub if self.driver.spec.topology == "star" else None
+        hub = self._star_hub()
         if hub is None:
             for h in self.hosts:
                 self.driver.stop(h)
