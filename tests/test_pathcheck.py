@@ -223,17 +223,21 @@ def test_wait_ready_waits_until_the_driver_says_the_paths_settled(monkeypatch):
 
     hosts = [SimpleNamespace(name="h1"), SimpleNamespace(name="h2")]
     driver = SimpleNamespace(
-        spec=SimpleNamespace(hosts=hosts), key="x", daemons=lambda h: [], unsettled=unsettled
+        spec=SimpleNamespace(hosts=hosts, topology="mesh"),
+        key="x",
+        daemons=lambda h: [],
+        unsettled=unsettled,
+        peers=lambda h: [x for x in hosts if x is not h],
     )
     mesh = Mesh(driver)  # type: ignore[arg-type]
-    monkeypatch.setattr(mesh, "pairs_down", lambda *a: [])
+    monkeypatch.setattr(mesh, "pairs_down", lambda *a, **k: [])
     waited = mesh.wait_ready(10)
     assert len(calls) == 3 and not answers and waited >= 0.4  # two 0.2 s waits while relayed
     driver.unsettled = lambda: ["h1 -> h2 via h3"]
     # never settles: wait_ready gives up at the timeout and leaves the verdict to the case's path check
     assert 1 <= mesh.wait_ready(1) < 3 and mesh.unsettled_at_ready == ["h1 -> h2 via h3"]
     # a pair that never answers still raises
-    monkeypatch.setattr(mesh, "pairs_down", lambda *a: [("h1", "h2")])
+    monkeypatch.setattr(mesh, "pairs_down", lambda *a, **k: [("h1", "h2")])
     with pytest.raises(MeshNotReady, match=r"pairs not answering after 1 s"):
         mesh.wait_ready(1)
     assert mesh.unsettled_at_ready == []

@@ -1,0 +1,46 @@
+"""Mesh readiness under loss (seed 001's degradation sweeps): a star of 50 spokes behind a lossy path is up
+when every spoke has answered once since the wait began, not only when all 50 answer in the same round
+(at 10% loss that round almost never comes). A path that loses everything still never counts as up."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunnelbench.impair.backend import make_backend
+from tunnelbench.impair.profiles import Profile
+from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.base import MeshNotReady
+
+SPOKES = 50
+
+
+@pytest.mark.lab
+def test_a_star_of_50_spokes_comes_up_at_10pct_loss_and_never_at_100pct(lab_factory):
+    lab = lab_factory(SPOKES + 1)
+    hub = lab.hosts[0]
+    spec = MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir, topology="star", hub=hub)
+    driver = DRIVERS["internal"](spec)
+    driver.configure()
+    mesh = Mesh(driver)
+    be = make_backend("auto", lab.router, lab.hosts, lab.run_dir / "impair")
+    mesh.start()
+    try:
+        mesh.wait_ready(30)
+        assert mesh.pairs_down() == []  # unimpaired: every spoke answers in one round
+        be.apply(Profile(name="loss10", loss_pct=10))
+        # one round at a time: some spoke's probe or reply is lost in (nearly) every round of 50
+        rounds = [mesh.pairs_down() for _ in range(3)]
+        assert any(rounds), "no probe lost in 3 rounds of 50 at 10% loss: is the loss applied?"
+        assert all(a == hub.name and b != hub.name for r in rounds for a, b in r)  # only the hub probes
+        waited = mesh.wait_ready(30)
+        assert waited < 30
+        be.clear()
+        be.apply(Profile(name="loss100", loss_pct=100))
+        with pytest.raises(MeshNotReady, match=r"pairs not answering after 3 s") as e:
+            mesh.wait_ready(3)
+        # all 50 spokes named: none was counted up by a reply that never came
+        assert all(f"'{h.name}')" in str(e.value) for h in lab.hosts[1:])
+    finally:
+        be.clear()
+        mesh.stop()
+    assert mesh.leftovers() == []
