@@ -218,7 +218,7 @@ def test_overhead(mesh):
     assert 0 <= m["small_packet_loss_pct"] <= 100
 
 
-@pytest.mark.parametrize("vpn", [*VPNS, "softether", "nebula", "tinc"])
+@pytest.mark.parametrize("vpn", [*VPNS, "softether", "nebula", "tinc", "openvpn"])
 def test_many_clients_star(vpn, lab_factory):
     mesh = make_mesh(lab_factory, vpn, 7, star=True)
     try:
@@ -226,6 +226,15 @@ def test_many_clients_star(vpn, lab_factory):
         assert mesh.pairs_down() == []
         if vpn == "softether":  # the virtual hub runs on the star's hub host (not the last host)
             assert mesh.driver.hub is hub
+        if (
+            vpn == "openvpn"
+        ):  # one server process on the hub serves every spoke, at the address its CN's file pushes
+            assert len(mesh.driver.procs[hub.name]) == 1 and "--mode server" in " ".join(
+                mesh.driver.procs[hub.name][0].argv
+            )
+            for s in spokes:
+                addr = s.run(["ip", "-4", "-o", "addr", "show", "dev", mesh.driver.ifname(s)]).stdout
+                assert f" {mesh.tunnel_ip(s)}/24 " in addr, addr
         # cryptokey routing: spokes talk to the hub only (SoftEther's hub is a switch: spokes meet through it)
         if vpn == "nebula":  # the hub is the lighthouse and each spoke's only static host
             import json

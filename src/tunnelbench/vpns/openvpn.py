@@ -11,10 +11,16 @@ negotiates; vpn_options.openvpn.cipher picks another AEAD cipher), userspace onl
 (--disable-dco, so a kernel with ovpn-dco would not change what is measured). Control channel: TLS
 with ECDSA P-256 certificates from a per-run CA (made with openssl on host 1, ca.key 0600); every
 host's key is made on that host, only its CSR goes to the CA. Each end checks the other's certificate
-(--remote-cert-tls, --verify-x509-name). A full mesh of N hosts runs N-1 openvpn processes per host."""
+(--remote-cert-tls, --verify-x509-name). A full mesh of N hosts runs N-1 openvpn processes per host.
+
+Star (many-clients, seed 001): OpenVPN's own client/server mode. The hub runs one `--mode server` process
+(UDP 1194, `--topology subnet`), every spoke one `--client`; each spoke's tunnel address is pushed from a
+client-config-dir file named by its certificate's CN (`ifconfig-push`), and `--ccd-exclusive` refuses a
+certificate with no such file. One server process serves every client, as a real OpenVPN access server does."""
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import secrets
 from pathlib import Path
@@ -47,6 +53,7 @@ class OpenVpn(VpnDriver):
     paths_why = {"relay": "the driver builds direct p2p tunnels (a client-to-client server would be a hub, not modelled)",
                  "nat": "p2p tunnels need each peer's address: not modelled behind NAT"}  # fmt: skip
     default_mtu = 1500  # openvpn's default --tun-mtu
+    topologies = frozenset({"mesh", "star"})
 
     class Options(TunnelOptions):
         cipher: Literal["AES-256-GCM", "AES-128-GCM", "CHACHA20-POLY1305"] = Field(
@@ -60,16 +67,25 @@ class OpenVpn(VpnDriver):
         super().__init__(spec)
         hosts = spec.hosts
         # pair index k -> (server host, client host); port BASE_PORT + k
-        self.pairs: list[tuple[Host, Host]] = list(itertools.combinations(hosts, 2))
+        self.star = spec.topology == "star"
+        self.pairs: list[tuple[Host, Host]] = [] if self.star else list(itertools.combinations(hosts, 2))
         self.settings: dict = {
-            "mode": "full mesh of point-to-point TLS tunnels (one openvpn process per host per peer)",
+            "mode": (
+                f"client/server: one --mode server process on {spec.hub.name}, --client on every other host"
+                if self.star
+                else "full mesh of point-to-point TLS tunnels (one openvpn process per host per peer)"
+            ),
             "cipher": self.options.cipher,
             "control_channel": "TLS (OpenSSL), ECDSA P-256 certificates",
             "dco": False,
             "proto": "udp",
-            "topology": "p2p",
+            "topology": "subnet (ifconfig-push per client CN)" if self.star else "p2p",
             "mtu": self.mtu,
-            "ports": f"{BASE_PORT}..{BASE_PORT + max(len(self.pairs) - 1, 0)} (1194 + pair index)",
+            "ports": (
+                f"{BASE_PORT} (the server's)"
+                if self.star
+                else f"{BASE_PORT}..{BASE_PORT + max(len(self.pairs) - 1, 0)} (1194 + pair index)"
+            ),
             "compression": "none",
             "udp_socket_buffer": self.options.udp_socket_buffer or "OS default",
         }
@@ -115,6 +131,21 @@ class OpenVpn(VpnDriver):
                          "-extfile", str(ext), "-out", str(crt_at_ca)])  # fmt: skip
             h.write_file(d / "host.crt", ca_host.read_file(crt_at_ca), 0o600)
             h.write_file(d / "ca.crt", ca_pem, 0o644)
+        if self.star:  # the server pushes each client the address the lab gave its host (CN = host name)
+            hub = self.spec.hub
+            assert hub is not None
+            for h in self.spec.hosts:
+                if h is not hub:
+                    hub.write_file(
+                        self._ccd() / h.name, f"ifconfig-push {self.tunnel_ip(h)} {self._netmask()}\n", 0o644
+                    )
+
+    def _ccd(self) -> Path:
+        assert self.spec.hub is not None
+        return self.host_dir(self.spec.hub) / "ccd"
+
+    def _netmask(self) -> str:
+        return str(ipaddress.ip_network(f"0.0.0.0/{self.tunnel_prefixlen}").netmask)
 
     @staticmethod
     def _genkey(host: Host) -> str:
@@ -147,9 +178,49 @@ class OpenVpn(VpnDriver):
             argv += ["--tls-client", "--remote-cert-tls", "server"]
         return argv
 
+    def _star_argv(self, host: Host) -> list[str]:
+        d, hub = self.host_dir(host), self.spec.hub
+        assert hub is not None
+        argv = [
+            "openvpn",
+            "--dev", self.ifname(host), "--dev-type", "tun", "--proto", "udp",
+            "--tun-mtu", str(self.mtu),
+            "--ca", str(d / "ca.crt"), "--cert", str(d / "host.crt"), "--key", str(d / "host.key"),
+            "--cipher", self.options.cipher, "--data-ciphers", self.options.cipher,
+            "--disable-dco",
+            "--verb", "3",
+        ]  # fmt: skip
+        if self.options.udp_socket_buffer:
+            size = str(self.options.udp_socket_buffer)
+            argv += ["--sndbuf", size, "--rcvbuf", size]
+        if host is hub:
+            return argv + [
+                "--mode", "server", "--tls-server", "--dh", "none", "--port", str(BASE_PORT),
+                "--topology", "subnet", "--ifconfig", self.tunnel_ip(hub), self._netmask(),
+                "--push", "topology subnet",
+                "--client-config-dir", str(self._ccd()), "--ccd-exclusive",
+                "--remote-cert-tls", "client",
+                "--max-clients", str(len(self.spec.hosts)),
+                "--keepalive", "10", "60",
+            ]  # fmt: skip
+        return argv + [
+            "--client", "--nobind", "--remote", hub.underlay_ip, str(BASE_PORT),
+            "--verify-x509-name", hub.name, "name", "--remote-cert-tls", "server",
+        ]  # fmt: skip
+
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self, host: Host) -> None:
         d = self.host_dir(host)
+        if self.star:
+            # the server opens its tun at once; a client only once the server pushed its address (after TLS)
+            proc = host.spawn(self._star_argv(host), label="openvpn", log_path=d / "daemon.log")
+            self.procs[host.name].append(proc)
+            ifname = self.ifname(host)
+            self.wait_for(f"openvpn tun {ifname}", lambda: self.link_exists(host, ifname) or not proc.alive(),
+                          timeout=30)  # fmt: skip
+            if not proc.alive():
+                raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
+            return
         started = []
         for k, (srv, cli) in enumerate(self.pairs):
             if host is srv:
@@ -170,6 +241,10 @@ class OpenVpn(VpnDriver):
                 raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
 
     def after_stop(self, host: Host) -> None:
+        if self.star:
+            if self.link_exists(host, self.ifname(host)):
+                host.run(["ip", "link", "del", self.ifname(host)], check=False)
+            return
         for peer in self.spec.hosts:
             if peer is not host:
                 ifname = self.peer_ifname(host, peer)
