@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,26 @@ def emulated_cpu() -> bool:
         return "QEMU TCG" in Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
+
+
+def tb(
+    *args: str,
+    timeout: float = 300,
+    columns: int = 250,
+    env: dict[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it (`python -m tunnelbench.cli`), output captured, with a wide fixed terminal
+    (COLUMNS; rich's default without a terminal is 80) so that no table cuts a name and no line is folded.
+    env adds to (or overrides) this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "tunnelbench.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": str(columns), **(env or {})},
+        cwd=cwd,
+    )
 
 
 def lab_missing() -> str | None:

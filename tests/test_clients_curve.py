@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import tb
 from synthetic_runs import hand_store
 
 from tunnelbench.analysis.analyze import analyze, load_run
@@ -135,16 +136,13 @@ def test_a_profile_that_breaks_the_mesh_is_measured_as_failures_or_skipped(tmp_p
     """Under 100% loss no pair answers: with unreachable = "fail" each repetition is a failed case carrying
     its workload's parameters (what the degradation figure counts as 100% failed); with "skip" one skip."""
     import sqlite3
-    import subprocess
-    import sys
 
     from conftest import lab_missing
 
     if lab_missing():
         pytest.skip(lab_missing())
     (tmp_path / "s.toml").write_text(UNREACHABLE.format(mode=mode))
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "s.toml"), "--results",
-                          str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    res = tb("run", str(tmp_path / "s.toml"), "--results", str(tmp_path / "r"), "--no-html", timeout=600)
     (run_dir,) = (tmp_path / "r").iterdir()
     db = sqlite3.connect(run_dir / DB_NAME)
     rows = db.execute('SELECT profile, status, repetition, params, error FROM "case" ORDER BY id').fetchall()
@@ -187,16 +185,13 @@ def test_hosts_per_vpn_runs_the_vpn_on_the_first_hosts_and_skips_larger_n(tmp_pa
     """lab.hosts_per_vpn = 3 on a 4-host lab: wireguard-go's daemons run on h1..h3 only (h4 gets no folder
     and no daemon in the journal), N = 2 is measured, N = 3 is skipped with the reason."""
     import sqlite3
-    import subprocess
-    import sys
 
     from conftest import lab_missing
 
     if lab_missing():
         pytest.skip(lab_missing())
     (tmp_path / "s.toml").write_text(CAPPED)
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "s.toml"), "--results",
-                          str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    res = tb("run", str(tmp_path / "s.toml"), "--results", str(tmp_path / "r"), "--no-html", timeout=600)
     (run_dir,) = (tmp_path / "r").iterdir()
     db = sqlite3.connect(run_dir / DB_NAME)
     rows = dict(db.execute('SELECT label, status || ": " || coalesce(error, "") FROM "case"').fetchall())

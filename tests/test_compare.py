@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tb
 from synthetic_runs import make_run
 
 from tunnelbench.analysis.analyze import load_run
 from tunnelbench.analysis.compare import compare_runs
-
-
-def tb(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    # wide enough that rich does not cut the VPN names in the table (its default without a terminal is 80)
-    return subprocess.run([sys.executable, "-m", "tunnelbench.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "250"})  # fmt: skip
 
 
 def stored_values(run_dir: Path, vpn: str, label: str, metric: str) -> list[float]:

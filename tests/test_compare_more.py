@@ -8,13 +8,11 @@ Synthetic runs (no lab) with RTTs drawn here; the reference is numpy on the same
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tb
 
 from tunnelbench.analysis.analyze import load_run
 from tunnelbench.analysis.compare import compare_runs
@@ -43,11 +41,6 @@ def ping_run(root: Path, run_id: str, rtts: dict[str, list[float]]) -> Path:
 
 def draw(mean: float, sd: float, seed: int, n: int = 8) -> list[float]:
     return [float(x) for x in np.random.default_rng(seed).normal(mean, sd, n)]
-
-
-def tb(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunnelbench.cli", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "250"})  # fmt: skip
 
 
 def test_rtt_up_is_a_regression_and_down_an_improvement(tmp_path):

@@ -8,13 +8,12 @@ loss). Nebula (lighthouse h1, client h2, server h3) is the real driver, end to e
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import tb
 
 from tunnelbench.lab.blackhole import Blackhole, table_name
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
@@ -314,8 +313,7 @@ def test_runner_stores_the_control_loss_metrics(tmp_path):
         pytest.skip(lab_missing())
     nebula_or_skip()
     (tmp_path / "s.toml").write_text(SCENARIO)
-    p = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "s.toml"), "--results",
-                        str(tmp_path / "r")], capture_output=True, text=True, timeout=400)  # fmt: skip
+    p = tb("run", str(tmp_path / "s.toml"), "--results", str(tmp_path / "r"), timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (db,) = (tmp_path / "r").glob("*/results.sqlite")
     c = sqlite3.connect(db)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import tb
 
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.lab import counters
@@ -352,8 +353,7 @@ def test_a_real_run_stores_the_deltas_per_host_and_the_machine(tmp_path, lab_fac
     del lab_factory  # only for its skip when the lab cannot be built
     scen = tmp_path / "s.toml"
     scen.write_text(RUN_SCENARIO)
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results",
-                          str(tmp_path / "results"), "--no-html"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    res = tb("run", str(scen), "--results", str(tmp_path / "results"), "--no-html")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (db,) = (tmp_path / "results").glob("*/results.sqlite")
     con = sqlite3.connect(db)

@@ -10,12 +10,11 @@ import re
 import sqlite3
 import struct
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import lab_missing
+from conftest import lab_missing, tb
 
 from tunnelbench.diagnostics.cpuprofile import PERF_HZ, missing_tools, parse_folded
 from tunnelbench.diagnostics.kmsg import KernelLog, parse_record
@@ -109,9 +108,8 @@ interval_s = 0.02
 def _run(tmp_path: Path, *args: str, capture: str = "on-failure") -> tuple[Path, subprocess.CompletedProcess]:
     scen = tmp_path / "s.toml"
     scen.write_text(SCENARIO.format(capture=capture))
-    env = {**os.environ, "TUNNELBENCH_REGISTRY": str(tmp_path / "registry"), "COLUMNS": "120"}
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results",
-                          str(tmp_path / "r"), *args], capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    env = {"TUNNELBENCH_REGISTRY": str(tmp_path / "registry")}
+    res = tb("run", str(scen), "--results", str(tmp_path / "r"), *args, timeout=600, columns=120, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     (run_dir,) = (tmp_path / "r").iterdir()
     return run_dir, res

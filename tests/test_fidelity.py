@@ -9,11 +9,11 @@ import json
 import random
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import tb
 
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.impair import tax
@@ -216,8 +216,7 @@ def run_scenario(tmp_path: Path, text: str) -> tuple[subprocess.CompletedProcess
     if lab_missing():
         pytest.skip(lab_missing())
     (tmp_path / "s.toml").write_text(text)
-    p = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "s.toml"), "--results",
-                        str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=400)  # fmt: skip
+    p = tb("run", str(tmp_path / "s.toml"), "--results", str(tmp_path / "r"), "--no-html", timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (db,) = (tmp_path / "r").glob("*/results.sqlite")
     return p, sqlite3.connect(db)

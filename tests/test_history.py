@@ -4,7 +4,6 @@ stores that are skipped), and three real runs whose history page is opened in he
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import sqlite3
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tb
 from rich.console import Console
 from test_report import ARTIFACTS, CHROMIUM, assert_self_contained, chromium_missing, open_in_chromium
 
@@ -289,12 +289,6 @@ def test_terminal_table_latest_vs_previous_fits_120_columns(three_runs):
     assert re.search(r"301 .*101 .*-66\.4% .*REGRESSION", slow), slow
     assert re.search(r"3,001 .*3,001 .*\+0\.0%", lines[0]), lines[0]
     assert "rtt_p50_ms" in out and "2 regression(s), 1 improvement(s), 1 workload(s) that stopped" in out
-
-
-def tb(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The CLI with a wide, fixed terminal (COLUMNS), so that no line of its output is folded."""
-    return subprocess.run([sys.executable, "-m", "tunnelbench.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
 
 
 def test_cli(three_runs, tmp_path):

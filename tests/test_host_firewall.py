@@ -4,13 +4,12 @@ connection it opens), a run records it, and it is refused where it cannot be app
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
 
 import pytest
-from conftest import lab_missing
+from conftest import lab_missing, tb
 
 from tunnelbench.lab import hostfw
 from tunnelbench.scenario import ScenarioError, parse_scenario
@@ -62,9 +61,8 @@ def test_a_run_records_the_rules_it_installed(tmp_path):
     scen.write_text('name = "fw"\nvpns = ["internal"]\n[run]\nrepetitions = 1\ndrift_check_s = 0\n'
                     '[lab]\nhosts = 2\n[hosts]\nfirewall = "stateful"\n[[workloads]]\nname = "ping"\ncount = 5\n'
                     'interval_s = 0.05\n')  # fmt: skip
-    env = {**os.environ, "TUNNELBENCH_REGISTRY": str(tmp_path / "registry")}
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results",
-                          str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    env = {"TUNNELBENCH_REGISTRY": str(tmp_path / "registry")}
+    res = tb("run", str(scen), "--results", str(tmp_path / "r"), "--no-html", env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     (run_dir,) = (tmp_path / "r").iterdir()
     rows = dict(sqlite3.connect(run_dir / "results.sqlite").execute("SELECT key, value FROM environment"))

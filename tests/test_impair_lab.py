@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import emulated_cpu
+from conftest import emulated_cpu, tb
 
 from tunnelbench.impair.backend import NativeBackend, impaird_binary
 from tunnelbench.impair.calibrate import calibrate, measure_base
@@ -263,9 +263,8 @@ def test_run_profile_medium_with_every_first_issue_driver(tmp_path):
     scen = tmp_path / "s.toml"
     scen.write_text(MEDIUM)
     results = tmp_path / "results"
-    r = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--profile", "medium",
-                        "--vpn", ",".join(vpns), "--results", str(results), "--no-html"],
-                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    r = tb("run", str(scen), "--profile", "medium", "--vpn", ",".join(vpns), "--results", str(results), "--no-html",
+           timeout=900)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (run_dir,) = results.iterdir()
     db = sqlite3.connect(run_dir / "results.sqlite")

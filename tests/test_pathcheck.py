@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import lab_missing
+from conftest import lab_missing, tb
 
 from tunnelbench.lab.pathcheck import (
     MIN_BYTES,
@@ -157,8 +157,7 @@ def test_a_relayed_case_in_a_direct_scenario_fails_as_path_not_direct(tmp_path, 
         pytest.skip(why)
     scen = tmp_path / "s.toml"
     scen.write_text(SCENARIO.format(vpn=vpn, plant='plant_fault = "udp-blocked"' if plant else ""))
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results",
-                          str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    res = tb("run", str(scen), "--results", str(tmp_path / "r"), "--no-html", timeout=600)
     (run_dir,) = Path(tmp_path / "r").iterdir()
     db = sqlite3.connect(run_dir / "results.sqlite")
     assert db.execute("SELECT status FROM vpn WHERE name=?", (vpn,)).fetchone()[0] == "ok", res.stderr[-3000:]

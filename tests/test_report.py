@@ -8,12 +8,11 @@ import io
 import json
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import tb
 from synthetic_runs import make_run
 
 from tunnelbench.analysis.analyze import analyze, load_run
@@ -26,11 +25,6 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 SECTIONS = ("overview", "heatmaps", "scatter", "rtt", "timeseries", "cpu", "derived", "stats", "features",
             "failures", "environment")  # fmt: skip
-
-
-def tb(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunnelbench.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
 
 
 def assert_self_contained(html: str) -> None:

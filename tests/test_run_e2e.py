@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tb
 
 from tunnelbench.lab.journal import process_alive
 from tunnelbench.lab.netns import netns_exists
@@ -36,11 +37,6 @@ name = "ping"
 count = 20
 interval_s = 0.01
 """
-
-
-def tb(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunnelbench.cli", *args], capture_output=True, text=True,
-                          timeout=300, **kw)  # fmt: skip
 
 
 def start(tmp_path: Path, reps: int, dur: float) -> tuple[subprocess.Popen, Path]:
@@ -80,9 +76,8 @@ def journal_state(run_dir: Path) -> tuple[list[str], list[dict]]:
 def test_small_run_prints_summary_and_stores_everything(tmp_path):
     scen = tmp_path / "s.toml"
     scen.write_text(SCENARIO.format(reps=2, dur=1))
-    import os
 
-    res = tb("run", str(scen), "--results", str(tmp_path / "results"), env={**os.environ, "COLUMNS": "120"})
+    res = tb("run", str(scen), "--results", str(tmp_path / "results"), columns=120)
     assert res.returncode == 0, res.stdout + res.stderr
     # the headline: a row per VPN, a column per workload (tcp goodput, ping rtt_p50), within 120 columns
     lines = res.stdout.splitlines()
@@ -107,7 +102,7 @@ def test_small_run_prints_summary_and_stores_everything(tmp_path):
     netns, procs = journal_state(run_dir)
     assert netns and not any(netns_exists(n) for n in netns)
     assert all(not process_alive(p["pid"], p["start"]) for p in procs)
-    rep = tb("report", "--full", str(run_dir), env={**os.environ, "COLUMNS": "200"})
+    rep = tb("report", "--full", str(run_dir), columns=200)
     assert rep.returncode == 0 and "goodput_mbps" in rep.stdout and "retransmit_rate" in rep.stdout
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import tb
 
 from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
 
@@ -133,13 +134,10 @@ def test_fractional_iperf3_seconds_are_refused():
 
 def test_cli_prints_bracketed_text_verbatim(tmp_path):
     """Rich markup must not eat user-facing text: the unknown-profile hint names [impair.profiles.NAME]."""
-    import subprocess
-    import sys
 
     f = tmp_path / "s.toml"
     f.write_text('vpns = ["internal"]\nprofiles = ["nosuch[x]"]\n[[workloads]]\nname = "ping"\n')
-    r = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(f)], capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
+    r = tb("run", str(f), timeout=60)
     assert r.returncode != 0
     out = " ".join((r.stdout + r.stderr).split())  # the console wraps long lines
     assert "[impair.profiles.NAME]" in out and "'nosuch[x]'" in out, out

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import lab_missing
+from conftest import lab_missing, tb
 from test_security_table import hand_made_run
 
 from tunnelbench.report.security import NOT_RUN, NOT_SUPPORTED
@@ -112,9 +109,8 @@ def test_a_suite_runs_each_part_narrowed_to_capable_vpns_and_writes_one_matrix(t
         pytest.skip(why)
     for name, text in (("suite.toml", SUITE), ("leak.toml", LEAK), ("acl.toml", ACL)):
         (tmp_path / name).write_text(text)
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "suite.toml"), "--vpn",
-                          "internal,nebula", "--results", str(tmp_path / "r"), "--no-html"],
-                         capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    res = tb("run", str(tmp_path / "suite.toml"), "--vpn", "internal,nebula", "--results", str(tmp_path / "r"),
+             "--no-html", timeout=900, columns=200)  # fmt: skip
     out = res.stdout + res.stderr
     runs = sorted(p for p in (tmp_path / "r").iterdir() if (p / "results.sqlite").exists())
     assert len(runs) == 2, out  # one run per part
@@ -139,9 +135,8 @@ def test_a_suite_runs_each_part_narrowed_to_capable_vpns_and_writes_one_matrix(t
 def test_a_suite_none_of_whose_parts_can_take_the_requested_vpns_says_so_and_runs_nothing(tmp_path):
     (tmp_path / "suite.toml").write_text('name = "mini"\nsuite = ["acl.toml"]\n')
     (tmp_path / "acl.toml").write_text(ACL)
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(tmp_path / "suite.toml"), "--vpn",
-                          "internal", "--results", str(tmp_path / "r"), "--no-html"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    res = tb("run", str(tmp_path / "suite.toml"), "--vpn", "internal", "--results", str(tmp_path / "r"),
+             "--no-html", timeout=120, columns=200)  # fmt: skip
     assert res.returncode == 2, res.stdout + res.stderr
     assert "acl.toml: skipped, none of the requested VPNs can take its check" in res.stderr, res.stderr
     assert "--vpn: no part of suite mini can take internal" in res.stderr, res.stderr

@@ -6,14 +6,11 @@ timestamps), which the product does not compute."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import lab_missing
+from conftest import lab_missing, tb
 
 from tunnelbench.lab import make_lab
 from tunnelbench.scenario import LabCfg
@@ -63,9 +60,8 @@ def test_each_baseline_runs_at_its_mtu_and_the_lab_mtu_comes_back(tmp_path):
         pytest.skip(why)
     scen = tmp_path / "s.toml"
     scen.write_text(SCENARIO)
-    env = {**os.environ, "TUNNELBENCH_REGISTRY": str(tmp_path / "registry"), "COLUMNS": "120"}
-    res = subprocess.run([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results",
-                          str(tmp_path / "r"), "--no-html"], capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    env = {"TUNNELBENCH_REGISTRY": str(tmp_path / "registry")}
+    res = tb("run", str(scen), "--results", str(tmp_path / "r"), "--no-html", columns=120, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     (run_dir,) = (tmp_path / "r").iterdir()
     db = sqlite3.connect(run_dir / "results.sqlite")
