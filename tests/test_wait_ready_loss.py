@@ -1,4 +1,4 @@
-"""Mesh readiness under loss (seed 001's degradation sweeps): a star of 50 spokes behind a lossy path is up
+"""Mesh readiness under loss (Goethals et al.'s degradation sweeps): a star of 50 spokes behind a lossy path is up
 when every spoke has answered once since the wait began, not only when all 50 answer in the same round
 (at 10% loss that round almost never comes). A path that loses everything still never counts as up."""
 

@@ -648,9 +648,9 @@ class Mesh:
     def wait_ready(self, timeout: float) -> float:
         """Wait until every ordered pair has answered over the tunnel since the wait began, and then (within
         the same timeout) until the driver reports its paths settled (VpnDriver.unsettled); returns seconds
-        waited. A pair counts once it answered: under a lossy profile (seed 001's sweeps lose 10..90%) the
-        chance that all of 100 spokes answer in the same round is 0.81^100 at 10% loss, so a round-by-round
-        "all at once" would call a working mesh down. Pairs that never answer raise MeshNotReady; paths
+        waited. A pair counts once it answered: under a lossy profile (Goethals et al.'s degradation sweeps
+        lose 10..90%) the chance that all of 100 spokes answer in the same round is 0.81^100 at 10% loss, so
+        a round-by-round "all at once" would call a working mesh down. Pairs that never answer raise MeshNotReady; paths
         that never settle are kept in unsettled_at_ready and left to the case's path check
         (lab/pathcheck.py), which counts the bytes rather than trusting the VPN's view."""
         t0 = time.monotonic()

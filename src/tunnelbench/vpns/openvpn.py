@@ -13,7 +13,7 @@ with ECDSA P-256 certificates from a per-run CA (made with openssl on host 1, ca
 host's key is made on that host, only its CSR goes to the CA. Each end checks the other's certificate
 (--remote-cert-tls, --verify-x509-name). A full mesh of N hosts runs N-1 openvpn processes per host.
 
-Star (many-clients, seed 001): OpenVPN's own client/server mode. The hub runs one `--mode server` process
+Star (many-clients, Goethals et al.): OpenVPN's own client/server mode. The hub runs one `--mode server` process
 (UDP 1194, `--topology subnet`), every spoke one `--client`; each spoke's tunnel address is pushed from a
 client-config-dir file named by its certificate's CN (`ifconfig-push`), and `--ccd-exclusive` refuses a
 certificate with no such file. One server process serves every client, as a real OpenVPN access server does."""
