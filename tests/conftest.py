@@ -69,8 +69,13 @@ def lab_factory(tmp_path: Path):
         pytest.skip(why)
     made: list[NetnsLab] = []
 
-    def make(n_hosts: int = 3, path: str = "direct", relay: str | None = None,
-             nat_type: str = "port-restricted", nat_types: dict[str, str] | None = None) -> NetnsLab:  # fmt: skip
+    def make(
+        n_hosts: int = 3,
+        path: str = "direct",
+        relay: str | None = None,
+        nat_type: str = "port-restricted",
+        nat_types: dict[str, str] | None = None,
+    ) -> NetnsLab:
         tag = new_tag()
         run_dir = tmp_path / new_run_id(tag)
         journal = Journal(run_dir, run_dir.name)

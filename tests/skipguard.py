@@ -50,8 +50,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if not _SKIPS:
         return
     tr = terminalreporter
-    allowed = Counter(next(p for p in ALLOWED_SKIPS if re.search(p, r)) for _, r in _SKIPS
-                      if any(re.search(p, r) for p in ALLOWED_SKIPS))  # fmt: skip
+    allowed = Counter(
+        next(p for p in ALLOWED_SKIPS if re.search(p, r))
+        for _, r in _SKIPS
+        if any(re.search(p, r) for p in ALLOWED_SKIPS)
+    )
     tr.section("skips")
     for pattern, n in sorted(allowed.items()):
         tr.line(f"allowed  {n:3d}  {ALLOWED_SKIPS[pattern]}")

@@ -15,8 +15,9 @@ SCENARIO = 'name = "synthetic"\nvpns = ["internal", "fastvpn", "slowvpn"]\n'
 
 
 @contextmanager
-def hand_store(root: Path, vpns: tuple[str, ...] = ("vpnA",), scenario: str = 'name = "hand-made"\n',
-               run_id: str = "r1") -> Iterator[tuple[Store, Path]]:  # fmt: skip
+def hand_store(
+    root: Path, vpns: tuple[str, ...] = ("vpnA",), scenario: str = 'name = "hand-made"\n', run_id: str = "r1"
+) -> Iterator[tuple[Store, Path]]:
     """A store for a hand-made run `run_id` under root/run_id with `vpns` ok (version "1"); the caller adds
     its cases; the run is ended and the store closed on exit."""
     run_dir = root / run_id
@@ -32,9 +33,17 @@ def hand_store(root: Path, vpns: tuple[str, ...] = ("vpnA",), scenario: str = 'n
         st.close()
 
 
-def make_run(root: Path, run_id: str, goodput: dict[str, tuple[float, float]], n: int = 8, seed: int = 1,
-             profile: str = "baseline", version: str = "1.0", fail: str | None = None,
-             extra_label: bool = True) -> Path:  # fmt: skip
+def make_run(
+    root: Path,
+    run_id: str,
+    goodput: dict[str, tuple[float, float]],
+    n: int = 8,
+    seed: int = 1,
+    profile: str = "baseline",
+    version: str = "1.0",
+    fail: str | None = None,
+    extra_label: bool = True,
+) -> Path:
     """A run folder with tcp (and tcp-p4, ping) cases: goodput per VPN ~ Normal(mean, sd), n repetitions.
     `fail` names a VPN that gets one failed case with an error.txt and a daemon log."""
     rng = np.random.default_rng(seed)
@@ -42,10 +51,30 @@ def make_run(root: Path, run_id: str, goodput: dict[str, tuple[float, float]], n
     run_dir.mkdir(parents=True)
     st = Store(run_dir / DB_NAME)
     st.begin_run(run_id, run_id[-6:], SCENARIO, "0.1.0")
-    st.set_env(run_id, {"kernel": "6.1-test", "cpu_count": 2, "calibration.base": {"one_way_ms": 0.02},
-                        "calibration.edge": {"profile": "edge", "backend": "netem", "summary": "rate 100 Mbit/s",
-                                             "ok": True, "checks": [{"quantity": "TCP goodput", "unit": "Mbit/s",
-                                             "configured": 100.0, "measured": 94.0, "detail": "90-100%", "ok": True}]}})  # fmt: skip
+    st.set_env(
+        run_id,
+        {
+            "kernel": "6.1-test",
+            "cpu_count": 2,
+            "calibration.base": {"one_way_ms": 0.02},
+            "calibration.edge": {
+                "profile": "edge",
+                "backend": "netem",
+                "summary": "rate 100 Mbit/s",
+                "ok": True,
+                "checks": [
+                    {
+                        "quantity": "TCP goodput",
+                        "unit": "Mbit/s",
+                        "configured": 100.0,
+                        "measured": 94.0,
+                        "detail": "90-100%",
+                        "ok": True,
+                    }
+                ],
+            },
+        },
+    )
     for vpn, (mean, sd) in goodput.items():
         st.set_vpn(run_id, vpn, version if vpn != "internal" else "kernel", "ok")
         labels = [("tcp", "tcp", 1.0), ("tcp-p4", "tcp", 1.6)] if extra_label else [("tcp", "tcp", 1.0)]
@@ -55,15 +84,26 @@ def make_run(root: Path, run_id: str, goodput: dict[str, tuple[float, float]], n
                 adir.mkdir(parents=True)
                 cid = st.start_case(run_id, vpn, profile, wl, label, {}, rep, 0, "h1", "h2", adir)
                 g = max(1.0, rng.normal(mean, sd)) * factor
-                out = Outcome(samples=[Sample("goodput_mbps", g, "Mbit/s"),
-                                       Sample("retransmit_rate", abs(rng.normal(0.01, 0.002)), "ratio")],
-                              series=[Series("goodput_mbps", "Mbit/s", [(t + 1.0, g * (1 + 0.05 * rng.normal()))
-                                                                        for t in range(5)])])  # fmt: skip
+                out = Outcome(
+                    samples=[
+                        Sample("goodput_mbps", g, "Mbit/s"),
+                        Sample("retransmit_rate", abs(rng.normal(0.01, 0.002)), "ratio"),
+                    ],
+                    series=[
+                        Series(
+                            "goodput_mbps",
+                            "Mbit/s",
+                            [(t + 1.0, g * (1 + 0.05 * rng.normal())) for t in range(5)],
+                        )
+                    ],
+                )
                 if vpn != "internal":
-                    out.samples += [Sample("daemon_cpu_pct", 40 + 10 * rng.random(), "%", "h1"),
-                                    Sample("daemon_cpu_pct", 35 + 10 * rng.random(), "%", "h2"),
-                                    Sample("daemon_rss_mb", 20.0, "MiB", "h1"),
-                                    Sample("daemon_rss_mb", 22.0, "MiB", "h2")]  # fmt: skip
+                    out.samples += [
+                        Sample("daemon_cpu_pct", 40 + 10 * rng.random(), "%", "h1"),
+                        Sample("daemon_cpu_pct", 35 + 10 * rng.random(), "%", "h2"),
+                        Sample("daemon_rss_mb", 20.0, "MiB", "h1"),
+                        Sample("daemon_rss_mb", 22.0, "MiB", "h2"),
+                    ]
                 st.finish_case(cid, "ok", out)
             if extra_label:
                 adir = run_dir / "cases" / vpn / profile / "ping" / f"r{rep}a0"
@@ -71,11 +111,15 @@ def make_run(root: Path, run_id: str, goodput: dict[str, tuple[float, float]], n
                 cid = st.start_case(run_id, vpn, profile, "ping", "ping", {}, rep, 0, "h1", "h2", adir)
                 base = 0.1 if vpn == "internal" else 0.3 + 0.1 * len(vpn) / 10
                 rtts = base + rng.exponential(0.05, 50)
-                out = Outcome(samples=[Sample("rtt_p50_ms", float(np.median(rtts)), "ms"),
-                                       Sample("rtt_p99_ms", float(np.percentile(rtts, 99)), "ms"),
-                                       Sample("ping_loss_pct", 0.0, "%"),
-                                       Sample("added_latency_p50_ms", float(rng.normal(2.0, 0.1)), "ms")],
-                              series=[Series("rtt_ms", "ms", [(0.01 * i, float(r)) for i, r in enumerate(rtts)])])  # fmt: skip
+                out = Outcome(
+                    samples=[
+                        Sample("rtt_p50_ms", float(np.median(rtts)), "ms"),
+                        Sample("rtt_p99_ms", float(np.percentile(rtts, 99)), "ms"),
+                        Sample("ping_loss_pct", 0.0, "%"),
+                        Sample("added_latency_p50_ms", float(rng.normal(2.0, 0.1)), "ms"),
+                    ],
+                    series=[Series("rtt_ms", "ms", [(0.01 * i, float(r)) for i, r in enumerate(rtts)])],
+                )
                 st.finish_case(cid, "ok", out)
         if vpn == fail:
             adir = run_dir / "cases" / vpn / profile / "tcp" / f"r{n}a1"

@@ -43,14 +43,24 @@ def ctx_for(mesh: Mesh, tmp_path: Path, lab: object = None) -> CaseContext:
 def test_a_driver_without_acls_refuses_the_option_naming_the_field():
     assert not DRIVERS["wireguard-go"].acl_support and DRIVERS["nebula"].acl_support
     with pytest.raises(ScenarioError) as e:
-        parse_scenario({"vpns": ["wireguard-go"], "workloads": [{"name": "acl"}],
-                        "vpn_options": {"wireguard-go": {"acl": "isolate"}}}, "t.toml")  # fmt: skip
+        parse_scenario(
+            {
+                "vpns": ["wireguard-go"],
+                "workloads": [{"name": "acl"}],
+                "vpn_options": {"wireguard-go": {"acl": "isolate"}},
+            },
+            "t.toml",
+        )
     assert "vpn_options.wireguard-go.acl: unknown option (wireguard-go has no access control" in str(e.value)
-    parse_scenario({"vpns": ["nebula"], "workloads": [{"name": "acl"}],
-                    "vpn_options": {"nebula": {"acl": "isolate"}}}, "t.toml")  # fmt: skip
+    parse_scenario(
+        {"vpns": ["nebula"], "workloads": [{"name": "acl"}], "vpn_options": {"nebula": {"acl": "isolate"}}},
+        "t.toml",
+    )
     with pytest.raises(ScenarioError, match="vpn_options.nebula.acl:"):
-        parse_scenario({"vpns": ["nebula"], "workloads": [{"name": "tcp"}],
-                        "vpn_options": {"nebula": {"acl": "on"}}}, "t.toml")  # fmt: skip
+        parse_scenario(
+            {"vpns": ["nebula"], "workloads": [{"name": "tcp"}], "vpn_options": {"nebula": {"acl": "on"}}},
+            "t.toml",
+        )
 
 
 def test_the_built_in_scenario_loads():
@@ -121,9 +131,15 @@ def test_innernet_policy_gives_each_role_a_cidr_and_associates_client_with_serve
     assert [p.name for p in d.peers(h1)] == ["h2"] and d.peers(h3) == [] and d.peers(h4) == []
     ctl = drv(NOT_APPLIED)
     assert ctl.settings["acl"]["enforced"] is False and [ctl.cidr(h) for h in ctl.spec.hosts[:3]] == [
-        "tb-client", "tb-server", "tb-isolated-h3"]  # fmt: skip
-    assert set(ctl.associations()) == {("tb-client", "tb-server"), ("tb-client", "tb-isolated-h3"),
-                                       ("tb-server", "tb-isolated-h3")}  # fmt: skip
+        "tb-client",
+        "tb-server",
+        "tb-isolated-h3",
+    ]
+    assert set(ctl.associations()) == {
+        ("tb-client", "tb-server"),
+        ("tb-client", "tb-isolated-h3"),
+        ("tb-server", "tb-isolated-h3"),
+    }
     off = drv("off", 3)
     assert off.cidr(off.spec.hosts[0]) == "peers" and off.associations() == [] and "acl" not in off.settings
     assert drv(ISOLATE, 3).settings["acl"]["isolated"] == []  # 3 hosts: nothing left to isolate

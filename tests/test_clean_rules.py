@@ -69,8 +69,9 @@ def test_a_live_run_is_skipped_without_force_and_cleaned_with_it(tmp_path):
     run_dir = tmp_path / "results" / new_run_id(tag)
     ns = f"{tag}-h1"
     env = {**os.environ, "TUNNELBENCH_REGISTRY": str(reg)}
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(run_dir), ns], stdout=subprocess.PIPE,
-                             text=True, env=env)  # fmt: skip
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(run_dir), ns], stdout=subprocess.PIPE, text=True, env=env
+    )
     daemon = 0
     try:
         daemon = int(owner.stdout.readline())
@@ -127,12 +128,27 @@ def test_a_reused_pid_is_not_killed_and_a_look_alike_namespace_is_left_alone(tmp
             subprocess.run(["ip", "netns", "add", ns], check=True)
         start = proc_start_ticks(reused.pid)
         assert start is not None
-        _register_dead_run(reg, run_dir, [
-            {"kind": "netns", "name": ours},
-            {"kind": "process", "pid": ours_proc.pid, "start": proc_start_ticks(ours_proc.pid), "host": "h1",
-             "argv": ["sleep", "300"]},
-            {"kind": "process", "pid": reused.pid, "start": start - 1, "host": "h1", "argv": ["wireguard-go"]},
-        ])  # fmt: skip
+        _register_dead_run(
+            reg,
+            run_dir,
+            [
+                {"kind": "netns", "name": ours},
+                {
+                    "kind": "process",
+                    "pid": ours_proc.pid,
+                    "start": proc_start_ticks(ours_proc.pid),
+                    "host": "h1",
+                    "argv": ["sleep", "300"],
+                },
+                {
+                    "kind": "process",
+                    "pid": reused.pid,
+                    "start": start - 1,
+                    "host": "h1",
+                    "argv": ["wireguard-go"],
+                },
+            ],
+        )
         res = tb_clean(reg)
         assert res.returncode == 0, res.stdout + res.stderr
         assert f"removed process {ours_proc.pid} (sleep 300)" in res.stdout, res.stdout
@@ -206,11 +222,30 @@ def test_ssh_undo_removes_only_a_run_host_folder():
 
 def _inventory():
     """Two peers behind one NAT address (different SSH ports) and a third with an address of its own."""
-    inv = parse_inventory({"all": {"children": {"peers": {"hosts": {
-        "a": {"ansible_host": "198.51.100.7", "ansible_port": 2201, "tunnelbench_underlay_ip": "10.0.0.1"},
-        "b": {"ansible_host": "198.51.100.7", "ansible_port": 2202, "tunnelbench_underlay_ip": "10.0.0.2"},
-        "c": {"ansible_host": "198.51.100.9", "tunnelbench_underlay_ip": "10.0.0.3"},
-    }}}}}, "inv.yaml")  # fmt: skip
+    inv = parse_inventory(
+        {
+            "all": {
+                "children": {
+                    "peers": {
+                        "hosts": {
+                            "a": {
+                                "ansible_host": "198.51.100.7",
+                                "ansible_port": 2201,
+                                "tunnelbench_underlay_ip": "10.0.0.1",
+                            },
+                            "b": {
+                                "ansible_host": "198.51.100.7",
+                                "ansible_port": 2202,
+                                "tunnelbench_underlay_ip": "10.0.0.2",
+                            },
+                            "c": {"ansible_host": "198.51.100.9", "tunnelbench_underlay_ip": "10.0.0.3"},
+                        }
+                    }
+                }
+            }
+        },
+        "inv.yaml",
+    )
     inv.path = Path("inv.yaml")
     return inv
 

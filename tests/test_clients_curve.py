@@ -18,9 +18,11 @@ from tunnelbench.store import DB_NAME
 from tunnelbench.workloads.base import Outcome, Sample
 
 # N -> per repetition: (p25, p50, p75, failure %) or None for a failed case
-CASES = {5: [(10, 12, 15, 0.0), (11, 13, 17, 0.0), (9, 14, 16, 0.0)],
-         100: [(20, 40, 80, 2.0), (30, 50, 90, 4.0), None],
-         500: [None, None, None]}  # fmt: skip
+CASES = {
+    5: [(10, 12, 15, 0.0), (11, 13, 17, 0.0), (9, 14, 16, 0.0)],
+    100: [(20, 40, 80, 2.0), (30, 50, 90, 4.0), None],
+    500: [None, None, None],
+}
 
 
 def make_store(root: Path) -> Path:
@@ -32,19 +34,58 @@ def make_store(root: Path) -> Path:
                 adir.mkdir(parents=True)
                 params = {"clients": n}
                 if got is None:
-                    cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k, 0,
-                                        "h1", "h2", adir)  # fmt: skip
+                    cid = st.start_case(
+                        run,
+                        "vpnA",
+                        "baseline",
+                        "many_clients",
+                        f"many-clients-n{n}",
+                        params,
+                        k,
+                        0,
+                        "h1",
+                        "h2",
+                        adir,
+                    )
                     st.finish_case(cid, "failed", error="MeshNotReady: pairs not answering")
                     continue
                 if n == 100 and k == 1:  # a first attempt that failed and was retried: only the retry counts
-                    cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k, 0,
-                                        "h1", "h2", adir)  # fmt: skip
+                    cid = st.start_case(
+                        run,
+                        "vpnA",
+                        "baseline",
+                        "many_clients",
+                        f"many-clients-n{n}",
+                        params,
+                        k,
+                        0,
+                        "h1",
+                        "h2",
+                        adir,
+                    )
                     st.finish_case(cid, "failed", error="WorkloadError: load generator failed")
                 p25, p50, p75, fail = got
-                out = Outcome(samples=[Sample("response_p25_ms", p25, "ms"), Sample("response_p50_ms", p50, "ms"),
-                                       Sample("response_p75_ms", p75, "ms"), Sample("failure_rate_pct", fail, "%")])  # fmt: skip
-                cid = st.start_case(run, "vpnA", "baseline", "many_clients", f"many-clients-n{n}", params, k,
-                                    1 if n == 100 and k == 1 else 0, "h1", "h2", adir)  # fmt: skip
+                out = Outcome(
+                    samples=[
+                        Sample("response_p25_ms", p25, "ms"),
+                        Sample("response_p50_ms", p50, "ms"),
+                        Sample("response_p75_ms", p75, "ms"),
+                        Sample("failure_rate_pct", fail, "%"),
+                    ]
+                )
+                cid = st.start_case(
+                    run,
+                    "vpnA",
+                    "baseline",
+                    "many_clients",
+                    f"many-clients-n{n}",
+                    params,
+                    k,
+                    1 if n == 100 and k == 1 else 0,
+                    "h1",
+                    "h2",
+                    adir,
+                )
                 st.finish_case(cid, "ok", out)
     return run_dir
 
@@ -76,8 +117,13 @@ delay_ms = 10
 loss_pct = 1
 """
 # profile -> (failure %, p50) of the one repetition at N = 100, None = the mesh did not come up (a failed case)
-DEGRADED = {"baseline": (0.0, 5.0), "loss-50": (30.0, 900.0), "loss-100": None, "delay-1000": (1.0, 2010.0),
-            "mixed": (2.0, 30.0)}  # fmt: skip
+DEGRADED = {
+    "baseline": (0.0, 5.0),
+    "loss-50": (30.0, 900.0),
+    "loss-100": None,
+    "delay-1000": (1.0, 2010.0),
+    "mixed": (2.0, 30.0),
+}
 
 
 def test_degradation_points_put_loss_and_delay_profiles_on_their_axes(tmp_path):
@@ -87,16 +133,29 @@ def test_degradation_points_put_loss_and_delay_profiles_on_their_axes(tmp_path):
             if (
                 got is None
             ):  # [run] unreachable = "fail": the runner records the case as failed, params and all
-                st.record_failure("r1", "vpnA", profile, "many_clients", "many-clients-n100", params, 1,
-                                  "MeshNotReady: mesh not answering under profile loss-100")  # fmt: skip
+                st.record_failure(
+                    "r1",
+                    "vpnA",
+                    profile,
+                    "many_clients",
+                    "many-clients-n100",
+                    params,
+                    1,
+                    "MeshNotReady: mesh not answering under profile loss-100",
+                )
                 continue
             adir = run_dir / profile
             adir.mkdir()
             cid = st.start_case(
                 "r1", "vpnA", profile, "many_clients", "many-clients-n100", params, 1, 0, "h1", "h2", adir
             )
-            st.finish_case(cid, "ok", Outcome(samples=[Sample("failure_rate_pct", got[0], "%"),
-                                                       Sample("response_p50_ms", got[1], "ms")]))  # fmt: skip
+            st.finish_case(
+                cid,
+                "ok",
+                Outcome(
+                    samples=[Sample("failure_rate_pct", got[0], "%"), Sample("response_p50_ms", got[1], "ms")]
+                ),
+            )
     a = analyze([load_run(run_dir)])
     pts = full.degradation_points(a)
     assert set(pts) == {"loss_pct", "delay_ms"}  # "mixed" (loss and delay) is on neither axis

@@ -19,8 +19,11 @@ def stored_values(run_dir: Path, vpn: str, label: str, metric: str) -> list[floa
     """The samples of one case group, read from the run's SQLite directly (not through the analysis code)."""
     db = sqlite3.connect(run_dir / "results.sqlite")
     try:
-        rows = db.execute('SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.vpn = ? '
-                          "AND c.label = ? AND m.name = ? AND c.status = 'ok'", (vpn, label, metric)).fetchall()  # fmt: skip
+        rows = db.execute(
+            'SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.vpn = ? '
+            "AND c.label = ? AND m.name = ? AND c.status = 'ok'",
+            (vpn, label, metric),
+        ).fetchall()
     finally:
         db.close()
     return [v for (v,) in rows]
@@ -33,12 +36,15 @@ def test_compare_flags_a_20pct_regression_and_not_noise(tmp_path):
     b = make_run(
         tmp_path, "20260101-000001-tbbbbb", {"internal": (1000, 30), "fastvpn": (400, 12)}, n=8, seed=2
     )
-    same = make_run(tmp_path, "20260101-000002-tbcccc", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=8,
-                    seed=3)  # fmt: skip
+    same = make_run(
+        tmp_path, "20260101-000002-tbcccc", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=8, seed=3
+    )
     cmp = compare_runs(load_run(a), load_run(b))
     reg = cmp.regressions
-    assert sorted((c.vpn, c.label, c.metric) for c in reg) == [("fastvpn", "tcp", "goodput_mbps"),
-                                                               ("fastvpn", "tcp-p4", "goodput_mbps")]  # fmt: skip
+    assert sorted((c.vpn, c.label, c.metric) for c in reg) == [
+        ("fastvpn", "tcp", "goodput_mbps"),
+        ("fastvpn", "tcp-p4", "goodput_mbps"),
+    ]
     c = next(c for c in reg if c.label == "tcp")
     assert c.change_pct == pytest.approx(-20, abs=4) and c.ci_hi_pct < -10 and c.p_holm < 0.05
     assert not any(c.vpn == "internal" and c.verdict == "REGRESSION" for c in cmp.changes)
@@ -59,9 +65,16 @@ def test_compare_flags_a_20pct_regression_and_not_noise(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads((tmp_path / "same.json").read_text())
     gated = sorted((c["vpn"], c["label"], c["metric"]) for c in doc["changes"] if c["gated"])
-    assert gated == sorted((v, lbl, m) for v in ("fastvpn", "internal") for lbl, m in
-                           [("tcp", "goodput_mbps"), ("tcp-p4", "goodput_mbps"), ("ping", "rtt_p50_ms"),
-                            ("ping", "rtt_p99_ms")]), gated  # fmt: skip
+    assert gated == sorted(
+        (v, lbl, m)
+        for v in ("fastvpn", "internal")
+        for lbl, m in [
+            ("tcp", "goodput_mbps"),
+            ("tcp-p4", "goodput_mbps"),
+            ("ping", "rtt_p50_ms"),
+            ("ping", "rtt_p99_ms"),
+        ]
+    ), gated
     for c in doc["changes"]:
         assert (c["n_a"], c["n_b"]) == (8, 8), c
         assert c["median_a"] == pytest.approx(np.median(stored_values(a, c["vpn"], c["label"], c["metric"])))
@@ -76,7 +89,8 @@ def test_compare_flags_a_20pct_regression_and_not_noise(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads((tmp_path / "rt.json").read_text())
     assert sorted((c["vpn"], c["label"], c["metric"]) for c in doc["changes"]) == [
-        (v, lbl, "retransmit_rate") for v in ("fastvpn", "internal") for lbl in ("tcp", "tcp-p4")]  # fmt: skip
+        (v, lbl, "retransmit_rate") for v in ("fastvpn", "internal") for lbl in ("tcp", "tcp-p4")
+    ]
     assert all((c["n_a"], c["n_b"]) == (8, 8) for c in doc["changes"])
 
 
@@ -198,8 +212,16 @@ def _add_leak_cases(
         adir.mkdir(parents=True)
         cid = st.start_case(rid, vpn, "baseline", check, check, {}, rep, 0, "h1", "h2", adir)
         metric = "leak_pass" if check == "leak" else "acl_enforced"
-        st.finish_case(cid, "ok", Outcome(samples=[Sample(metric, float(ok), "bool"),
-                                                   Sample("leak_plaintext_frames", 0.0 if ok else 7.0, "frames")]))  # fmt: skip
+        st.finish_case(
+            cid,
+            "ok",
+            Outcome(
+                samples=[
+                    Sample(metric, float(ok), "bool"),
+                    Sample("leak_plaintext_frames", 0.0 if ok else 7.0, "frames"),
+                ]
+            ),
+        )
     if violations is not None:
         bad = [{"path": "hosts/h1/fastvpn/private.key", "mode": "0644", "uid": 0, "why": "mode"}] * violations
         st.set_env(rid, {f"keys.{vpn}": {"files_checked": 2, "violations": bad}})

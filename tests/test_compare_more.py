@@ -32,8 +32,11 @@ def ping_run(root: Path, run_id: str, rtts: dict[str, list[float]]) -> Path:
             adir = run_dir / "cases" / vpn / "baseline" / "ping" / f"r{rep}a0"
             adir.mkdir(parents=True)
             cid = st.start_case(run_id, vpn, "baseline", "ping", "ping", {}, rep, 0, "h1", "h2", adir)
-            st.finish_case(cid, "ok", Outcome(samples=[Sample("rtt_p50_ms", v, "ms"),
-                                                       Sample("rtt_p99_ms", 1.5 * v, "ms")]))  # fmt: skip
+            st.finish_case(
+                cid,
+                "ok",
+                Outcome(samples=[Sample("rtt_p50_ms", v, "ms"), Sample("rtt_p99_ms", 1.5 * v, "ms")]),
+            )
     st.end_run(run_id, "ok")
     st.close()
     return run_dir
@@ -44,10 +47,18 @@ def draw(mean: float, sd: float, seed: int, n: int = 8) -> list[float]:
 
 
 def test_rtt_up_is_a_regression_and_down_an_improvement(tmp_path):
-    a_vals = {"upvpn": draw(10, 0.3, 1), "downvpn": draw(10, 0.3, 2), "samevpn": draw(10, 0.3, 3),
-              "nudgevpn": draw(10, 0.05, 4)}  # fmt: skip
-    b_vals = {"upvpn": draw(13, 0.4, 11), "downvpn": draw(7, 0.2, 12), "samevpn": draw(10, 0.3, 13),
-              "nudgevpn": draw(10.5, 0.05, 14)}  # fmt: skip
+    a_vals = {
+        "upvpn": draw(10, 0.3, 1),
+        "downvpn": draw(10, 0.3, 2),
+        "samevpn": draw(10, 0.3, 3),
+        "nudgevpn": draw(10, 0.05, 4),
+    }
+    b_vals = {
+        "upvpn": draw(13, 0.4, 11),
+        "downvpn": draw(7, 0.2, 12),
+        "samevpn": draw(10, 0.3, 13),
+        "nudgevpn": draw(10.5, 0.05, 14),
+    }
     a = ping_run(tmp_path, "20260101-000000-tbaaaa", a_vals)
     b = ping_run(tmp_path, "20260101-000001-tbbbbb", b_vals)
     cmp = compare_runs(load_run(a), load_run(b))
@@ -91,8 +102,9 @@ def test_a_renamed_vpn_is_only_in_a_and_only_in_b_not_compared(tmp_path):
     (no change row, no verdict, the gate passes on the VPN both runs share) and both are listed; mapped
     (vpn_map), they are compared under B's name and the RTT regression is found."""
     a = ping_run(tmp_path, "20260101-000000-tbaaaa", {"wg": draw(10, 0.3, 1), "internal": draw(1, 0.02, 2)})
-    b = ping_run(tmp_path, "20260101-000001-tbbbbb",
-                 {"wireguard": draw(14, 0.3, 3), "internal": draw(1, 0.02, 4)})  # fmt: skip
+    b = ping_run(
+        tmp_path, "20260101-000001-tbbbbb", {"wireguard": draw(14, 0.3, 3), "internal": draw(1, 0.02, 4)}
+    )
     cmp = compare_runs(load_run(a), load_run(b))
     assert {c.vpn for c in cmp.changes} == {"internal"}
     assert cmp.only_a == [("wg", "baseline", "ping")] and cmp.only_b == [("wireguard", "baseline", "ping")]
@@ -101,12 +113,17 @@ def test_a_renamed_vpn_is_only_in_a_and_only_in_b_not_compared(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "only in A: wg · baseline · ping" in res.stdout
     assert "only in B: wireguard · baseline · ping" in res.stdout
-    assert not any(line.split("│")[1].strip() in ("wg", "wireguard")
-                   for line in res.stdout.splitlines() if line.count("│") > 3)  # fmt: skip
+    assert not any(
+        line.split("│")[1].strip() in ("wg", "wireguard")
+        for line in res.stdout.splitlines()
+        if line.count("│") > 3
+    )
     mapped = compare_runs(load_run(a), load_run(b), vpn_map={"wg": "wireguard"})
     assert mapped.only_a == [] and mapped.only_b == []
-    assert {(c.vpn, c.metric) for c in mapped.regressions} == {("wireguard", "rtt_p50_ms"),
-                                                               ("wireguard", "rtt_p99_ms")}  # fmt: skip
+    assert {(c.vpn, c.metric) for c in mapped.regressions} == {
+        ("wireguard", "rtt_p50_ms"),
+        ("wireguard", "rtt_p99_ms"),
+    }
     c = next(c for c in mapped.changes if (c.vpn, c.metric) == ("wireguard", "rtt_p50_ms"))
     assert c.median_a == pytest.approx(np.median(draw(10, 0.3, 1)))
     assert c.median_b == pytest.approx(np.median(draw(14, 0.3, 3)))

@@ -22,8 +22,14 @@ from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
 from tunnelbench.workloads.resilience import NotApplicable
 
 Resilience = WORKLOADS["resilience"]
-CUT_METRICS = {"control_loss_gap_s", "control_loss_replies_pct", "control_loss_join_ok", "control_restore_s",
-               "control_dropped_packets", "control_mesh_restore_s"}  # fmt: skip
+CUT_METRICS = {
+    "control_loss_gap_s",
+    "control_loss_replies_pct",
+    "control_loss_join_ok",
+    "control_restore_s",
+    "control_dropped_packets",
+    "control_mesh_restore_s",
+}
 
 
 # -- no lab ------------------------------------------------------------------------------------------------
@@ -34,14 +40,26 @@ class FakeHost:
 
 def spec(n: int, path: str = "direct") -> MeshSpec:
     hosts = [FakeHost(f"h{i}") for i in range(1, n + 1)]
-    return MeshSpec(hosts=hosts, tag="t", workdir=Path("/nonexistent"), path=path,
-                    relay=hosts[-1] if path != "direct" else None)  # type: ignore[arg-type]  # fmt: skip
+    return MeshSpec(
+        hosts=hosts,
+        tag="t",
+        workdir=Path("/nonexistent"),
+        path=path,
+        relay=hosts[-1] if path != "direct" else None,
+    )  # type: ignore[arg-type]
 
 
 def test_control_hosts_per_driver():
     """Which host each driver names as its control host: the one its own config puts the server on."""
-    want = {"tailscale": ("h4", "h3"), "nebula": ("h1", "h3"), "n2n": ("h1", "h3"), "innernet": ("h4", None),
-            "easytier": (None, "h3"), "internal": (None, None), "wireguard-go": (None, None)}  # fmt: skip
+    want = {
+        "tailscale": ("h4", "h3"),
+        "nebula": ("h1", "h3"),
+        "n2n": ("h1", "h3"),
+        "innernet": ("h4", None),
+        "easytier": (None, "h3"),
+        "internal": (None, None),
+        "wireguard-go": (None, None),
+    }
     for vpn, (direct, relay) in want.items():
         cls = DRIVERS[vpn]
         got = cls.control_host(spec(4))
@@ -233,14 +251,22 @@ def test_relay_loss_cuts_the_labs_relay_host(lab_factory):
     crosses it, so only the independent ping to h3 is lost. No join step: no control_* metrics."""
     lab = lab_factory(3, path="relay")
     h1, h2, h3 = lab.hosts
-    mesh = Mesh(Internal(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir, path="relay",
-                                  relay=lab.relay)))  # fmt: skip
+    mesh = Mesh(
+        Internal(
+            MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir, path="relay", relay=lab.relay)
+        )
+    )
     m, err, seen = run_case(lab, mesh, h1, h2, watch=(h1, h3), events=["relay_loss"], control_watch_s=3)
     assert err is None, err
     assert seen == {"active": True, "during": False, "peer_during": True}, seen
     assert not Blackhole(lab.router, lab.tag, h3).active() and ping(h1, h3)
-    want = {"relay_loss_gap_s", "relay_loss_replies_pct", "relay_restore_s", "relay_mesh_restore_s",
-            "relay_dropped_packets"}  # fmt: skip
+    want = {
+        "relay_loss_gap_s",
+        "relay_loss_replies_pct",
+        "relay_restore_s",
+        "relay_mesh_restore_s",
+        "relay_dropped_packets",
+    }
     assert set(m) >= want and not [k for k in m if k.startswith("control")], m
     assert m["relay_loss_gap_s"] < 0.5 and m["relay_dropped_packets"] >= 1, m
 
@@ -266,8 +292,9 @@ def test_nebula_keeps_its_data_plane_without_the_lighthouse(lab_factory):
     mesh.start()
     try:
         mesh.wait_ready(60)
-        m, err, seen = run_case(lab, mesh, h2, h3, timeout=150, control_watch_s=5, control_join_timeout_s=20,
-                                watch=(h2, h1))  # fmt: skip
+        m, err, seen = run_case(
+            lab, mesh, h2, h3, timeout=150, control_watch_s=5, control_join_timeout_s=20, watch=(h2, h1)
+        )
         print("nebula control_loss", m)
         assert err is None, err
         assert seen["active"] and not seen["during"]

@@ -69,18 +69,30 @@ SOFTNET = """\
 
 
 def test_parse_snmp_reads_the_udp_line_by_its_header_and_ignores_udplite():
-    assert parse_snmp(SNMP) == {"udp_in_errors": 321, "udp_rcvbuf_errors": 300, "udp_sndbuf_errors": 11,
-                                "udp_no_ports": 7}  # fmt: skip
+    assert parse_snmp(SNMP) == {
+        "udp_in_errors": 321,
+        "udp_rcvbuf_errors": 300,
+        "udp_sndbuf_errors": 11,
+        "udp_no_ports": 7,
+    }
     # the columns are found by name, not position: an older kernel's shorter header still parses
     old = "Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\nUdp: 1 2 3 4 5 6\n"
-    assert parse_snmp(old) == {"udp_in_errors": 3, "udp_rcvbuf_errors": 5, "udp_sndbuf_errors": 6,
-                               "udp_no_ports": 2}  # fmt: skip
+    assert parse_snmp(old) == {
+        "udp_in_errors": 3,
+        "udp_rcvbuf_errors": 5,
+        "udp_sndbuf_errors": 6,
+        "udp_no_ports": 2,
+    }
     assert parse_snmp("Ip: Forwarding\nIp: 1\n") == {}
 
 
 def test_parse_snmp6_reads_the_udp6_counters_only():
-    assert parse_snmp6(SNMP6) == {"udp_in_errors": 9, "udp_rcvbuf_errors": 8, "udp_sndbuf_errors": 1,
-                                  "udp_no_ports": 2}  # fmt: skip
+    assert parse_snmp6(SNMP6) == {
+        "udp_in_errors": 9,
+        "udp_rcvbuf_errors": 8,
+        "udp_sndbuf_errors": 1,
+        "udp_no_ports": 2,
+    }
 
 
 def test_parse_dev_sums_rx_and_tx_drop_over_the_interfaces_but_lo():
@@ -96,8 +108,11 @@ def test_parse_softnet_sums_hex_columns_2_and_3_over_cpus():
 
 def test_split_grep_gives_each_file_its_lines_snmp6_not_mistaken_for_snmp():
     files = ["/proc/net/snmp", "/proc/net/snmp6", "/proc/net/dev"]
-    text = "".join(f"{f}:{line}\n" for f, body in zip(files, (SNMP, SNMP6, DEV), strict=True)
-                   for line in body.splitlines())  # fmt: skip
+    text = "".join(
+        f"{f}:{line}\n"
+        for f, body in zip(files, (SNMP, SNMP6, DEV), strict=True)
+        for line in body.splitlines()
+    )
     parts = split_grep(text, files)
     assert parts["/proc/net/snmp"] == SNMP.rstrip("\n")
     assert parts["/proc/net/snmp6"] == SNMP6.rstrip("\n")
@@ -106,8 +121,14 @@ def test_split_grep_gives_each_file_its_lines_snmp6_not_mistaken_for_snmp():
 
 def test_parse_all_sums_udp_v4_and_v6_and_needs_the_udp_section():
     got = parse_all({counters.SNMP: SNMP, counters.SNMP6: SNMP6, counters.DEV: DEV})
-    assert got == {"udp_in_errors": 330, "udp_rcvbuf_errors": 308, "udp_sndbuf_errors": 12, "udp_no_ports": 9,
-                   "if_rx_dropped": 15, "if_tx_dropped": 57}  # fmt: skip
+    assert got == {
+        "udp_in_errors": 330,
+        "udp_rcvbuf_errors": 308,
+        "udp_sndbuf_errors": 12,
+        "udp_no_ports": 9,
+        "if_rx_dropped": 15,
+        "if_tx_dropped": 57,
+    }
     with pytest.raises(ValueError):
         parse_all({counters.DEV: DEV})
 
@@ -118,8 +139,14 @@ def test_parse_all_sums_udp_v4_and_v6_and_needs_the_udp_section():
 class FakeHost:
     """Answers `grep -H '' FILE...` from hand-written texts; `fail`: the command cannot run."""
 
-    def __init__(self, name: str, texts: dict[str, str], remote: bool = False, address: str | None = None,
-                 fail: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        texts: dict[str, str],
+        remote: bool = False,
+        address: str | None = None,
+        fail: bool = False,
+    ):
         self.name, self.texts, self.remote, self.fail = name, texts, remote, fail
         if address:
             self.address = address
@@ -135,8 +162,12 @@ class FakeHost:
 
 
 def _texts(rcvbuf: int = 300, softnet: str = SOFTNET) -> dict[str, str]:
-    return {counters.SNMP: SNMP.replace("5000 7 321 4000 300", f"5000 7 321 4000 {rcvbuf}"),
-            counters.SNMP6: SNMP6, counters.DEV: DEV, counters.SOFTNET: softnet}  # fmt: skip
+    return {
+        counters.SNMP: SNMP.replace("5000 7 321 4000 300", f"5000 7 321 4000 {rcvbuf}"),
+        counters.SNMP6: SNMP6,
+        counters.DEV: DEV,
+        counters.SOFTNET: softnet,
+    }
 
 
 def test_read_counters_runs_one_command_and_reads_softnet_only_when_asked():
@@ -166,8 +197,11 @@ def test_sample_reads_softnet_once_per_ssh_machine_in_that_hosts_entry():
 
 
 def test_deltas_per_host_metric_names_and_a_counter_that_went_down_is_left_out():
-    before = {"h2": {"udp_rcvbuf_errors": 10, "if_tx_dropped": 50}, "router": {"if_tx_dropped": 5},
-              MACHINE: {"softnet_dropped": 3}}  # fmt: skip
+    before = {
+        "h2": {"udp_rcvbuf_errors": 10, "if_tx_dropped": 50},
+        "router": {"if_tx_dropped": 5},
+        MACHINE: {"softnet_dropped": 3},
+    }
     after = {"h2": {"udp_rcvbuf_errors": 910, "if_tx_dropped": 40}, MACHINE: {"softnet_dropped": 3}}
     assert sorted(deltas(before, after)) == [
         ("kern_softnet_dropped", 0, "count", MACHINE),
@@ -210,8 +244,12 @@ def test_receive_buffer_drops_are_counted_on_the_receiver_only(lab_factory):
     h1, h2 = lab.hosts
     n, port = 400, 45123
     before = sample([h1, h2, lab.router])
-    rx = subprocess.Popen(h2.argv([sys.executable, "-c", RECEIVER, str(port)]), stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True)  # fmt: skip
+    rx = subprocess.Popen(
+        h2.argv([sys.executable, "-c", RECEIVER, str(port)]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert rx.stdout is not None and rx.stdin is not None
         assert rx.stdout.readline().strip() == "ready"
@@ -276,23 +314,40 @@ def _findings(run_dir: Path) -> list[str]:
 
 
 def test_headline_blames_a_full_socket_buffer_only_when_it_explains_the_loss(tmp_path):
-    run_dir = make_store(tmp_path, {
-        # 910 of 1000 lost per case on h2's full receive buffer: the socket, not the path
-        ("wireguard-go", "udp", "udp-unlimited"): (1000, {"kern_udp_rcvbuf_errors@h2": 910,
-                                                          "kern_udp_rcvbuf_errors@h1": 0,
-                                                          "kern_udp_sndbuf_errors@h1": 0,
-                                                          "kern_if_tx_dropped@router": 90}),
-        # 100 of 1000: the path lost most of it, no line
-        ("internal", "udp", "udp-unlimited"): (1000, {"kern_udp_rcvbuf_errors@h2": 100}),
-        # drops on the router do not count: it is the path
-        ("internal", "udp", "udp-100M"): (50, {"kern_udp_rcvbuf_errors@router": 50, "kern_if_tx_dropped@router": 50,
-                                               "kern_udp_rcvbuf_errors@h2": 0}),
-        # a TCP case has no loss count: any socket-buffer drops are worth a line (interface drops alone are not)
-        ("wireguard-go", "tcp", "tcp"): (None, {"kern_udp_rcvbuf_errors@h2": 40, "kern_if_tx_dropped@h1": 7}),
-        ("internal", "tcp", "tcp"): (None, {"kern_udp_rcvbuf_errors@h2": 0, "kern_if_tx_dropped@h1": 70}),
-        # loss, but no counters sampled (an older run): nothing can be said
-        ("wireguard-go", "udp", "udp-100M"): (500, {}),
-    })  # fmt: skip
+    run_dir = make_store(
+        tmp_path,
+        {
+            # 910 of 1000 lost per case on h2's full receive buffer: the socket, not the path
+            ("wireguard-go", "udp", "udp-unlimited"): (
+                1000,
+                {
+                    "kern_udp_rcvbuf_errors@h2": 910,
+                    "kern_udp_rcvbuf_errors@h1": 0,
+                    "kern_udp_sndbuf_errors@h1": 0,
+                    "kern_if_tx_dropped@router": 90,
+                },
+            ),
+            # 100 of 1000: the path lost most of it, no line
+            ("internal", "udp", "udp-unlimited"): (1000, {"kern_udp_rcvbuf_errors@h2": 100}),
+            # drops on the router do not count: it is the path
+            ("internal", "udp", "udp-100M"): (
+                50,
+                {
+                    "kern_udp_rcvbuf_errors@router": 50,
+                    "kern_if_tx_dropped@router": 50,
+                    "kern_udp_rcvbuf_errors@h2": 0,
+                },
+            ),
+            # a TCP case has no loss count: any socket-buffer drops are worth a line (interface drops alone are not)
+            ("wireguard-go", "tcp", "tcp"): (
+                None,
+                {"kern_udp_rcvbuf_errors@h2": 40, "kern_if_tx_dropped@h1": 7},
+            ),
+            ("internal", "tcp", "tcp"): (None, {"kern_udp_rcvbuf_errors@h2": 0, "kern_if_tx_dropped@h1": 70}),
+            # loss, but no counters sampled (an older run): nothing can be said
+            ("wireguard-go", "udp", "udp-100M"): (500, {}),
+        },
+    )
     found = [t for t in _findings(run_dir) if "dropped" in t]
     assert found == [
         "wireguard-go udp-unlimited @ baseline: 91% of the 3,000 lost datagrams were dropped by a full UDP "
@@ -303,10 +358,19 @@ def test_headline_blames_a_full_socket_buffer_only_when_it_explains_the_loss(tmp
 
 
 def test_headline_counts_sender_sndbuf_errors_and_the_threshold_is_half(tmp_path):
-    run_dir = make_store(tmp_path, {
-        ("a", "udp", "udp-unlimited"): (1000, {"kern_udp_sndbuf_errors@h1": 300, "kern_udp_rcvbuf_errors@h2": 200}),
-        ("b", "udp", "udp-unlimited"): (1000, {"kern_udp_sndbuf_errors@h1": 249, "kern_udp_rcvbuf_errors@h2": 250}),
-    })  # fmt: skip
+    run_dir = make_store(
+        tmp_path,
+        {
+            ("a", "udp", "udp-unlimited"): (
+                1000,
+                {"kern_udp_sndbuf_errors@h1": 300, "kern_udp_rcvbuf_errors@h2": 200},
+            ),
+            ("b", "udp", "udp-unlimited"): (
+                1000,
+                {"kern_udp_sndbuf_errors@h1": 249, "kern_udp_rcvbuf_errors@h2": 250},
+            ),
+        },
+    )
     found = [t for t in _findings(run_dir) if "dropped" in t]
     assert found == [
         "a udp-unlimited @ baseline: 50% of the 3,000 lost datagrams were dropped by a full UDP socket buffer "
@@ -316,12 +380,20 @@ def test_headline_counts_sender_sndbuf_errors_and_the_threshold_is_half(tmp_path
 
 def test_headline_splits_host_drops_into_interface_queues_and_socket_buffers(tmp_path):
     # the shape of a real wireguard-go -b 0 case: the sender's tun queue overflows, the receiver's socket too
-    run_dir = make_store(tmp_path, {
-        ("wireguard-go", "udp", "udp-unlimited"): (258366, {"kern_if_tx_dropped@h1": 244311,
-                                                            "kern_udp_rcvbuf_errors@h2": 14538}),
-        # interface drops explain less than half: no line
-        ("tinc", "udp", "udp-unlimited"): (1000, {"kern_if_tx_dropped@h1": 300, "kern_if_rx_dropped@h2": 199}),
-    })  # fmt: skip
+    run_dir = make_store(
+        tmp_path,
+        {
+            ("wireguard-go", "udp", "udp-unlimited"): (
+                258366,
+                {"kern_if_tx_dropped@h1": 244311, "kern_udp_rcvbuf_errors@h2": 14538},
+            ),
+            # interface drops explain less than half: no line
+            ("tinc", "udp", "udp-unlimited"): (
+                1000,
+                {"kern_if_tx_dropped@h1": 300, "kern_if_rx_dropped@h2": 199},
+            ),
+        },
+    )
     found = [t for t in _findings(run_dir) if "dropped" in t]
     assert found == [
         "wireguard-go udp-unlimited @ baseline: 100% of the 775,098 lost datagrams were dropped on the hosts, "
@@ -357,8 +429,10 @@ def test_a_real_run_stores_the_deltas_per_host_and_the_machine(tmp_path, lab_fac
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     (db,) = (tmp_path / "results").glob("*/results.sqlite")
     con = sqlite3.connect(db)
-    rows = con.execute('SELECT m.name, m.host, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
-                       "WHERE c.status = 'ok'").fetchall()  # fmt: skip
+    rows = con.execute(
+        'SELECT m.name, m.host, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+        "WHERE c.status = 'ok'"
+    ).fetchall()
     con.close()
     got = {(name, host): v for name, host, v in rows}
     for host in ("h1", "h2", "router"):

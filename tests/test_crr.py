@@ -31,8 +31,11 @@ class Server:
 
     def __init__(self, req: int = 1, resp: int = 1):
         self.port = free_port()
-        self.proc = subprocess.Popen([*AGENT, "server", "127.0.0.1", str(self.port), str(req), str(resp)],
-                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [*AGENT, "server", "127.0.0.1", str(self.port), str(req), str(resp)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout.readline().strip() == "ready"
 
     def stop(self) -> dict:
@@ -44,8 +47,23 @@ class Server:
 
 def client(port: int, mode: str, conc: int, dur: float, req: int = 1, resp: int = 1, timeout: float = 5.0):
     t0 = time.monotonic()
-    r = subprocess.run([*AGENT, "client", "127.0.0.1", str(port), mode, str(conc), f"{dur:g}", str(req), str(resp),
-                        f"{timeout:g}"], capture_output=True, text=True, timeout=dur + timeout + 30)  # fmt: skip
+    r = subprocess.run(
+        [
+            *AGENT,
+            "client",
+            "127.0.0.1",
+            str(port),
+            mode,
+            str(conc),
+            f"{dur:g}",
+            str(req),
+            str(resp),
+            f"{timeout:g}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=dur + timeout + 30,
+    )
     wall = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout), wall
@@ -238,9 +256,11 @@ def test_crr_and_rr_through_the_tunnel(mesh):
     assert abs(r["rr_server_answered"] - r["rr_transactions"]) <= 0.01 * r["rr_transactions"] + conc
     assert r["rr_tps"] > m["crr_tps"], (r["rr_tps"], m["crr_tps"])
     assert r["rr_latency_p50_ms"] < m["crr_latency_p50_ms"]
-    print(f"\n{mesh.driver.name}: crr {m['crr_tps']:.0f}/s p50 {m['crr_latency_p50_ms']:.2f} ms p99 "
-          f"{m['crr_latency_p99_ms']:.2f} ms (client cpu {m['crr_client_cpu_pct']:.0f}%, server cpu "
-          f"{m.get('crr_server_cpu_pct', float('nan')):.0f}%); rr {r['rr_tps']:.0f}/s p50 {r['rr_latency_p50_ms']:.2f} ms")  # fmt: skip
+    print(
+        f"\n{mesh.driver.name}: crr {m['crr_tps']:.0f}/s p50 {m['crr_latency_p50_ms']:.2f} ms p99 "
+        f"{m['crr_latency_p99_ms']:.2f} ms (client cpu {m['crr_client_cpu_pct']:.0f}%, server cpu "
+        f"{m.get('crr_server_cpu_pct', float('nan')):.0f}%); rr {r['rr_tps']:.0f}/s p50 {r['rr_latency_p50_ms']:.2f} ms"
+    )
 
 
 @pytest.mark.lab

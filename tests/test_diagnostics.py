@@ -123,8 +123,12 @@ def test_flamegraph_samples_match_the_daemons_cpu_time_and_the_pcap_holds_every_
         pytest.skip(why)
     run_dir, _ = _run(tmp_path, "--flamegraph", "--capture", "always")
     db = sqlite3.connect(run_dir / "results.sqlite")
-    cases = {(v, lb): (cid, Path(d), t1 - t0) for cid, v, lb, d, t0, t1 in db.execute(
-        "SELECT id, vpn, label, artifact_dir, started, ended FROM \"case\" WHERE status = 'ok'")}  # fmt: skip
+    cases = {
+        (v, lb): (cid, Path(d), t1 - t0)
+        for cid, v, lb, d, t0, t1 in db.execute(
+            "SELECT id, vpn, label, artifact_dir, started, ended FROM \"case\" WHERE status = 'ok'"
+        )
+    }
     assert len(cases) == 4, cases
 
     # perf's samples of each wireguard-go daemon against the CPU time the kernel accounted to it in the case
@@ -132,11 +136,14 @@ def test_flamegraph_samples_match_the_daemons_cpu_time_and_the_pcap_holds_every_
     stacks = parse_folded((adir / "cpu-profile.folded").read_text())
     for host in ("h1", "h2"):
         samples = sum(n for s, n in stacks.items() if s.startswith(f"{host};wireguard-go;"))
-        (pct,) = db.execute("SELECT value FROM metric WHERE case_id = ? AND name = 'daemon_cpu_pct' AND host = ?",
-                            (cid, host)).fetchone()  # fmt: skip
+        (pct,) = db.execute(
+            "SELECT value FROM metric WHERE case_id = ? AND name = 'daemon_cpu_pct' AND host = ?", (cid, host)
+        ).fetchone()
         # the monitor's window: its last sample's time plus at most one sampling interval (0.5 s)
-        (last_t,) = db.execute("SELECT max(t) FROM series WHERE case_id = ? AND name = 'daemon_cpu_pct' AND host = ?",
-                               (cid, host)).fetchone()  # fmt: skip
+        (last_t,) = db.execute(
+            "SELECT max(t) FROM series WHERE case_id = ? AND name = 'daemon_cpu_pct' AND host = ?",
+            (cid, host),
+        ).fetchone()
         cpu_s = pct / 100 * (last_t + 0.25)
         assert cpu_s > 0.1, (host, pct, last_t)  # TCP through the tunnel keeps the daemon busy
         assert 0.5 * cpu_s < samples / PERF_HZ < 1.5 * cpu_s, (host, samples, cpu_s)

@@ -195,8 +195,9 @@ def test_wireguard_peers_carry_the_public_key_of_each_peers_private_key(tmp_path
             assert rest[0] == "peer" and rest[2] == "endpoint" and rest[4] == "allowed-ips", rest
             peers[rest[1]] = (rest[3], rest[5])
             rest = rest[6:]
-        assert peers == {pub[p.name]: (f"{p.underlay_ip}:51820", f"10.77.0.{p.name[1]}/32")
-                         for p in hosts if p is not h}  # fmt: skip
+        assert peers == {
+            pub[p.name]: (f"{p.underlay_ip}:51820", f"10.77.0.{p.name[1]}/32") for p in hosts if p is not h
+        }
         assert ["ip", "addr", "add", f"10.77.0.{h.name[1]}/24", "dev", ifname] in h.ran
         assert ["ip", "link", "set", ifname, "mtu", "1380", "up"] in h.ran
 
@@ -346,8 +347,10 @@ IPSEC = [
 def test_strongswan_configs_load_through_swanctl_and_mirror_each_other(tmp_path, name):
     # the kernel IPsec drivers need ESP in the kernel to run, not to render: kernel=False
     d, hosts = mesh(name, tmp_path, kernel=False)
-    plugins = {p.name.removeprefix("libstrongswan-").removesuffix(".so")
-               for p in Path("/usr/lib/ipsec/plugins").glob("libstrongswan-*.so")}  # fmt: skip
+    plugins = {
+        p.name.removeprefix("libstrongswan-").removesuffix(".so")
+        for p in Path("/usr/lib/ipsec/plugins").glob("libstrongswan-*.so")
+    }
     conns, secrets = {}, {}
     for h in hosts:
         hd = d.host_dir(h)
@@ -420,8 +423,12 @@ def test_softether_clients_log_in_to_the_hub_with_the_passwords_the_hub_set(tmp_
         assert lines[0] == f"NicCreate {nic}" and lines[-1] == "AccountConnect tb"
         create = dict(kv.split(":", 1) for kv in lines[1].split()[2:])
         assert lines[1].startswith("AccountCreate tb ")
-        assert create == {"/SERVER": f"{hub.underlay_ip}:443", "/HUB": "DEFAULT", "/USERNAME": h.name,
-                          "/NICNAME": nic}  # fmt: skip
+        assert create == {
+            "/SERVER": f"{hub.underlay_ip}:443",
+            "/HUB": "DEFAULT",
+            "/USERNAME": h.name,
+            "/NICNAME": nic,
+        }
         assert lines[2] == f"AccountPasswordSet tb /PASSWORD:{users[h.name]} /TYPE:standard"
         assert len(d._iface(h)) <= 15
 
@@ -528,7 +535,10 @@ def test_openconnect_ocserv_configs_pass_test_config_and_certificates_verify(tmp
         assert conf["mtu"] == str(1400 + 66)  # link MTU: the tun MTU + DTLS 1.2 AES-GCM over IPv4
         hd = d.host_dir(srv)
         assert (conf["server-cert"], conf["server-key"], conf["ca-cert"]) == (
-            str(hd / "host.crt"), str(hd / "host.key"), str(hd / "ca.crt"))  # fmt: skip
+            str(hd / "host.crt"),
+            str(hd / "host.key"),
+            str(hd / "ca.crt"),
+        )
         assert len(conf["device"]) <= 13  # the kernel appends a number
         pool = ipaddress.ip_network(conf["ipv4-network"])
         # the client is leased exactly its tunnel address, inside the pool; the pool's first address (the

@@ -78,8 +78,14 @@ def test_versioned_vpn_names_are_validated_against_their_driver():
         load({"nebul@1.6.1": {}})
     # a version listed in `vpns` inherits the base name's options: a bad one is reported once
     with pytest.raises(ScenarioError) as e:
-        parse_scenario({"vpns": ["nebula@1.6.1"], "workloads": [{"name": "tcp"}],
-                        "vpn_options": {"nebula": {"routines": 0}}}, "t.toml")  # fmt: skip
+        parse_scenario(
+            {
+                "vpns": ["nebula@1.6.1"],
+                "workloads": [{"name": "tcp"}],
+                "vpn_options": {"nebula": {"routines": 0}},
+            },
+            "t.toml",
+        )
     assert str(e.value).count("routines") == 1 and "vpn_options.nebula.routines" in str(e.value)
 
 
@@ -110,8 +116,13 @@ def test_option_defaults():
         "udp_socket_buffer": None,
         "acl": "off",  # vpns/acl.py: no policy unless asked
     }
-    assert Tinc.Options().model_dump() == {"mtu": None, "cipher": "blowfish", "digest": "sha1", "tinc_meta": "star",
-                                           "udp_socket_buffer": None}  # fmt: skip
+    assert Tinc.Options().model_dump() == {
+        "mtu": None,
+        "cipher": "blowfish",
+        "digest": "sha1",
+        "tinc_meta": "star",
+        "udp_socket_buffer": None,
+    }
     assert OpenVpn.Options().model_dump() == {"mtu": None, "cipher": "AES-256-GCM", "udp_socket_buffer": None}
     assert WireguardGo.Options().model_dump() == {"mtu": None, "offloads": True}
     assert StrongSwan.Options().model_dump() == {"mtu": None, "esp": "userspace"}

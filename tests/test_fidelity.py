@@ -277,8 +277,10 @@ def test_run_is_interleaved_seeded_and_stores_tax_and_drift(tmp_path):
             assert all(x > 100 for x in t["gso"]["off_mbps"] + t["gso"]["on_mbps"])
         pl = json.loads(env["cpu.placement"])
         assert pl["mode"] in ("engine-apart", "off")
-        cpu = c.execute("SELECT COUNT(*) FROM metric m JOIN \"case\" k ON k.id = m.case_id "
-                        "WHERE m.name = 'engine_cpu_pct' AND k.profile = 'd1'").fetchone()[0]  # fmt: skip
+        cpu = c.execute(
+            'SELECT COUNT(*) FROM metric m JOIN "case" k ON k.id = m.case_id '
+            "WHERE m.name = 'engine_cpu_pct' AND k.profile = 'd1'"
+        ).fetchone()[0]
         assert cpu == 2 * 2 * 2  # one per impaired case
         assert "engine tax" in p.stdout + p.stderr
 

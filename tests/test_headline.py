@@ -26,12 +26,42 @@ VERSIONS = {
 }
 # label -> (workload, metric, unit, per-VPN base value, step per repetition); medians are base + 3.5 * step
 COLUMNS = {
-    "tcp": ("tcp", "goodput_mbps", "Mbit/s", {"internal": 1000, "fastvpn": 500, "midvpn": 300, "slowvpn": 301}, 2),
-    "tcp-p4": ("tcp", "goodput_mbps", "Mbit/s", {"internal": 2000, "fastvpn": 900, "midvpn": 400, "slowvpn": 200}, 2),
-    "udp-100M": ("udp", "goodput_mbps", "Mbit/s", {"internal": 100, "fastvpn": 99, "midvpn": 98, "slowvpn": 97}, 0.01),
-    "ping": ("ping", "rtt_p50_ms", "ms", {"internal": 0.05, "fastvpn": 0.3, "midvpn": 0.31, "slowvpn": 0.9}, 0.01),
-    "connect": ("connect", "connect_s", "s", {"internal": 0.005, "fastvpn": 0.1, "midvpn": 0.3, "slowvpn": 0.2}, 0.001),
-}  # fmt: skip
+    "tcp": (
+        "tcp",
+        "goodput_mbps",
+        "Mbit/s",
+        {"internal": 1000, "fastvpn": 500, "midvpn": 300, "slowvpn": 301},
+        2,
+    ),
+    "tcp-p4": (
+        "tcp",
+        "goodput_mbps",
+        "Mbit/s",
+        {"internal": 2000, "fastvpn": 900, "midvpn": 400, "slowvpn": 200},
+        2,
+    ),
+    "udp-100M": (
+        "udp",
+        "goodput_mbps",
+        "Mbit/s",
+        {"internal": 100, "fastvpn": 99, "midvpn": 98, "slowvpn": 97},
+        0.01,
+    ),
+    "ping": (
+        "ping",
+        "rtt_p50_ms",
+        "ms",
+        {"internal": 0.05, "fastvpn": 0.3, "midvpn": 0.31, "slowvpn": 0.9},
+        0.01,
+    ),
+    "connect": (
+        "connect",
+        "connect_s",
+        "s",
+        {"internal": 0.005, "fastvpn": 0.1, "midvpn": 0.3, "slowvpn": 0.2},
+        0.001,
+    ),
+}
 N = 8
 
 
@@ -43,8 +73,19 @@ def make_store(
     st = Store(run_dir / DB_NAME)
     st.begin_run(RUN, "tbhead", 'name = "hand-made"\n', "0.1.0")
     if bad_calibration:
-        st.set_env(RUN, {"calibration.lossy": {"profile": "lossy", "backend": "netem", "ok": False, "checks": [
-            {"quantity": "loss", "unit": "%", "configured": 1.0, "measured": 9.5, "ok": False}]}})  # fmt: skip
+        st.set_env(
+            RUN,
+            {
+                "calibration.lossy": {
+                    "profile": "lossy",
+                    "backend": "netem",
+                    "ok": False,
+                    "checks": [
+                        {"quantity": "loss", "unit": "%", "configured": 1.0, "measured": 9.5, "ok": False}
+                    ],
+                }
+            },
+        )
     cols = dict(COLUMNS)
     if extra_label:  # a sixth column: the headline splits into two tables
         cols["tcp-p8"] = ("tcp", "goodput_mbps", "Mbit/s", {v: b["tcp"] for v, b in _bases().items()}, 2)
@@ -154,8 +195,19 @@ def test_html_and_markdown_reports_open_with_the_same_headline(tmp_path):
 def test_a_resumed_run_says_so(tmp_path):
     run_dir = make_store(tmp_path)
     st = Store(run_dir / DB_NAME)
-    st.set_env(RUN, {"run.resumed": [{"at": 1767225600.0, "previous_status": "running", "cases_ok": 17,
-                                      "discarded": ["fastvpn · baseline · tcp · rep 3 attempt 1 (running)"]}]})  # fmt: skip
+    st.set_env(
+        RUN,
+        {
+            "run.resumed": [
+                {
+                    "at": 1767225600.0,
+                    "previous_status": "running",
+                    "cases_ok": 17,
+                    "discarded": ["fastvpn · baseline · tcp · rep 3 attempt 1 (running)"],
+                }
+            ]
+        },
+    )
     st.close()
     text = [t for t, _ in build(analyze([load_run(run_dir)])).findings]
     assert (
@@ -174,11 +226,18 @@ def test_a_ratio_above_100_prints_as_a_number():
 def test_cases_whose_path_switched_are_named(tmp_path):
     run_dir = make_store(tmp_path)
     st = Store(run_dir / DB_NAME)
-    ids = [cid for (cid,) in st.db.execute(
-        "SELECT id FROM \"case\" WHERE vpn = 'midvpn' AND label = 'tcp' ORDER BY repetition")]  # fmt: skip
+    ids = [
+        cid
+        for (cid,) in st.db.execute(
+            "SELECT id FROM \"case\" WHERE vpn = 'midvpn' AND label = 'tcp' ORDER BY repetition"
+        )
+    ]
     for i, cid in enumerate(ids):  # 3 of the 8 switched (1, 2 and 1 changes), 5 stayed where they were
-        st.db.execute("INSERT INTO metric (case_id, name, value, unit, host) VALUES (?, 'path_changes', ?, "
-                      "'count', NULL)", (cid, [1, 0, 2, 0, 0, 1, 0, 0][i]))  # fmt: skip
+        st.db.execute(
+            "INSERT INTO metric (case_id, name, value, unit, host) VALUES (?, 'path_changes', ?, "
+            "'count', NULL)",
+            (cid, [1, 0, 2, 0, 0, 1, 0, 0][i]),
+        )
     st.db.commit()
     st.close()
     text = [t for t, _ in build(analyze([load_run(run_dir)])).findings]

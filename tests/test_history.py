@@ -43,8 +43,15 @@ TCP_SLOWVPN = [300.0, 310.0, 290.0, 305.0, 295.0, 302.0]  # median 301.0
 TCP_SLOWVPN_WORSE = [100.0, 110.0, 90.0, 105.0, 95.0, 102.0]  # median 101.0
 
 
-def make_store(root: Path, folder: str, run_id: str, started: float, vpns: dict[str, str],
-               values: dict[tuple[str, str], list[float]], failed: tuple[tuple[str, str], ...] = ()) -> Path:  # fmt: skip
+def make_store(
+    root: Path,
+    folder: str,
+    run_id: str,
+    started: float,
+    vpns: dict[str, str],
+    values: dict[tuple[str, str], list[float]],
+    failed: tuple[tuple[str, str], ...] = (),
+) -> Path:
     """A run folder whose store holds exactly `values`: per (vpn, label) one case per value (label tcp ->
     goodput_mbps plus a non-headline goodput_sender_mbps, label ping -> rtt_p50_ms). `failed` groups get
     cases whose every attempt failed."""
@@ -60,8 +67,11 @@ def make_store(root: Path, folder: str, run_id: str, started: float, vpns: dict[
         for rep, v in enumerate(vals, 1):
             wl = "tcp" if label == "tcp" else "ping"
             cid = st.start_case(run_id, vpn, "baseline", wl, label, {}, rep, 0, "h1", "h2", d / "cases")
-            samples = ([Sample("goodput_mbps", v, "Mbit/s"), Sample("goodput_sender_mbps", v * 1.01, "Mbit/s")]
-                       if wl == "tcp" else [Sample("rtt_p50_ms", v, "ms")])  # fmt: skip
+            samples = (
+                [Sample("goodput_mbps", v, "Mbit/s"), Sample("goodput_sender_mbps", v * 1.01, "Mbit/s")]
+                if wl == "tcp"
+                else [Sample("rtt_p50_ms", v, "ms")]
+            )
             st.finish_case(cid, "ok", Outcome(samples=samples))
     for vpn, label in failed:
         for rep in (1, 2):
@@ -82,17 +92,49 @@ def three_runs(tmp_path: Path) -> Path:
     version (regression). slowvpn is not in run 2: its run 3 is compared with run 1 (goodput regression, and
     its ping never succeeds in run 3). internal is steady."""
     root = tmp_path / "results"
-    make_store(root, "c-run1", RUN1, T0, {"internal": "kernel", "fastvpn": "1.0", "slowvpn": "0.9"},
-               {("internal", "tcp"): TCP_INTERNAL, ("fastvpn", "tcp"): TCP_FAST, ("slowvpn", "tcp"): TCP_SLOWVPN,
-                ("internal", "ping"): RTT_INTERNAL, ("fastvpn", "ping"): RTT_FAST,
-                ("slowvpn", "ping"): RTT_FAST})  # fmt: skip
-    make_store(root, "b-run2", RUN2, T0 + DAY, {"internal": "kernel", "fastvpn": "1.0"},
-               {("internal", "tcp"): TCP_INTERNAL, ("fastvpn", "tcp"): TCP_FAST,
-                ("internal", "ping"): RTT_INTERNAL, ("fastvpn", "ping"): RTT_FAST_BETTER})  # fmt: skip
-    make_store(root, "a-run3", RUN3, T0 + 2 * DAY, {"internal": "kernel", "fastvpn": "1.1", "slowvpn": "0.9"},
-               {("internal", "tcp"): TCP_INTERNAL, ("fastvpn", "tcp"): TCP_FAST_SLOWER,
-                ("slowvpn", "tcp"): TCP_SLOWVPN_WORSE, ("internal", "ping"): RTT_INTERNAL,
-                ("fastvpn", "ping"): RTT_FAST_BETTER}, failed=(("slowvpn", "ping"),))  # fmt: skip
+    make_store(
+        root,
+        "c-run1",
+        RUN1,
+        T0,
+        {"internal": "kernel", "fastvpn": "1.0", "slowvpn": "0.9"},
+        {
+            ("internal", "tcp"): TCP_INTERNAL,
+            ("fastvpn", "tcp"): TCP_FAST,
+            ("slowvpn", "tcp"): TCP_SLOWVPN,
+            ("internal", "ping"): RTT_INTERNAL,
+            ("fastvpn", "ping"): RTT_FAST,
+            ("slowvpn", "ping"): RTT_FAST,
+        },
+    )
+    make_store(
+        root,
+        "b-run2",
+        RUN2,
+        T0 + DAY,
+        {"internal": "kernel", "fastvpn": "1.0"},
+        {
+            ("internal", "tcp"): TCP_INTERNAL,
+            ("fastvpn", "tcp"): TCP_FAST,
+            ("internal", "ping"): RTT_INTERNAL,
+            ("fastvpn", "ping"): RTT_FAST_BETTER,
+        },
+    )
+    make_store(
+        root,
+        "a-run3",
+        RUN3,
+        T0 + 2 * DAY,
+        {"internal": "kernel", "fastvpn": "1.1", "slowvpn": "0.9"},
+        {
+            ("internal", "tcp"): TCP_INTERNAL,
+            ("fastvpn", "tcp"): TCP_FAST_SLOWER,
+            ("slowvpn", "tcp"): TCP_SLOWVPN_WORSE,
+            ("internal", "ping"): RTT_INTERNAL,
+            ("fastvpn", "ping"): RTT_FAST_BETTER,
+        },
+        failed=(("slowvpn", "ping"),),
+    )
     return root
 
 
@@ -129,8 +171,11 @@ def test_series_and_flags_equal_the_hand_made_inputs(three_runs):
     ]
     assert pts(tcp, "internal") == [(r, "kernel", 3001.0, 6) for r in (RUN1, RUN2, RUN3)]
     assert pts(tcp, "slowvpn") == [(RUN1, "0.9", 301.0, 6), (RUN3, "0.9", 101.0, 6)]
-    assert pts(ping, "fastvpn") == [(RUN1, "1.0", pytest.approx(2.01), 6), (RUN2, "1.0", pytest.approx(1.01), 6),
-                                    (RUN3, "1.1", pytest.approx(1.01), 6)]  # fmt: skip
+    assert pts(ping, "fastvpn") == [
+        (RUN1, "1.0", pytest.approx(2.01), 6),
+        (RUN2, "1.0", pytest.approx(1.01), 6),
+        (RUN3, "1.1", pytest.approx(1.01), 6),
+    ]
     assert pts(ping, "slowvpn") == [(RUN1, "0.9", pytest.approx(2.01), 6)]  # its run 3 never succeeded
     for t in h.trends:
         for s in t.series.values():
@@ -175,8 +220,14 @@ def test_previous_run_is_the_last_one_where_the_group_succeeded(three_runs):
     """slowvpn's ping failed in run 3: run 4 compares it with run 1 (its last success), not with run 3; and
     run 4's internal tcp with run 3 (the directly previous run)."""
     run4 = "20260531-000000-tbaaa4"
-    make_store(three_runs, "0-run4", run4, T0 + 3 * DAY, {"internal": "kernel", "slowvpn": "1.0"},
-               {("internal", "tcp"): TCP_INTERNAL, ("slowvpn", "ping"): RTT_FAST_BETTER})  # fmt: skip
+    make_store(
+        three_runs,
+        "0-run4",
+        run4,
+        T0 + 3 * DAY,
+        {"internal": "kernel", "slowvpn": "1.0"},
+        {("internal", "tcp"): TCP_INTERNAL, ("slowvpn", "ping"): RTT_FAST_BETTER},
+    )
     h = history_of(three_runs)
     ping = h.trend("baseline", "ping", "rtt_p50_ms")
     assert ping is not None
@@ -220,11 +271,13 @@ def test_broken_and_old_stores_are_skipped_with_a_reason(three_runs):
     old = root / "old"
     old.mkdir()
     con = sqlite3.connect(old / DB_NAME)  # an older schema: the case table without workload/label
-    con.executescript('CREATE TABLE run (id TEXT, started REAL, status TEXT, scenario TEXT);'
-                      'CREATE TABLE vpn (run_id TEXT, name TEXT, version TEXT, status TEXT);'
-                      'CREATE TABLE "case" (id INTEGER, run_id TEXT, vpn TEXT, profile TEXT, status TEXT);'
-                      'CREATE TABLE metric (case_id INTEGER, name TEXT, value REAL, unit TEXT, host TEXT);'
-                      "INSERT INTO run VALUES ('r-old', 1.0, 'ok', '');")  # fmt: skip
+    con.executescript(
+        "CREATE TABLE run (id TEXT, started REAL, status TEXT, scenario TEXT);"
+        "CREATE TABLE vpn (run_id TEXT, name TEXT, version TEXT, status TEXT);"
+        'CREATE TABLE "case" (id INTEGER, run_id TEXT, vpn TEXT, profile TEXT, status TEXT);'
+        "CREATE TABLE metric (case_id INTEGER, name TEXT, value REAL, unit TEXT, host TEXT);"
+        "INSERT INTO run VALUES ('r-old', 1.0, 'ok', '');"
+    )
     con.commit()
     con.close()
     (root / "norun").mkdir()
@@ -251,15 +304,19 @@ def test_html_page_has_a_trend_figure_per_metric_with_flagged_points(three_runs)
     h = history_of(three_runs)
     html = render_history(h)
     assert_self_contained(html)
-    figs = re.findall(r'<figure class="trend" data-metric="([^"]+)" data-workload="([^"]+)"[^>]*>(.*?)</figure>',
-                      html, re.S)  # fmt: skip
+    figs = re.findall(
+        r'<figure class="trend" data-metric="([^"]+)" data-workload="([^"]+)"[^>]*>(.*?)</figure>', html, re.S
+    )
     assert [(m, w) for m, w, _ in figs] == [("goodput_mbps", "tcp"), ("rtt_p50_ms", "ping")]
     body = dict(((m, w), b) for m, w, b in figs)
     tcp = body[("goodput_mbps", "tcp")]
     series = re.findall(r'<g class="series" data-vpn="([^"]+)" data-points="(\d+)">(.*?)</g></g>', tcp, re.S)
     assert {v: int(n) for v, n, _ in series} == {"internal": 3, "fastvpn": 3, "slowvpn": 2}
-    points = re.findall(r'<g class="point" data-run="([^"]+)" data-version="([^"]*)" data-median="([^"]+)"'
-                        r'[^>]*data-flag="([^"]*)"', tcp)  # fmt: skip
+    points = re.findall(
+        r'<g class="point" data-run="([^"]+)" data-version="([^"]*)" data-median="([^"]+)"'
+        r'[^>]*data-flag="([^"]*)"',
+        tcp,
+    )
     assert len(points) == 8
     flagged = {(run, ver, float(med), flag) for run, ver, med, flag in points if flag}
     assert flagged == {(RUN3, "1.1", 501.0, "regression"), (RUN3, "0.9", 101.0, "regression")}

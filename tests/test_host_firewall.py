@@ -36,9 +36,11 @@ def test_every_packet_goes_through_conntrack(lab_factory):
     assert d1["invalid"] == d2["invalid"] == 0
     # a TCP segment no connection expects is invalid for conntrack, and dropped
     before = hostfw.counters(h2, table)["invalid"]
-    code = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)\n"
-            "import struct; hdr = struct.pack('!HHIIBBHHH', 40000, 9, 1, 1, 5 << 4, 0x10, 1024, 0, 0)\n"
-            f"s.sendto(hdr, ('{h2.underlay_ip}', 0))")  # fmt: skip
+    code = (
+        "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)\n"
+        "import struct; hdr = struct.pack('!HHIIBBHHH', 40000, 9, 1, 1, 5 << 4, 0x10, 1024, 0, 0)\n"
+        f"s.sendto(hdr, ('{h2.underlay_ip}', 0))"
+    )
     subprocess.run(h1.argv([sys.executable, "-c", code]), check=True, timeout=30)
     assert hostfw.counters(h2, table)["invalid"] >= before + 1
 
@@ -46,8 +48,9 @@ def test_every_packet_goes_through_conntrack(lab_factory):
 def test_the_firewall_is_refused_over_ssh_and_unknown_kinds_are_named():
     base = {"workloads": [{"name": "ping"}]}
     with pytest.raises(ScenarioError, match="hosts.firewall: needs the namespace lab"):
-        parse_scenario({**base, "hosts": {"firewall": "stateful"},
-                        "lab": {"backend": "ssh", "inventory": "x.yml"}}, "t")  # fmt: skip
+        parse_scenario(
+            {**base, "hosts": {"firewall": "stateful"}, "lab": {"backend": "ssh", "inventory": "x.yml"}}, "t"
+        )
     with pytest.raises(ScenarioError, match="firewall"):
         parse_scenario({**base, "hosts": {"firewall": "stateless"}}, "t")
 
@@ -58,9 +61,11 @@ def test_a_run_records_the_rules_it_installed(tmp_path):
     if why:
         pytest.skip(why)
     scen = tmp_path / "s.toml"
-    scen.write_text('name = "fw"\nvpns = ["internal"]\n[run]\nrepetitions = 1\ndrift_check_s = 0\n'
-                    '[lab]\nhosts = 2\n[hosts]\nfirewall = "stateful"\n[[workloads]]\nname = "ping"\ncount = 5\n'
-                    'interval_s = 0.05\n')  # fmt: skip
+    scen.write_text(
+        'name = "fw"\nvpns = ["internal"]\n[run]\nrepetitions = 1\ndrift_check_s = 0\n'
+        '[lab]\nhosts = 2\n[hosts]\nfirewall = "stateful"\n[[workloads]]\nname = "ping"\ncount = 5\n'
+        "interval_s = 0.05\n"
+    )
     env = {"TUNNELBENCH_REGISTRY": str(tmp_path / "registry")}
     res = tb("run", str(scen), "--results", str(tmp_path / "r"), "--no-html", env=env)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -208,8 +208,13 @@ def test_killing_the_engine_mid_case_fails_the_case(tmp_path):
         time.sleep(1.0)  # mid-transfer
         entries = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines()]
         # argv may start with `taskset -c CPU` (CPU placement): the engine is the argument that names impaird
-        (eng,) = [e for e in entries if e["kind"] == "process" and any(a.endswith("impaird") for a in e["argv"])
-                  and process_alive(e["pid"], e["start"])]  # fmt: skip
+        (eng,) = [
+            e
+            for e in entries
+            if e["kind"] == "process"
+            and any(a.endswith("impaird") for a in e["argv"])
+            and process_alive(e["pid"], e["start"])
+        ]
         t_kill = time.monotonic()
         os.kill(eng["pid"], signal.SIGKILL)
         out, _ = p.communicate(timeout=180)
@@ -290,7 +295,8 @@ def test_run_profile_medium_with_every_first_issue_driver(tmp_path):
     assert loss["ok"] is True, loss
     assert ("OUT OF TOLERANCE" in r.stdout + r.stderr) == (cal["ok"] is False), (cal, r.stdout[-2000:])
     # the 4 ms each way is on every tunnel's path: the idle RTT of each VPN is at least 8 ms
-    rtt = db.execute("SELECT c.vpn, m.value FROM metric m JOIN \"case\" c ON c.id = m.case_id "
-                     "WHERE m.name = 'rtt_p50_ms'").fetchall()  # fmt: skip
+    rtt = db.execute(
+        "SELECT c.vpn, m.value FROM metric m JOIN \"case\" c ON c.id = m.case_id WHERE m.name = 'rtt_p50_ms'"
+    ).fetchall()
     assert len(rtt) == len(vpns) and all(v >= 7.5 for _, v in rtt), rtt
     assert "profile medium" in r.stdout + r.stderr  # the calibration verdict is in the summary

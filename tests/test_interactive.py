@@ -37,8 +37,13 @@ class Cli:
     def up(self, *args: str) -> tuple[subprocess.CompletedProcess, int]:
         """Run `up` to its exit; returns its result and its PID."""
         argv = [str(TB)] if TB.exists() else [sys.executable, "-m", "tunnelbench.cli"]
-        p = subprocess.Popen([*argv, "up", *args, "--results", str(self.results)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=self.env)  # fmt: skip
+        p = subprocess.Popen(
+            [*argv, "up", *args, "--results", str(self.results)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
         out, errs = p.communicate(timeout=240)
         return subprocess.CompletedProcess(p.args, p.returncode, out, errs), p.pid
 
@@ -112,8 +117,14 @@ def test_internal_lab_up_exec_down(cli):
     r = cli("exec", "h1", "--", "ip", "-o", "-4", "addr")
     assert f"inet {hosts['h1']['underlay_ip']}/" in r.stdout
     assert cli("exec", "h1", "--", "sh", "-c", "exit 7").returncode == 7
-    r = subprocess.run([str(TB), "exec", "h2", "--", "sh", "-c", "read x; echo got $x"], input="hello\n",
-                       capture_output=True, text=True, env=cli.env, timeout=30)  # fmt: skip
+    r = subprocess.run(
+        [str(TB), "exec", "h2", "--", "sh", "-c", "read x; echo got $x"],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        env=cli.env,
+        timeout=30,
+    )
     assert r.stdout.strip() == "got hello"  # stdin is the command's
     r = cli("exec", "h2")  # no command: a shell, reading the (empty) stdin
     assert r.returncode == 0, r.stderr

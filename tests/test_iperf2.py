@@ -24,8 +24,10 @@ CPU = {"iperf_cpu_client_pct", "iperf_cpu_server_pct"}
 
 
 def pair(name: str) -> tuple[iperf2.Output, iperf2.Output]:
-    return (iperf2.parse((DATA / f"{name}_client.txt").read_text()),
-            iperf2.parse((DATA / f"{name}_server.txt").read_text()))  # fmt: skip
+    return (
+        iperf2.parse((DATA / f"{name}_client.txt").read_text()),
+        iperf2.parse((DATA / f"{name}_server.txt").read_text()),
+    )
 
 
 def flat(points: list[tuple[float, float]]) -> list[float]:
@@ -278,8 +280,10 @@ def test_iperf2_tcp_against_the_kernel_and_iperf3(mesh):
     sent = sum(r.bytes for r in iperf2.parse(Path(f"{base}-server.txt").read_text()).local.finals())
     check_wire(sent, dr[cli]["rx_bytes"])
     assert mr["goodput_mbps"] > 10 and mr["retransmits"] >= 0
-    print(f"\ninternal tcp 2 s: iperf2 {m2['goodput_mbps']:.0f} Mbit/s, iperf3 {m3['goodput_mbps']:.0f} Mbit/s; "
-          f"iperf2 -R -P 2 {mr['goodput_mbps']:.0f} Mbit/s")  # fmt: skip
+    print(
+        f"\ninternal tcp 2 s: iperf2 {m2['goodput_mbps']:.0f} Mbit/s, iperf3 {m3['goodput_mbps']:.0f} Mbit/s; "
+        f"iperf2 -R -P 2 {mr['goodput_mbps']:.0f} Mbit/s"
+    )
 
 
 @pytest.mark.lab

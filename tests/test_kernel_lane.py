@@ -30,8 +30,11 @@ def test_probe_agrees_with_the_kernel():
         gre = _ip("-n", ns, "link", "add", "g0", "type", "gre", "local", "192.0.2.1", "remote", "192.0.2.2")
         assert (gre.returncode == 0) == (have["gre"] is None), (gre.stderr, have["gre"])
         _ip("-n", ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1")
-        netem = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "v0", "root", "netem",
-                                "delay", "1ms"], capture_output=True, text=True)  # fmt: skip
+        netem = subprocess.run(
+            ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "v0", "root", "netem", "delay", "1ms"],
+            capture_output=True,
+            text=True,
+        )
         assert (netem.returncode == 0) == (have["netem"] is None), (netem.stderr, have["netem"])
     finally:
         _ip("netns", "del", ns)
@@ -110,8 +113,11 @@ def test_kernel_driver_mesh(vpn, lab_factory):
         if mtu:
             route = h1.run(["ip", "-o", "route", "get", mesh.tunnel_ip(h2)]).stdout.split()
             # a policy-based tunnel (ipsec-tunnel) has no device of its own: its MTU is on the route
-            got = int(route[route.index("mtu") + 1]) if "mtu" in route else int(
-                h1.run(["cat", f"/sys/class/net/{route[route.index('dev') + 1]}/mtu"]).stdout)  # fmt: skip
+            got = (
+                int(route[route.index("mtu") + 1])
+                if "mtu" in route
+                else int(h1.run(["cat", f"/sys/class/net/{route[route.index('dev') + 1]}/mtu"]).stdout)
+            )
             assert got == MTU, f"{vpn}: path MTU {got} ({' '.join(route)}), not the scenario's {MTU}"
             assert (
                 driver.settings.get("mtu", MTU) == MTU

@@ -107,8 +107,10 @@ def test_every_monitor_metric_is_declared_with_its_unit():
 def test_rss_of_a_process_grown_by_150_mib_rises_in_the_series():
     """A real python process allocates and touches 150 MiB mid-case; the stored series starts at its VmRSS
     before and ends at its VmRSS after (as the kernel reports them to this test), so it rises by ~150 MiB."""
-    code = ("import sys, time\nprint('ready', flush=True)\nsys.stdin.readline()\n"
-            "b = b'\\x01' * (150 << 20)\nprint('grown', flush=True)\ntime.sleep(60)")  # fmt: skip
+    code = (
+        "import sys, time\nprint('ready', flush=True)\nsys.stdin.readline()\n"
+        "b = b'\\x01' * (150 << 20)\nprint('grown', flush=True)\ntime.sleep(60)"
+    )
     p = subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -166,10 +168,15 @@ def test_rss_lines_pools_per_label_and_vpn_with_host_roles():
         {"case_id": 1, "host": None, "t": 0.5, "value": 99.0},  # not a host's series
     ]
     assert plots.rss_lines(rows, cases) == {
-        "tcp": {"vpnA": [("client", [(0.5, 10.0), (1.0, 11.0)]), ("server", [(0.5, 20.0)]),
-                         ("client", [(0.5, 12.0)])]},
+        "tcp": {
+            "vpnA": [
+                ("client", [(0.5, 10.0), (1.0, 11.0)]),
+                ("server", [(0.5, 20.0)]),
+                ("client", [(0.5, 12.0)]),
+            ]
+        },
         "multihost-tx": {"vpnB": [("client", [(0.5, 31.0)]), ("peer", [(0.5, 30.0)])]},
-    }  # fmt: skip
+    }
 
 
 # -- hand-made stores: the report's plot and the efficiency --------------------------------------------------

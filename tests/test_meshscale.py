@@ -26,8 +26,10 @@ def test_idle_usage_reads_known_cpu_and_memory():
             "h1": [SimpleNamespace(pid=busy.pid, label="spin")],
             "h2": [SimpleNamespace(pid=big.pid, label="big")],
         }
-        mesh = SimpleNamespace(hosts=[SimpleNamespace(name="h1"), SimpleNamespace(name="h2")],
-                               driver=SimpleNamespace(daemons=lambda h: procs[h.name]))  # fmt: skip
+        mesh = SimpleNamespace(
+            hosts=[SimpleNamespace(name="h1"), SimpleNamespace(name="h2")],
+            driver=SimpleNamespace(daemons=lambda h: procs[h.name]),
+        )
         got = ms.idle_usage(mesh, 1.5)  # type: ignore[arg-type]
     finally:
         busy.kill()

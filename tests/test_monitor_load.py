@@ -36,8 +36,12 @@ def spawn(host: Host, code: str, cpu: int | None = None) -> Process:
     scheduler autogroup gets nice -15 (with autogroups, a process's own nice only counts inside its session),
     so that the tests sharing this 2-core machine take little of its core."""
     pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
-    p = subprocess.Popen([*pin, sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                         start_new_session=cpu is not None)  # fmt: skip
+    p = subprocess.Popen(
+        [*pin, sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=cpu is not None,
+    )
     if cpu is not None:
         with contextlib.suppress(
             OSError

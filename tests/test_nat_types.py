@@ -172,8 +172,11 @@ def test_each_nat_type_filters_and_maps_as_defined(lab_factory):
     print("\n" + f"{'NAT type':20}" + "".join(f"{c:>14}" for c in cols) + "   public ports (inside, A, B)")
     for t, obs in measured.items():
         p = obs["ports"]
-        print(f"{t:20}" + "".join(f"{'yes' if obs[c] else 'no':>14}" for c in cols)
-              + f"   {p['inside']}, {p['seen_by_A']}, {p['seen_by_B']}")  # fmt: skip
+        print(
+            f"{t:20}"
+            + "".join(f"{'yes' if obs[c] else 'no':>14}" for c in cols)
+            + f"   {p['inside']}, {p['seen_by_A']}, {p['seen_by_B']}"
+        )
     for t in NAT_TYPES:
         assert {c: measured[t][c] for c in cols} == EXPECTED[t], t
         if t != "symmetric":  # endpoint-independent mapping here also preserves the port

@@ -120,8 +120,14 @@ def test_every_list_of_lab_tools_derives_from_the_one_list():
     # every tool an SSH host is checked for comes from a package `install --inventory` puts there
     assert {by_name[t].package for t in ssh.REMOTE_TOOLS} <= set(ssh_install.TOOLS_APT.packages)
     assert {by_name[t].package for t in ("ip", "nft", "iptables")} <= set(ssh_install.ROUTER_APT.packages)
-    assert ssh_install.TOOLS_APT.packages == ("iproute2", "iperf3", "iputils-ping", "fping", "procps",
-                                              "python3-minimal")  # fmt: skip
+    assert ssh_install.TOOLS_APT.packages == (
+        "iproute2",
+        "iperf3",
+        "iputils-ping",
+        "fping",
+        "procps",
+        "python3-minimal",
+    )
     assert ssh_install.ROUTER_APT.packages == ("iproute2", "nftables", "iptables")
 
 
@@ -202,8 +208,20 @@ class LinkHost:
 
 
 # the drivers whose after_stop is (or starts with) the base class's
-LINK_DRIVERS = ["easytier", "fastd", "n2n", "nebula", "vpncloud", "yggdrasil", "wireguard", "wireguard-go",
-                "boringtun", "innernet", "tinc", "vxlan"]  # fmt: skip
+LINK_DRIVERS = [
+    "easytier",
+    "fastd",
+    "n2n",
+    "nebula",
+    "vpncloud",
+    "yggdrasil",
+    "wireguard",
+    "wireguard-go",
+    "boringtun",
+    "innernet",
+    "tinc",
+    "vxlan",
+]
 
 
 @pytest.mark.parametrize("name", LINK_DRIVERS)

@@ -218,8 +218,13 @@ def test_iperf3_tcp_without_retransmits_mss_bytes_streams_or_cpu():
     del d["end"]["streams"], d["end"]["cpu_utilization_percent"], d["intervals"]
     out = Outcome()
     parse_tcp(d, out)
-    assert set(metrics(out)) == {"goodput_mbps", "goodput_sender_mbps", "retransmits", "retransmit_rate",
-                                 "tcp_mss_bytes"}  # fmt: skip
+    assert set(metrics(out)) == {
+        "goodput_mbps",
+        "goodput_sender_mbps",
+        "retransmits",
+        "retransmit_rate",
+        "tcp_mss_bytes",
+    }
     assert out.series[0].points == []
     # streams with neither cwnd nor RTT
     d = tcp_json(tcp_mss=1000)
@@ -639,9 +644,16 @@ def test_analyse_hand_computed():
     # RFC 3550 jitter in arrival order (0, 1, 3, 5, 2, 4): |D| = 5, 5, 10, 100, 10 ms; J += (|D| - J) / 16
     assert m["jitter_ms"] == pytest.approx(7.53258228302002, rel=1e-9)
     assert units(out) == {
-        "lost_pct": "%", "late_pct": "%", "on_time_pct": "%", "jitter_ms": "ms", "delay_p50_ms": "ms",
-        "delay_p99_ms": "ms", "quality_mos": "MOS", "received_mbps": "Mbit/s", "duplicates": "count",
-    }  # fmt: skip
+        "lost_pct": "%",
+        "late_pct": "%",
+        "on_time_pct": "%",
+        "jitter_ms": "ms",
+        "delay_p50_ms": "ms",
+        "delay_p99_ms": "ms",
+        "quality_mos": "MOS",
+        "received_mbps": "Mbit/s",
+        "duplicates": "count",
+    }
 
 
 def test_analyse_all_on_time_single_packet_and_more_received_than_counted():

@@ -76,8 +76,10 @@ def test_path_changes_counted_from_timed_counters():
 
 
 def _send_udp(src, dst_ip: str, count: int, size: int) -> None:
-    code = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-            f"for _ in range({count}): s.sendto(b'x' * {size}, ('{dst_ip}', 9))")  # fmt: skip
+    code = (
+        f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        f"for _ in range({count}): s.sendto(b'x' * {size}, ('{dst_ip}', 9))"
+    )
     subprocess.run(src.argv([sys.executable, "-c", code]), check=True, timeout=60)
 
 

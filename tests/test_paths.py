@@ -54,8 +54,14 @@ def test_relay_carries_traffic_when_udp_is_blocked(vpn, lab_factory):
         got = {k: after[k] - before.get(k, 0) for k in after}
         blocked = lab.udp_blocked()
         ok = p.returncode == 0 and got["from_h1"] >= PINGS * SIZE * 0.9 and got["to_h2"] >= PINGS * SIZE * 0.9
-        save_probe(vpn, "relay_probe", ok, f"UDP h1<->h2 blocked ({blocked} packets dropped on the router); "
-                   f"h1->h2 pings {PINGS}x{SIZE} B; relay host counted {got}", a.version)  # fmt: skip
+        save_probe(
+            vpn,
+            "relay_probe",
+            ok,
+            f"UDP h1<->h2 blocked ({blocked} packets dropped on the router); "
+            f"h1->h2 pings {PINGS}x{SIZE} B; relay host counted {got}",
+            a.version,
+        )
         print(f"{vpn}: relay bytes {got}, router dropped {blocked} UDP packets between peers")
         assert p.returncode == 0, p.stdout + p.stderr
         assert got["from_h1"] >= PINGS * SIZE * 0.9, got
@@ -89,8 +95,13 @@ def test_mesh_connects_behind_nat(vpn, lab_factory):
         after = lab.relay_bytes()
         via_relay = after["from_h1"] - before["from_h1"] >= 100 * SIZE * 0.9
         how = "via the relay host" if via_relay else "directly (NAT traversed peer to peer)"
-        save_probe(vpn, "nat_probe", p.returncode == 0,
-                   f"3-host mesh up with h1, h2 behind their own masquerading NATs; h1->h2 traffic {how}", a.version)  # fmt: skip
+        save_probe(
+            vpn,
+            "nat_probe",
+            p.returncode == 0,
+            f"3-host mesh up with h1, h2 behind their own masquerading NATs; h1->h2 traffic {how}",
+            a.version,
+        )
         print(f"{vpn}: behind NAT, h1->h2 {how}")
         assert p.returncode == 0
     finally:

@@ -12,9 +12,13 @@ from tunnelbench.scenario import parse_scenario
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.workloads.base import Outcome
 
-SC = {"vpns": ["internal", "nebula"], "run": {"repetitions": 4, "order": "interleaved"},
-      "profiles": ["baseline", "lossy-edge"], "workloads": [{"name": "ping", "count": 10}, {"name": "connect"}],
-      "impair": {"profiles": {"lossy-edge": {"loss_pct": 1}}}}  # fmt: skip
+SC = {
+    "vpns": ["internal", "nebula"],
+    "run": {"repetitions": 4, "order": "interleaved"},
+    "profiles": ["baseline", "lossy-edge"],
+    "workloads": [{"name": "ping", "count": 10}, {"name": "connect"}],
+    "impair": {"profiles": {"lossy-edge": {"loss_pct": 1}}},
+}
 
 
 def _store(
@@ -39,8 +43,12 @@ def _store(
 
 def test_measured_medians_and_declared_bounds(tmp_path):
     results = tmp_path / "results"
-    _store(results, "r1", [("nebula", "ping", 2.0), ("nebula", "ping", 3.0), ("nebula", "ping", 10.0)],
-           {"nebula": [6.0, 6.0]})  # fmt: skip
+    _store(
+        results,
+        "r1",
+        [("nebula", "ping", 2.0), ("nebula", "ping", 3.0), ("nebula", "ping", 10.0)],
+        {"nebula": [6.0, 6.0]},
+    )
     _store(results, "r2", [("nebula", "ping", 2.5), ("internal", "connect", 0.5)], {"nebula": [3.0]})
     sc = parse_scenario(SC, "t")
     p = make_plan(sc, results, lambda v: None)

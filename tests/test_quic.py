@@ -141,8 +141,14 @@ def test_params_label_metrics_and_seeds_scenario():
     assert Quic(QuicParams()).label() == "quic-h50-100MB"
     assert Quic(QuicParams(handshakes=10, bulk_mb=0.5)).label() == "quic-h10-0.5MB"
     names = {m.name for m in Quic.metrics}
-    assert {"quic_handshake_p50_ms", "quic_handshake_p99_ms", "quic_ttfb_p50_ms", "quic_goodput_mbps",
-            "quic_handshake_failures", "quic_handshake_retries"} <= names  # fmt: skip
+    assert {
+        "quic_handshake_p50_ms",
+        "quic_handshake_p99_ms",
+        "quic_ttfb_p50_ms",
+        "quic_goodput_mbps",
+        "quic_handshake_failures",
+        "quic_handshake_retries",
+    } <= names
     assert set(Quic.headline) <= names
     assert (
         Quic.metric("quic_goodput_mbps").better == "higher" and Quic.metric("quic_ttfb_p50_ms").unit == "ms"
@@ -332,9 +338,11 @@ def test_quic_on_the_internal_path(mesh):
     for q in (50, 90, 99):
         assert m[f"quic_handshake_p{q}_ms"] < m[f"quic_ttfb_p{q}_ms"]
     assert m["quic_handshake_p99_ms"] <= max(p["handshake_ms"] for p in probes)
-    print(f"\ninternal: QUIC goodput {m['quic_goodput_mbps']:.0f} Mbit/s (client cpu {m['quic_client_cpu_pct']:.0f}%, "
-          f"server {m.get('quic_server_cpu_pct', float('nan')):.0f}%), handshake p50 {m['quic_handshake_p50_ms']:.2f} ms "
-          f"p99 {m['quic_handshake_p99_ms']:.2f} ms, ttfb p50 {m['quic_ttfb_p50_ms']:.2f} ms, ping min {rtt_min:.3f} ms")  # fmt: skip
+    print(
+        f"\ninternal: QUIC goodput {m['quic_goodput_mbps']:.0f} Mbit/s (client cpu {m['quic_client_cpu_pct']:.0f}%, "
+        f"server {m.get('quic_server_cpu_pct', float('nan')):.0f}%), handshake p50 {m['quic_handshake_p50_ms']:.2f} ms "
+        f"p99 {m['quic_handshake_p99_ms']:.2f} ms, ttfb p50 {m['quic_ttfb_p50_ms']:.2f} ms, ping min {rtt_min:.3f} ms"
+    )
 
 
 def run_case(mesh, **params):
@@ -375,5 +383,7 @@ def test_the_handshake_takes_one_round_trip(mesh):
     b = cli["bulk"]
     assert m["quic_bulk_s"] == pytest.approx(b["end_mono"] - b["start_mono"], abs=2e-4)
     assert rtt * 0.9 <= b["ttfb_ms"] < m["quic_bulk_s"] * 1000
-    print(f"\ndelay 10 ms each way: ping min {rtt:.2f} ms, handshake p50 {m['quic_handshake_p50_ms']:.2f} ms, "
-          f"ttfb p50 {m['quic_ttfb_p50_ms']:.2f} ms, quinn min RTT {m['quic_min_rtt_ms']:.2f} ms")  # fmt: skip
+    print(
+        f"\ndelay 10 ms each way: ping min {rtt:.2f} ms, handshake p50 {m['quic_handshake_p50_ms']:.2f} ms, "
+        f"ttfb p50 {m['quic_ttfb_p50_ms']:.2f} ms, quinn min RTT {m['quic_min_rtt_ms']:.2f} ms"
+    )

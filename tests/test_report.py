@@ -23,8 +23,19 @@ from tunnelbench.store import DB_NAME, Store
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
-SECTIONS = ("overview", "heatmaps", "scatter", "rtt", "timeseries", "cpu", "derived", "stats", "features",
-            "failures", "environment")  # fmt: skip
+SECTIONS = (
+    "overview",
+    "heatmaps",
+    "scatter",
+    "rtt",
+    "timeseries",
+    "cpu",
+    "derived",
+    "stats",
+    "features",
+    "failures",
+    "environment",
+)
 
 
 def assert_self_contained(html: str) -> None:
@@ -34,8 +45,13 @@ def assert_self_contained(html: str) -> None:
 
 
 def test_analysis_and_report_of_a_synthetic_run(tmp_path):
-    d = make_run(tmp_path, "20260101-000000-tbsynt",
-                 {"internal": (2000, 40), "fastvpn": (900, 20), "slowvpn": (300, 10)}, n=8, fail="slowvpn")  # fmt: skip
+    d = make_run(
+        tmp_path,
+        "20260101-000000-tbsynt",
+        {"internal": (2000, 40), "fastvpn": (900, 20), "slowvpn": (300, 10)},
+        n=8,
+        fail="slowvpn",
+    )
     a = analyze([load_run(d)])
     assert a.variants == ["internal", "fastvpn", "slowvpn"]
     f = a.family("baseline", "tcp", "goodput_mbps")
@@ -67,8 +83,11 @@ def test_analysis_and_report_of_a_synthetic_run(tmp_path):
     cal = html[html.index("Calibration of the impairment profiles") :]
     cal = cal[: cal.index("</table>")]
     assert re.search(r"<code>one_way_ms</code>\s*=\s*0\.02\b", cal), cal
-    cal_rows = [[re.sub(r"<[^>]+>", " ", c).split() for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
-                for row in re.findall(r"<tr>(.*?)</tr>", cal) if "<td" in row]  # fmt: skip
+    cal_rows = [
+        [re.sub(r"<[^>]+>", " ", c).split() for c in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", cal)
+        if "<td" in row
+    ]
     assert len(cal_rows) == 1, cal
     (profile, backend, quantity, configured, measured, detail, ok) = cal_rows[0]
     assert profile == ["edge", "rate", "100", "Mbit/s"] and backend == ["netem"], cal_rows
@@ -79,10 +98,23 @@ def test_analysis_and_report_of_a_synthetic_run(tmp_path):
 
 
 def test_combined_report_of_two_versions(tmp_path):
-    a = make_run(tmp_path, "20260101-000000-tbv100", {"internal": (2000, 40), "fastvpn": (900, 20)}, n=6,
-                 version="1.0.0", extra_label=False)  # fmt: skip
-    b = make_run(tmp_path, "20260101-000001-tbv110", {"internal": (2000, 40), "fastvpn": (700, 20)}, n=6,
-                 version="1.1.0", seed=4, extra_label=False)  # fmt: skip
+    a = make_run(
+        tmp_path,
+        "20260101-000000-tbv100",
+        {"internal": (2000, 40), "fastvpn": (900, 20)},
+        n=6,
+        version="1.0.0",
+        extra_label=False,
+    )
+    b = make_run(
+        tmp_path,
+        "20260101-000001-tbv110",
+        {"internal": (2000, 40), "fastvpn": (700, 20)},
+        n=6,
+        version="1.1.0",
+        seed=4,
+        extra_label=False,
+    )
     res = tb("report", str(a), str(b), "--out", str(tmp_path / "both.html"))
     assert res.returncode == 0, res.stdout + res.stderr
     html = (tmp_path / "both.html").read_text()

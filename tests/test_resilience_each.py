@@ -159,8 +159,15 @@ def test_restart_each_wireguard_go(lab_factory):
         driver.stop, driver.start = stop, start  # type: ignore[method-assign]
         before = {h: {p.pid for p in ps} for h, ps in mesh.daemons().items()}
         cap = 30
-        m, out = run(mesh, "resilience", timeout=150, events=["restart_each"], before_s=0.5, after_s=0.5,
-                     each_timeout_s=cap)  # fmt: skip
+        m, out = run(
+            mesh,
+            "resilience",
+            timeout=150,
+            events=["restart_each"],
+            before_s=0.5,
+            after_s=0.5,
+            each_timeout_s=cap,
+        )
         after = {h: {p.pid for p in ps} for h, ps in mesh.daemons().items()}
         print("restart_each", {k: round(v, 3) for k, v in m.items()})
         names_declared = {s.name for s in WORKLOADS["resilience"].metrics}

@@ -284,8 +284,12 @@ def test_sigkill_mid_case_then_resume_finishes_every_case_once_in_the_same_round
         assert env_before["run.scenario_sha256"] == scenario_sha256((run_dir / "scenario.toml").read_text())
         # sessions the resume must bring up: (vpn, round) with a case not yet ok; the others are not brought up
         done = {(v, lbl, r) for v, _p, lbl, r, st in before if st == "ok"}
-        todo = Counter(v for r, order in enumerate(orders, 1) for v in order
-                       if not all((v, lbl, r) in done for lbl in ("tcp", "ping")))  # fmt: skip
+        todo = Counter(
+            v
+            for r, order in enumerate(orders, 1)
+            for v in order
+            if not all((v, lbl, r) in done for lbl in ("tcp", "ping"))
+        )
 
         t0 = time.monotonic()
         res = tb(["run", "--resume", run_dir.name, "--results", str(results), "--no-html"], reg)
@@ -296,8 +300,12 @@ def test_sigkill_mid_case_then_resume_finishes_every_case_once_in_the_same_round
         db = ro(run_dir / DB_NAME)
         after = case_keys(db)
         keys = Counter((v, prof, lbl, r) for v, prof, lbl, r, _st in after)
-        want = {(v, "baseline", lbl, r) for v in ("internal", "wireguard-go") for lbl in ("tcp", "ping")
-                for r in (1, 2, 3)}  # fmt: skip
+        want = {
+            (v, "baseline", lbl, r)
+            for v in ("internal", "wireguard-go")
+            for lbl in ("tcp", "ping")
+            for r in (1, 2, 3)
+        }
         assert set(keys) == want and set(keys.values()) == {1}, keys  # every case exactly once
         assert {st for *_k, st in after} == {"ok"}, after
         # the cases ok before the kill are the same rows, not measured again
@@ -310,8 +318,11 @@ def test_sigkill_mid_case_then_resume_finishes_every_case_once_in_the_same_round
         assert db.execute("SELECT status FROM run").fetchone()[0] == "ok"
         assert sessions(db) == setups_before + todo, (sessions(db), setups_before, todo)
         db.close()
-        left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-                if n.startswith(f"{tag}-")]  # fmt: skip
+        left = [
+            n
+            for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if n.startswith(f"{tag}-")
+        ]
         assert not left
         assert not list(reg.iterdir())  # the resumed run unregistered at its end
         print(f"resume took {resume_s:.1f} s for {sum(todo.values())} sessions")

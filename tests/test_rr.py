@@ -198,8 +198,10 @@ def test_rr_idle_tcp_and_udp_against_the_kernels_packet_count(mesh):
         # the kernel's transaction rate over the -t run (the asked duration, not sockperf's clock) against
         # rr_tps: the warm-up's rate differs somewhat from the window's on a shared machine
         assert pkts["tx_packets"] / duration == pytest.approx(m["rr_tps"], rel=0.4), (proto, pkts, m)
-        print(f"\ninternal rr-{proto}: {m['rr_tps']:.0f}/s p50 {m['rr_latency_p50_ms'] * 1000:.1f} us "
-              f"p99 {m['rr_latency_p99_ms'] * 1000:.1f} us mean {m['rr_latency_mean_ms'] * 1000:.1f} us")  # fmt: skip
+        print(
+            f"\ninternal rr-{proto}: {m['rr_tps']:.0f}/s p50 {m['rr_latency_p50_ms'] * 1000:.1f} us "
+            f"p99 {m['rr_latency_p99_ms'] * 1000:.1f} us mean {m['rr_latency_mean_ms'] * 1000:.1f} us"
+        )
 
 
 @pytest.mark.lab
@@ -216,7 +218,9 @@ def test_rr_under_a_tcp_stream(mesh):
         (mesh.run_dir / "cases" / "rr-tcp-loaded" / "rr-tcp-loaded-load-client.json").read_text()
     )
     assert len(data["intervals"]) >= 2 + 2 and all(iv["sum"]["bytes"] > 0 for iv in data["intervals"])
-    print(f"\ninternal rr-tcp idle {idle['rr_tps']:.0f}/s p50 {idle['rr_latency_p50_ms'] * 1000:.1f} us p99 "
-          f"{idle['rr_latency_p99_ms'] * 1000:.1f} us; loaded {m['rr_tps']:.0f}/s p50 "
-          f"{m['rr_latency_p50_ms'] * 1000:.1f} us p99 {m['rr_latency_p99_ms'] * 1000:.1f} us, "
-          f"stream {m['load_goodput_mbps']:.0f} Mbit/s")  # fmt: skip
+    print(
+        f"\ninternal rr-tcp idle {idle['rr_tps']:.0f}/s p50 {idle['rr_latency_p50_ms'] * 1000:.1f} us p99 "
+        f"{idle['rr_latency_p99_ms'] * 1000:.1f} us; loaded {m['rr_tps']:.0f}/s p50 "
+        f"{m['rr_latency_p50_ms'] * 1000:.1f} us p99 {m['rr_latency_p99_ms'] * 1000:.1f} us, "
+        f"stream {m['load_goodput_mbps']:.0f} Mbit/s"
+    )

@@ -109,16 +109,19 @@ def test_small_run_prints_summary_and_stores_everything(tmp_path):
 # block order, 3 repetitions of (tcp, ping): every internal case, then wireguard-go's tcp and ping of
 # repetition 1. The kill tests wait for exactly these and signal 0.5 s into wireguard-go's tcp of repetition 2
 # (a 3 s case): exactly these are ok afterwards, the case cut short is not
-SURVIVORS = sorted([("internal", w, r) for r in (1, 2, 3) for w in ("tcp", "ping")]
-                   + [("wireguard-go", "tcp", 1), ("wireguard-go", "ping", 1)])  # fmt: skip
+SURVIVORS = sorted(
+    [("internal", w, r) for r in (1, 2, 3) for w in ("tcp", "ping")]
+    + [("wireguard-go", "tcp", 1), ("wireguard-go", "ping", 1)]
+)
 
 
 def check_survivors(run_dir: Path) -> None:
     db = sqlite3.connect(run_dir / "results.sqlite")
     try:
         ok = db.execute("SELECT vpn, workload, repetition FROM \"case\" WHERE status='ok'").fetchall()
-        cut = db.execute("SELECT status FROM \"case\" WHERE vpn='wireguard-go' AND workload='tcp' "
-                         "AND repetition=2").fetchall()  # fmt: skip
+        cut = db.execute(
+            "SELECT status FROM \"case\" WHERE vpn='wireguard-go' AND workload='tcp' AND repetition=2"
+        ).fetchall()
     finally:
         db.close()
     assert sorted(ok) == SURVIVORS, ok

@@ -55,8 +55,13 @@ def test_placement_must_name_existing_distinct_hosts():
 
 
 def test_hosts_per_vpn_keeps_client_and_server_and_names_the_vpn():
-    sc = parse_scenario({**MIN, "vpns": ["wireguard-go", "nebula@1.9.0"],
-                         "lab": {"hosts": 5, "hosts_per_vpn": {"wireguard-go": 3, "nebula": 4}}})  # fmt: skip
+    sc = parse_scenario(
+        {
+            **MIN,
+            "vpns": ["wireguard-go", "nebula@1.9.0"],
+            "lab": {"hosts": 5, "hosts_per_vpn": {"wireguard-go": 3, "nebula": 4}},
+        }
+    )
     assert (sc.mesh_hosts("wireguard-go"), sc.mesh_hosts("nebula@1.9.0"), sc.mesh_hosts("internal")) == (
         3,
         4,

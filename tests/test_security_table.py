@@ -20,16 +20,22 @@ from tunnelbench.workloads.base import Outcome
 STILL = "WorkloadError: still reachable 31.0 s after revocation (cap 30 s): last echo reply at +31.0 s"
 # vpn -> (workload, status, error, metrics) per case, one repetition each unless retried
 CASES: dict[str, list[tuple[str, str, str | None, dict[str, float]]]] = {
-    "nebula": [("acl", "ok", None, {"acl_enforced": 1, "acl_denied_blocked": 1, "acl_allowed_ok": 1}),
-               ("revoke", "ok", None, {"revocation_s": 0.42}),
-               ("leak", "ok", None, {"leak_pass": 0, "leak_plaintext_frames": 3})],  # a leak in the same row
-    "tailscale": [("acl", "ok", None, {"acl_enforced": 0, "acl_denied_blocked": 0.5, "acl_allowed_ok": 1}),
-                  ("revoke", "failed", STILL, {})],
-    "wireguard-go": [("acl", "failed", "WorkloadError: wireguard-go has no access control in this lab", {}),
-                     ("revoke", "failed", "WorkloadError: timed out", {}),  # a retry that passed supersedes it
-                     ("revoke", "ok", None, {"revocation_s": 1.25})],
+    "nebula": [
+        ("acl", "ok", None, {"acl_enforced": 1, "acl_denied_blocked": 1, "acl_allowed_ok": 1}),
+        ("revoke", "ok", None, {"revocation_s": 0.42}),
+        ("leak", "ok", None, {"leak_pass": 0, "leak_plaintext_frames": 3}),
+    ],  # a leak in the same row
+    "tailscale": [
+        ("acl", "ok", None, {"acl_enforced": 0, "acl_denied_blocked": 0.5, "acl_allowed_ok": 1}),
+        ("revoke", "failed", STILL, {}),
+    ],
+    "wireguard-go": [
+        ("acl", "failed", "WorkloadError: wireguard-go has no access control in this lab", {}),
+        ("revoke", "failed", "WorkloadError: timed out", {}),  # a retry that passed supersedes it
+        ("revoke", "ok", None, {"revocation_s": 1.25}),
+    ],
     "tinc": [],  # neither ACLs nor revocation: its row says so because the run had both checks
-}  # fmt: skip
+}
 
 
 def hand_made_run(tmp_path: Path, cases: dict = CASES) -> RunData:
@@ -55,8 +61,11 @@ def test_acl_and_revocation_cells(tmp_path):
     rows = {r["vpn"]: r for r in security_rows(hand_made_run(tmp_path))}
     assert list(rows) == ["nebula", "tailscale", "wireguard-go", "tinc"]
     neb, ts, wg, tinc = (rows[v]["cells"] for v in rows)
-    assert neb["ACL"] == ("enforced (1/1)", "denied flows blocked 100%, allowed flows ok 100% (worst case); "
-                          "cases/nebula/baseline/acl/r1a0/acl.json")  # fmt: skip
+    assert neb["ACL"] == (
+        "enforced (1/1)",
+        "denied flows blocked 100%, allowed flows ok 100% (worst case); "
+        "cases/nebula/baseline/acl/r1a0/acl.json",
+    )
     assert neb["revocation"] == ("cut off in 0.4 s", "worst of 1 case(s); cases/nebula/baseline/revoke/r1a1")
     assert neb["plaintext leak"] == (
         "fail (1/1)",
@@ -130,5 +139,8 @@ def test_offlab_evidence_names_the_destinations_most_packets_first(tmp_path):
         run, env={"offlab_drops.nebula": "28", "offlab_dests.nebula": json.dumps(dests)}
     )
     (row,) = security_rows(run)
-    assert row["cells"]["off-lab drops"] == ("fail", "28 packet(s) dropped at the router, to 198.51.100.7 (7), "
-        "198.51.100.6 (6), 198.51.100.5 (5), 198.51.100.4 (4), 198.51.100.3 (3) and 2 more address(es)")  # fmt: skip
+    assert row["cells"]["off-lab drops"] == (
+        "fail",
+        "28 packet(s) dropped at the router, to 198.51.100.7 (7), "
+        "198.51.100.6 (6), 198.51.100.5 (5), 198.51.100.4 (4), 198.51.100.3 (3) and 2 more address(es)",
+    )

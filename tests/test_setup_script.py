@@ -14,9 +14,18 @@ pytestmark = pytest.mark.root
 
 
 def test_setup_prints_one_line_per_step_and_logs_the_rest(tmp_path):
-    res = subprocess.run(["bash", "scripts/setup.sh"], cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                         env={"PATH": "/usr/local/bin:/usr/bin:/bin:/root/.cargo/bin:/usr/local/go/bin",
-                              "HOME": "/root", "TB_SETUP_LOG_DIR": str(tmp_path)})  # fmt: skip
+    res = subprocess.run(
+        ["bash", "scripts/setup.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/root/.cargo/bin:/usr/local/go/bin",
+            "HOME": "/root",
+            "TB_SETUP_LOG_DIR": str(tmp_path),
+        },
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout == ""
     lines = res.stderr.splitlines()

@@ -101,8 +101,15 @@ class SshFixture:
     known_hosts: Path
     targets: list[Target] = field(default_factory=list)
 
-    def inventory(self, path: Path, *, check_host_keys: bool = True, key: Path | None = None,
-                  impair: str | None = None, bin_dir: str | None = None) -> Path:  # fmt: skip
+    def inventory(
+        self,
+        path: Path,
+        *,
+        check_host_keys: bool = True,
+        key: Path | None = None,
+        impair: str | None = None,
+        bin_dir: str | None = None,
+    ) -> Path:
         peers = "".join(
             f"        {t.name}:\n          ansible_host: {t.ip}\n" for t in self.targets if t.name != "wan"
         )
@@ -121,8 +128,13 @@ class SshFixture:
         return path
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "TUNNELBENCH_REGISTRY": str(self.dir / "registry"), "PYTHONPATH": str(ROOT / "src"),
-                "SSH_AUTH_SOCK": "", "COLUMNS": "250"}  # fmt: skip
+        return {
+            **os.environ,
+            "TUNNELBENCH_REGISTRY": str(self.dir / "registry"),
+            "PYTHONPATH": str(ROOT / "src"),
+            "SSH_AUTH_SOCK": "",
+            "COLUMNS": "250",
+        }
 
     def tb_argv(self, *args: str) -> list[str]:
         return ["ip", "netns", "exec", self.ctl_netns, sys.executable, "-m", "tunnelbench.cli", *args]
@@ -151,8 +163,10 @@ def _start_sshd(d: Path, name: str, netns: str, ip: str, authorized: Path) -> su
     conf.write_text(SSHD_CONFIG.format(ip=ip, hostkey=hostkey, authorized=authorized))
     # own mount namespace: private /var/tmp (remote workdirs) and /run/wireguard (UAPI sockets), like a
     # separate machine; `exec` keeps the PID we hold the sshd's
-    script = ("mount -t tmpfs tbssh /var/tmp && mkdir -p /run/wireguard /run/sshd && "
-              f"mount -t tmpfs tbssh /run/wireguard && exec {SSHD} -D -e -f {conf}")  # fmt: skip
+    script = (
+        "mount -t tmpfs tbssh /var/tmp && mkdir -p /run/wireguard /run/sshd && "
+        f"mount -t tmpfs tbssh /run/wireguard && exec {SSHD} -D -e -f {conf}"
+    )
     log = open(d / f"sshd-{name}.log", "ab")  # noqa: SIM115
     p = subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "--mount", "--propagation", "private",
                           "sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
@@ -179,9 +193,11 @@ def ssh_env(tmp_path_factory):
         _keygen(fx.key)
         authorized = d / "authorized_keys"
         authorized.write_text(fx.key.with_suffix(".pub").read_text())
-        spec = [("h1", lab.hosts[0].netns, lab.hosts[0].underlay_ip),
-                ("h2", lab.hosts[1].netns, lab.hosts[1].underlay_ip),
-                ("wan", lab.router.netns, "10.100.3.1")]  # fmt: skip
+        spec = [
+            ("h1", lab.hosts[0].netns, lab.hosts[0].underlay_ip),
+            ("h2", lab.hosts[1].netns, lab.hosts[1].underlay_ip),
+            ("wan", lab.router.netns, "10.100.3.1"),
+        ]
         lines = []
         for name, ns, ip in spec:
             fx.targets.append(Target(name, ns, ip, _start_sshd(d, name, ns, ip, authorized)))
@@ -319,8 +335,13 @@ for bad, why in ((dataclasses.replace(inv.peers()[0], port=2), "cannot connect")
 print("OK")
 """
     _keygen(tmp_path / "wrong_key")  # a key the targets do not authorize
-    r = subprocess.run(["ip", "netns", "exec", ssh_env.ctl_netns, sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120, env=ssh_env.env())  # fmt: skip
+    r = subprocess.run(
+        ["ip", "netns", "exec", ssh_env.ctl_netns, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ssh_env.env(),
+    )
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
     # host-key checking is on by default: an empty known_hosts refuses the host with a clear message
     ssh_env.known_hosts.rename(ssh_env.known_hosts.with_suffix(".bak"))
@@ -334,8 +355,10 @@ print("OK")
     finally:
         ssh_env.known_hosts.with_suffix(".bak").replace(ssh_env.known_hosts)
     # the inventory the tests above ran against is the targets' one: h1 and h2 as peers, in order, and wan
-    assert [(p.name, p.address, p.port) for p in inv.peers()] == [("h1", ssh_env.targets[0].ip, 22),
-                                                                   ("h2", ssh_env.targets[1].ip, 22)]  # fmt: skip
+    assert [(p.name, p.address, p.port) for p in inv.peers()] == [
+        ("h1", ssh_env.targets[0].ip, 22),
+        ("h2", ssh_env.targets[1].ip, 22),
+    ]
     assert inv.router() is not None and inv.router().address == "10.100.3.1"
 
 
@@ -378,8 +401,10 @@ def test_scenario_runs_over_ssh_with_the_same_shape_as_netns(ssh_env: SshFixture
     assert path_only and not {m for m in metrics if m[2].startswith("path_")}
     assert metrics == ns_metrics - path_only, metrics ^ (ns_metrics - path_only)
     db = sqlite3.connect(run_dir / "results.sqlite")
-    gp = db.execute('SELECT c.vpn, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
-                    "WHERE m.name = 'goodput_mbps'").fetchall()  # fmt: skip
+    gp = db.execute(
+        'SELECT c.vpn, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+        "WHERE m.name = 'goodput_mbps'"
+    ).fetchall()
     assert {v for v, _ in gp} == set(vpns) and all(x > 0 for _, x in gp)
     env = dict(db.execute("SELECT key, value FROM environment").fetchall())
     assert env["lab.backend"] == "ssh" and "h1=h1" in env["lab.mapping"]
@@ -432,8 +457,13 @@ def test_sigkill_mid_case_then_clean_inventory_leaves_targets_clean(ssh_env: Ssh
     # interleaved rounds bring the mesh up once per round: the daemons of finished rounds were stopped and
     # released in the journal; the ones of the killed round are what `clean` must find
     released = [e["ref"] for e in journal if e["kind"] == "release"]
-    daemons = [e for e in journal if e["kind"] == "process" and Path(e["argv"][0]).name == "wireguard-go"
-               and {k: v for k, v in e.items() if k != "argv"} not in released]  # fmt: skip
+    daemons = [
+        e
+        for e in journal
+        if e["kind"] == "process"
+        and Path(e["argv"][0]).name == "wireguard-go"
+        and {k: v for k, v in e.items() if k != "argv"} not in released
+    ]
     assert daemons
     peers = {t.name: t for t in ssh_env.targets}
     before = {t.name: _target_state(ssh_env, t, tag) for t in ssh_env.targets}
@@ -510,8 +540,12 @@ def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None, light: boo
     db = sqlite3.connect(run_dir / "results.sqlite")
     cases = db.execute('SELECT profile, workload, status, error FROM "case"').fetchall()
     assert len(cases) == (2 if light else 4) and all(c[2] == "ok" for c in cases), cases
-    rtt = dict(db.execute('SELECT c.profile, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
-                          "WHERE m.name = 'rtt_p50_ms'").fetchall())  # fmt: skip
+    rtt = dict(
+        db.execute(
+            'SELECT c.profile, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+            "WHERE m.name = 'rtt_p50_ms'"
+        ).fetchall()
+    )
     # 5 ms each way: the median RTT rises by about 10 ms (the native engine adds some 0.1 ms of its own)
     slack = 1.0 if emulated_cpu() else 0.0  # the kernel lane under TCG: timers fire late (tests/conftest.py)
     assert 9.0 < rtt["d5"] - rtt["baseline"] < 12.5 + slack, rtt
@@ -550,8 +584,13 @@ def test_impairment_on_router_host_with_calibration(ssh_env: SshFixture, tmp_pat
     if env["impair.backend"] == "native":  # the engine ran from the router's remote workdir
         assert "/var/tmp/tunnelbench/" in env["impair.engine"] and "impaird 0." in env["impair.engine"]
     journal = [json.loads(x) for x in (run_dir / "journal.jsonl").read_text().splitlines()]
-    assert any(e["kind"] == "process" and e["host"] == "router" and e["argv"][0].endswith("impaird")
-               for e in journal) or env["impair.backend"] == "netem"  # fmt: skip
+    assert (
+        any(
+            e["kind"] == "process" and e["host"] == "router" and e["argv"][0].endswith("impaird")
+            for e in journal
+        )
+        or env["impair.backend"] == "netem"
+    )
 
 
 @pytest.mark.kernel
@@ -564,8 +603,10 @@ def test_impairment_on_each_peer_egress(ssh_env: SshFixture, tmp_path):
         "r=$?; ip link del tbnq0 2>/dev/null; exit $r",
     )
     if probe.returncode != 0:
-        pytest.skip("this kernel has no netem (sch_netem): the egress placement cannot be exercised here; "
-                    "on targets without netem use tunnelbench_impair: router with the native engine")  # fmt: skip
+        pytest.skip(
+            "this kernel has no netem (sch_netem): the egress placement cannot be exercised here; "
+            "on targets without netem use tunnelbench_impair: router with the native engine"
+        )
     run_dir = _run_impaired(ssh_env, tmp_path, "egress", light=True)
     env = dict(sqlite3.connect(run_dir / "results.sqlite").execute("SELECT key, value FROM environment"))
     assert env["impair.backend"] == "netem-egress"

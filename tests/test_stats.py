@@ -171,8 +171,12 @@ def test_ratio_ci():
 
 def _synthetic(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"a": rng.normal(100, 2, n), "b": rng.normal(100.5, 2, n), "c": rng.normal(80, 2, n),
-            "d": rng.normal(60, 2, n)}  # fmt: skip
+    return {
+        "a": rng.normal(100, 2, n),
+        "b": rng.normal(100.5, 2, n),
+        "c": rng.normal(80, 2, n),
+        "d": rng.normal(60, 2, n),
+    }
 
 
 def test_tiers_separate_only_significant_differences():

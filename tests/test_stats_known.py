@@ -37,8 +37,15 @@ SKEWED = [3.1, 4.7, 2.2, 8.9, 5.5, 6.0, 4.1, 7.3, 19.5, 4.4, 5.1]
 
 def scipy_ci(values, stat, method="BCa", level=0.95, n=N_RESAMPLES, seed=SEED) -> tuple[float, float]:
     """scipy.stats.bootstrap on the same random stream (its resampling draws the same indices)."""
-    r = sst.bootstrap((np.asarray(values, float),), stat, n_resamples=n, rng=np.random.default_rng(seed),
-                      method=method, confidence_level=level, vectorized=True)  # fmt: skip
+    r = sst.bootstrap(
+        (np.asarray(values, float),),
+        stat,
+        n_resamples=n,
+        rng=np.random.default_rng(seed),
+        method=method,
+        confidence_level=level,
+        vectorized=True,
+    )
     return float(r.confidence_interval.low), float(r.confidence_interval.high)
 
 
@@ -372,17 +379,57 @@ def test_describe_edges():
 
 
 def test_describe_to_json_exact_fields():
-    d = Describe(n=3, mean=2.0, median=2.5, sd=0.5, cv=float("nan"), min=1.0, max=3.0,
-                 pct={5: 1.1, 25: 1.5, 75: 2.75, 95: 2.95, 99: 2.99}, ci_lo=1.25, ci_hi=float("nan"),
-                 mean_ci_lo=1.5, mean_ci_hi=2.5)  # fmt: skip
+    d = Describe(
+        n=3,
+        mean=2.0,
+        median=2.5,
+        sd=0.5,
+        cv=float("nan"),
+        min=1.0,
+        max=3.0,
+        pct={5: 1.1, 25: 1.5, 75: 2.75, 95: 2.95, 99: 2.99},
+        ci_lo=1.25,
+        ci_hi=float("nan"),
+        mean_ci_lo=1.5,
+        mean_ci_hi=2.5,
+    )
     j = d.to_json()
     assert j == {
-        "n": 3, "mean": 2.0, "median": 2.5, "sd": 0.5, "cv": None, "min": 1.0, "max": 3.0,
-        "p5": 1.1, "p25": 1.5, "p75": 2.75, "p95": 2.95, "p99": 2.99,
-        "ci_lo": 1.25, "ci_hi": None, "mean_ci_lo": 1.5, "mean_ci_hi": 2.5,
-    }  # fmt: skip
-    assert list(j) == ["n", "mean", "median", "sd", "cv", "min", "max", "p5", "p25", "p75", "p95", "p99",
-                       "ci_lo", "ci_hi", "mean_ci_lo", "mean_ci_hi"]  # fmt: skip
+        "n": 3,
+        "mean": 2.0,
+        "median": 2.5,
+        "sd": 0.5,
+        "cv": None,
+        "min": 1.0,
+        "max": 3.0,
+        "p5": 1.1,
+        "p25": 1.5,
+        "p75": 2.75,
+        "p95": 2.95,
+        "p99": 2.99,
+        "ci_lo": 1.25,
+        "ci_hi": None,
+        "mean_ci_lo": 1.5,
+        "mean_ci_hi": 2.5,
+    }
+    assert list(j) == [
+        "n",
+        "mean",
+        "median",
+        "sd",
+        "cv",
+        "min",
+        "max",
+        "p5",
+        "p25",
+        "p75",
+        "p95",
+        "p99",
+        "ci_lo",
+        "ci_hi",
+        "mean_ci_lo",
+        "mean_ci_hi",
+    ]
     assert type(j["n"]) is int
 
 
@@ -391,8 +438,25 @@ def test_describe_to_json_round_trip():
 
     d = describe([1.0, 2.0, 3.0, 4.0, 10.0])
     j = json.loads(json.dumps(d.to_json(), allow_nan=False))  # strict JSON: no NaN tokens
-    back = Describe(**{k: j[k] for k in ("n", "mean", "median", "sd", "cv", "min", "max", "ci_lo", "ci_hi",
-                                         "mean_ci_lo", "mean_ci_hi")}, pct={p: j[f"p{p}"] for p in PERCENTILES})  # fmt: skip
+    back = Describe(
+        **{
+            k: j[k]
+            for k in (
+                "n",
+                "mean",
+                "median",
+                "sd",
+                "cv",
+                "min",
+                "max",
+                "ci_lo",
+                "ci_hi",
+                "mean_ci_lo",
+                "mean_ci_hi",
+            )
+        },
+        pct={p: j[f"p{p}"] for p in PERCENTILES},
+    )
     assert back == d
     z = describe([-1.0, 1.0]).to_json()
     assert z["cv"] is None and json.dumps(z, allow_nan=False)

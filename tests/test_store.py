@@ -14,8 +14,19 @@ def fill(store: Store, run_id: str = "r1") -> None:
     for vpn, goodputs in (("internal", [1000, 1100, 900]), ("wireguard-go", [400, 500, 450])):
         store.set_vpn(run_id, vpn, "1.0", "ok")
         for rep, g in enumerate(goodputs, start=1):
-            cid = store.start_case(run_id, vpn, "baseline", "tcp", "tcp", {"duration_s": 5}, rep, 0, "h1", "h2",
-                                   store.path.parent)  # fmt: skip
+            cid = store.start_case(
+                run_id,
+                vpn,
+                "baseline",
+                "tcp",
+                "tcp",
+                {"duration_s": 5},
+                rep,
+                0,
+                "h1",
+                "h2",
+                store.path.parent,
+            )
             out = Outcome()
             out.add("goodput_mbps", g, "Mbit/s")
             if vpn != "internal":

@@ -41,8 +41,14 @@ def test_a_bad_suite_names_the_field(tmp_path):
 
 def test_capable_narrows_each_part_to_the_vpns_that_can_take_its_check():
     def sc(workload: str, path: str = "direct"):
-        return parse_scenario({"vpns": ["nebula"], "lab": {"hosts": 3, "path": path, "relay": "h3"}
-                               if path != "direct" else {"hosts": 3}, "workloads": [{"name": workload}]}, "t")  # fmt: skip
+        return parse_scenario(
+            {
+                "vpns": ["nebula"],
+                "lab": {"hosts": 3, "path": path, "relay": "h3"} if path != "direct" else {"hosts": 3},
+                "workloads": [{"name": workload}],
+            },
+            "t",
+        )
 
     assert capable("nebula", sc("acl")) is None and capable("wireguard-go", sc("acl")) == "no access control"
     assert (
@@ -55,11 +61,18 @@ def test_capable_narrows_each_part_to_the_vpns_that_can_take_its_check():
 
 
 def test_merged_rows_take_each_column_from_the_part_that_ran_it(tmp_path):
-    leak = hand_made_run(tmp_path / "a", {"nebula": [("leak", "ok", None, {"leak_pass": 1})],
-                                          "tinc": [("leak", "ok", None, {"leak_pass": 1})]})  # fmt: skip
+    leak = hand_made_run(
+        tmp_path / "a",
+        {
+            "nebula": [("leak", "ok", None, {"leak_pass": 1})],
+            "tinc": [("leak", "ok", None, {"leak_pass": 1})],
+        },
+    )
     leak = dataclasses.replace(leak, run_id="A", env={"offlab_drops.nebula": "0", "offlab_drops.tinc": "0"})
-    acl = hand_made_run(tmp_path / "b", {"nebula": [("acl", "ok", None, {"acl_enforced": 1, "acl_denied_blocked": 1,
-                                                                        "acl_allowed_ok": 1})]})  # fmt: skip
+    acl = hand_made_run(
+        tmp_path / "b",
+        {"nebula": [("acl", "ok", None, {"acl_enforced": 1, "acl_denied_blocked": 1, "acl_allowed_ok": 1})]},
+    )
     acl = dataclasses.replace(acl, run_id="B", env={"offlab_drops.nebula": "5"})
     rows = {r["vpn"]: r["cells"] for r in merged_rows([leak, acl])}
     assert list(rows) == ["nebula", "tinc"]

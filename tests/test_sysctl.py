@@ -44,8 +44,11 @@ def test_tunings_merge_on_top_of_hosts_sysctl():
     )
     assert sc.tunings == ["default", "reorder-only", "buffers"]
     assert sc.tuning("default") == {"net.ipv4.tcp_reordering": "10", "net.ipv4.tcp_sack": "1"}
-    assert sc.tuning("reorder-only") == {"net.ipv4.tcp_reordering": "30", "net.ipv4.tcp_sack": "1",
-                                         "net.ipv4.tcp_recovery": "0"}  # fmt: skip
+    assert sc.tuning("reorder-only") == {
+        "net.ipv4.tcp_reordering": "30",
+        "net.ipv4.tcp_sack": "1",
+        "net.ipv4.tcp_recovery": "0",
+    }
     assert sc.tuning("buffers")["net.ipv4.tcp_rmem"] == "4096 131072 8388608"
     keys = sc.sysctl_keys()
     assert keys[: len(sysctl.RECORDED)] == list(sysctl.RECORDED)  # the fixed list first, then the rest
@@ -78,8 +81,11 @@ def test_builtin_seed003_scenario():
         ("tcp", 4, 10),
     ]
     assert sc.tuning("default") == {}
-    assert set(sc.tuning("reorder-only")) == {"net.ipv4.tcp_reordering", "net.ipv4.tcp_recovery",
-                                              "net.ipv4.tcp_early_retrans"}  # fmt: skip
+    assert set(sc.tuning("reorder-only")) == {
+        "net.ipv4.tcp_reordering",
+        "net.ipv4.tcp_recovery",
+        "net.ipv4.tcp_early_retrans",
+    }
     assert sc.tuning("tailscale-style")["net.ipv4.tcp_recovery"] == "0"
     assert "NOT from the seed" in text  # the scenario says which values the seed does not give
 

@@ -164,8 +164,13 @@ def fake_iperf3(monkeypatch, ceiling: float, emsgsize: int = 0) -> list[list[str
             raise WorkloadError("iperf3: unable to write to stream socket: Message too long")
         rate = int(args[args.index("-b") + 1]) / 1e6
         loss = 0.0 if rate <= ceiling else 4.0
-        s = {"bits_per_second": rate * 1e6 * (1 - loss / 100), "lost_percent": loss, "jitter_ms": 0.1,
-             "packets": 1000, "lost_packets": int(10 * loss)}  # fmt: skip
+        s = {
+            "bits_per_second": rate * 1e6 * (1 - loss / 100),
+            "lost_percent": loss,
+            "jitter_ms": 0.1,
+            "packets": 1000,
+            "lost_packets": int(10 * loss),
+        }
         sent = {**s, "bits_per_second": rate * 1e6}
         end = {"sum": s, "sum_sent": sent, "sum_received": s, "cpu_utilization_percent": {"host_total": 5.0}}
         return {"end": end, "intervals": []}, float(duration_s)

@@ -148,8 +148,11 @@ def test_a_variant_runs_its_own_cache_build_and_reports_its_version(tmp_path, mo
 def test_module_version_is_shown_when_the_build_reports_another(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNNELBENCH_CACHE", str(tmp_path))
     cls = resolve("wireguard-go@0.0.0-20260522210424-ecfc5a8d5446")
-    _fake_build(tmp_path / "wireguard-go-0.0.0-20260522210424-ecfc5a8d5446" / "bin", "wireguard-go",
-                "wireguard-go v0.0.20250522")  # fmt: skip
+    _fake_build(
+        tmp_path / "wireguard-go-0.0.0-20260522210424-ecfc5a8d5446" / "bin",
+        "wireguard-go",
+        "wireguard-go v0.0.20250522",
+    )
     if binary("wg") is None:
         pytest.skip("wg (wireguard-tools) is not installed")
     assert cls.availability().version == "0.0.20250522 (go proxy v0.0.0-20260522210424-ecfc5a8d5446)"
@@ -206,15 +209,23 @@ def test_two_versions_of_one_driver_get_different_work_dirs(tmp_path):
 
 
 def test_vpn_options_for_a_base_name_apply_to_every_version():
-    sc = parse_scenario(_sc(["nebula@1.6.1", "nebula", "nebula@debian"],
-                            vpn_options={"nebula": {"cipher": "chachapoly"}, "nebula@debian": {"routines": 2}}))  # fmt: skip
+    sc = parse_scenario(
+        _sc(
+            ["nebula@1.6.1", "nebula", "nebula@debian"],
+            vpn_options={"nebula": {"cipher": "chachapoly"}, "nebula@debian": {"routines": 2}},
+        )
+    )
     opts = sc.vpn_options
     assert opts["nebula"] == {"cipher": "chachapoly"}
     assert opts["nebula@1.6.1"] == {"cipher": "chachapoly"}
     assert opts["nebula@debian"] == {"cipher": "chachapoly", "routines": 2}  # the version's own keys on top
     # a version's own options override the base name's
-    sc = parse_scenario(_sc(["nebula@1.6.1"], vpn_options={"nebula": {"cipher": "chachapoly"},
-                                                           "nebula@1.6.1": {"cipher": "aes"}}))  # fmt: skip
+    sc = parse_scenario(
+        _sc(
+            ["nebula@1.6.1"],
+            vpn_options={"nebula": {"cipher": "chachapoly"}, "nebula@1.6.1": {"cipher": "aes"}},
+        )
+    )
     assert sc.vpn_options["nebula@1.6.1"] == {"cipher": "aes"}
     with pytest.raises(ScenarioError, match="options for 'nebula@x'"):
         parse_scenario(_sc(["nebula"], vpn_options={"nebula@x": {}}))

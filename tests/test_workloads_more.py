@@ -132,8 +132,15 @@ def test_latency_under_load(mesh):
     import re
 
     (adir,) = [d for d in (mesh.run_dir / "cases").iterdir() if d.name.startswith("latency-load-up")]
-    stamps = {ph: [float(x) for x in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", (adir / f"ping-{ph}.txt")
-                                                 .read_text(), re.M)] for ph in ("idle", "loaded")}  # fmt: skip
+    stamps = {
+        ph: [
+            float(x)
+            for x in re.findall(
+                r"^\[(\d+\.\d+)\] \d+ bytes from", (adir / f"ping-{ph}.txt").read_text(), re.M
+            )
+        ]
+        for ph in ("idle", "loaded")
+    }
     load = json.loads((adir / "load-client.json").read_text())
     t_load = load["start"]["timestamp"]["timesecs"]  # whole seconds: the load started in [t_load, t_load + 1)
     ivs = [iv["sum"] for iv in load["intervals"]]
@@ -298,8 +305,9 @@ def test_tunnel_addresses_beyond_254():
             return list(argv)
 
     hosts = [H(i) for i in range(1, 1002)]
-    d = DRIVERS["wireguard-go"](MeshSpec(hosts=hosts, tag="t", workdir=Path("/nonexistent"), topology="star",
-                                         hub=hosts[1]))  # fmt: skip
+    d = DRIVERS["wireguard-go"](
+        MeshSpec(hosts=hosts, tag="t", workdir=Path("/nonexistent"), topology="star", hub=hosts[1])
+    )
     ips = [d.tunnel_ip(h) for h in hosts]
     assert ips[0] == "10.77.0.1" and ips[253] == "10.77.0.254" and ips[254] == "10.77.1.1"
     assert len(set(ips)) == len(ips) and all(not ip.endswith((".0", ".255")) for ip in ips)
@@ -425,8 +433,11 @@ def test_resilience_failover_to_relay(tmp_path):
         mesh.start()
         try:
             mesh.wait_ready(60)
-            wl = WORKLOADS["resilience"](WORKLOADS["resilience"].Params(events=["failover"], watch_s=8,
-                                                                         direct_settle_s=3, timeout_s=30))  # fmt: skip
+            wl = WORKLOADS["resilience"](
+                WORKLOADS["resilience"].Params(
+                    events=["failover"], watch_s=8, direct_settle_s=3, timeout_s=30
+                )
+            )
             adir = run_dir / "cases" / "failover"
             adir.mkdir(parents=True)
             ctx = CaseContext(mesh, lab.hosts[0], lab.hosts[1], adir, time.monotonic() + 180, lab=lab)

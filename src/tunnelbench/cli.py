@@ -61,20 +61,47 @@ def main() -> None:
     "--results", type=click.Path(file_okay=False, path_type=Path), help="results folder (default ./results)"
 )
 @click.option("--no-html", is_flag=True, help="do not write report.html")
-@click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="run on the real hosts of this Ansible-style YAML inventory over SSH (lab.backend = ssh)")  # fmt: skip
-@click.option("--insecure-no-host-key-check", "insecure", is_flag=True,
-              help="with --inventory: do not verify SSH host keys (only on a lab network you fully control)")  # fmt: skip
-@click.option("--resume", "resume_ref", metavar="RUN",
-              help="continue a killed or interrupted run (its id or folder) in its folder: same scenario, seed and "
-                   "round order; cases already ok are kept, unfinished ones measured again")  # fmt: skip
-@click.option("--flamegraph", is_flag=True,
-              help="profile the VPN daemons with perf during every case; the report shows the flame graphs")  # fmt: skip
-@click.option("--capture", type=click.Choice(["on-failure", "always", "off"]),
-              help="keep each case's router pcap and kernel log lines: on-failure (default), always, off")  # fmt: skip
-def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...],
-        results: Path | None, no_html: bool, inventory: Path | None = None, insecure: bool = False,
-        resume_ref: str | None = None, flamegraph: bool = False, capture: str | None = None) -> None:  # fmt: skip
+@click.option(
+    "--inventory",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="run on the real hosts of this Ansible-style YAML inventory over SSH (lab.backend = ssh)",
+)
+@click.option(
+    "--insecure-no-host-key-check",
+    "insecure",
+    is_flag=True,
+    help="with --inventory: do not verify SSH host keys (only on a lab network you fully control)",
+)
+@click.option(
+    "--resume",
+    "resume_ref",
+    metavar="RUN",
+    help="continue a killed or interrupted run (its id or folder) in its folder: same scenario, seed and "
+    "round order; cases already ok are kept, unfinished ones measured again",
+)
+@click.option(
+    "--flamegraph",
+    is_flag=True,
+    help="profile the VPN daemons with perf during every case; the report shows the flame graphs",
+)
+@click.option(
+    "--capture",
+    type=click.Choice(["on-failure", "always", "off"]),
+    help="keep each case's router pcap and kernel log lines: on-failure (default), always, off",
+)
+def run(
+    scenario: Path | None,
+    vpns: tuple[str, ...],
+    repetitions: int | None,
+    profiles: tuple[str, ...],
+    results: Path | None,
+    no_html: bool,
+    inventory: Path | None = None,
+    insecure: bool = False,
+    resume_ref: str | None = None,
+    flamegraph: bool = False,
+    capture: str | None = None,
+) -> None:
     """Run a scenario (the built-in default when none is given) and print the summary."""
     from tunnelbench.runner import ResumeError, load_resume
     from tunnelbench.scenario import ScenarioError, load_scenario
@@ -88,8 +115,11 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
     if suite is not None:
-        sys.exit(_run_suite(suite, vpns, repetitions, profiles, results, no_html, inventory, insecure, flamegraph,
-                            capture))  # fmt: skip
+        sys.exit(
+            _run_suite(
+                suite, vpns, repetitions, profiles, results, no_html, inventory, insecure, flamegraph, capture
+            )
+        )
     try:
         if resume_ref is not None:
             given = [name for name, v in (("SCENARIO", scenario), ("--vpn", vpns), ("--repetitions", repetitions),
@@ -97,8 +127,10 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
                      ("--flamegraph", flamegraph), ("--capture", capture))
                      if v]  # fmt: skip
             if given:
-                raise click.UsageError(f"--resume continues a run with the scenario and options it started with; "
-                                       f"it cannot be combined with {', '.join(given)}")  # fmt: skip
+                raise click.UsageError(
+                    f"--resume continues a run with the scenario and options it started with; "
+                    f"it cannot be combined with {', '.join(given)}"
+                )
             try:
                 plan = load_resume(_find_run(resume_ref, results or Path("results")))
             except ResumeError as e:
@@ -109,11 +141,19 @@ def run(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, p
         else:
             sc, text = load_scenario(scenario)
             # kept in the run (run.overrides) so --resume parses the same scenario again
-            overrides = {k: v for k, v in {
-                "inventory": str(inventory.resolve()) if inventory else None, "insecure": insecure,
-                "vpns": [v for arg in vpns for v in arg.split(",")], "repetitions": repetitions,
-                "profiles": [p for arg in profiles for p in arg.split(",")], "flamegraph": flamegraph,
-                "capture": capture}.items() if v}  # fmt: skip
+            overrides = {
+                k: v
+                for k, v in {
+                    "inventory": str(inventory.resolve()) if inventory else None,
+                    "insecure": insecure,
+                    "vpns": [v for arg in vpns for v in arg.split(",")],
+                    "repetitions": repetitions,
+                    "profiles": [p for arg in profiles for p in arg.split(",")],
+                    "flamegraph": flamegraph,
+                    "capture": capture,
+                }.items()
+                if v
+            }
         if overrides and plan is None:
             sc = _with_overrides(
                 text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
@@ -186,9 +226,18 @@ def _execute(
     return code, runner.run_dir, runner.run_id
 
 
-def _run_suite(suite, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...],
-               results: Path | None, no_html: bool, inventory: Path | None, insecure: bool, flamegraph: bool,
-               capture: str | None) -> int:  # fmt: skip
+def _run_suite(
+    suite,
+    vpns: tuple[str, ...],
+    repetitions: int | None,
+    profiles: tuple[str, ...],
+    results: Path | None,
+    no_html: bool,
+    inventory: Path | None,
+    insecure: bool,
+    flamegraph: bool,
+    capture: str | None,
+) -> int:
     """Every part of a suite as its own run (tunnelbench/suite.py), then the merged Security matrix. Every part
     is parsed before the first runs, so bad input fails before anything is measured."""
     from tunnelbench.analysis.analyze import load_run
@@ -196,10 +245,18 @@ def _run_suite(suite, vpns: tuple[str, ...], repetitions: int | None, profiles: 
     from tunnelbench.scenario import ScenarioError
     from tunnelbench.suite import merged_rows, write_matrix
 
-    common = {k: v for k, v in {
-        "inventory": str(inventory.resolve()) if inventory else None, "insecure": insecure,
-        "repetitions": repetitions, "profiles": [p for arg in profiles for p in arg.split(",")],
-        "flamegraph": flamegraph, "capture": capture}.items() if v}  # fmt: skip
+    common = {
+        k: v
+        for k, v in {
+            "inventory": str(inventory.resolve()) if inventory else None,
+            "insecure": insecure,
+            "repetitions": repetitions,
+            "profiles": [p for arg in profiles for p in arg.split(",")],
+            "flamegraph": flamegraph,
+            "capture": capture,
+        }.items()
+        if v
+    }
     try:
         parts, notes = _suite_parts(suite, vpns, common)
     except ScenarioError as e:
@@ -208,8 +265,13 @@ def _run_suite(suite, vpns: tuple[str, ...], repetitions: int | None, profiles: 
     if not parts:  # every part left out: nothing to run and no matrix to merge
         for n in notes:
             err.print(Text(n, style="dim"))
-        err.print(Text(f"--vpn: no part of suite {suite.name} can take {', '.join(vpns)}; "
-                       f"`tunnelbench plan {suite.name} --vpn all` shows which VPN each part takes", style="red"))  # fmt: skip
+        err.print(
+            Text(
+                f"--vpn: no part of suite {suite.name} can take {', '.join(vpns)}; "
+                f"`tunnelbench plan {suite.name} --vpn all` shows which VPN each part takes",
+                style="red",
+            )
+        )
         return 2
     done: list[tuple[Path, str]] = []
     codes = []
@@ -261,9 +323,14 @@ def _suite_parts(suite, vpns: tuple[str, ...], common: dict) -> tuple[list[tuple
             over["vpns"] = keep
         if over:
             sc = _with_overrides(text, over, f"suite part {part} with command-line overrides")
-            text = _dump_toml_note(text, tuple(over.get("vpns", [])), over.get("repetitions"),
-                                   tuple(over.get("profiles", [])), bool(over.get("flamegraph")),
-                                   over.get("capture"))  # fmt: skip
+            text = _dump_toml_note(
+                text,
+                tuple(over.get("vpns", [])),
+                over.get("repetitions"),
+                tuple(over.get("profiles", [])),
+                bool(over.get("flamegraph")),
+                over.get("capture"),
+            )
         parts.append((part, sc, text, over))
     return parts, notes
 
@@ -292,8 +359,14 @@ def _with_overrides(text: str, overrides: dict, source: str):
     return parse_scenario(data, source)
 
 
-def _dump_toml_note(text: str, vpns: tuple[str, ...], repetitions: int | None, profiles: tuple[str, ...],
-                    flamegraph: bool = False, capture: str | None = None) -> str:  # fmt: skip
+def _dump_toml_note(
+    text: str,
+    vpns: tuple[str, ...],
+    repetitions: int | None,
+    profiles: tuple[str, ...],
+    flamegraph: bool = False,
+    capture: str | None = None,
+) -> str:
     note = "# command-line overrides:"
     if flamegraph:
         note += " --flamegraph"
@@ -309,8 +382,11 @@ def _dump_toml_note(text: str, vpns: tuple[str, ...], repetitions: int | None, p
 
 
 @main.command()
-@click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="probe every host of this inventory over SSH instead of this machine")  # fmt: skip
+@click.option(
+    "--inventory",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="probe every host of this inventory over SSH instead of this machine",
+)
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
 def doctor(inventory: Path | None = None, insecure: bool = False) -> None:
     """Probe this machine: tools, kernel features (netem, WireGuard, NFQUEUE, ...), VPNs, and what is missing."""
@@ -421,8 +497,13 @@ def calibrate(
     backends = [b.strip() for b in backend.split(",") if b.strip()]
     bad = [b for b in backends if b not in ("auto", "netem", "native")]
     if bad or not backends or len(set(backends)) != len(backends):
-        err.print(Text(f"--backend: {backend!r}: expected auto, netem or native, or distinct ones "
-                       "comma-separated (e.g. netem,native)", style="red"))  # fmt: skip
+        err.print(
+            Text(
+                f"--backend: {backend!r}: expected auto, netem or native, or distinct ones "
+                "comma-separated (e.g. netem,native)",
+                style="red",
+            )
+        )
         sys.exit(2)
     _need_root()
     import tempfile
@@ -441,8 +522,10 @@ def calibrate(
             h1, h2 = lab.hosts
             bes = _calibration_backends(lab, backends)
             base = measure_base(h1, h2, lab.run_dir)
-            err.print(f"backend {', '.join(b.name for b in bes)}; base one-way {base.one_way_ms:.3f} ms, "
-                      f"RTT {base.rtt_ms:.3f} ms")  # fmt: skip
+            err.print(
+                f"backend {', '.join(b.name for b in bes)}; base one-way {base.one_way_ms:.3f} ms, "
+                f"RTT {base.rtt_ms:.3f} ms"
+            )
             try:
                 for n in names:  # each profile on every backend in turn: machine drift hits them alike
                     for be in bes:
@@ -506,18 +589,33 @@ def _calibration_table(results: list, names: list[str], known: dict) -> Table:
             detail = " | ".join(
                 f"{b}: {ch.detail}" for b, ch in checks.items() if ch is not None and ch.detail
             )
-            t.add_row(f"{n}\n{known[n].summary()}" if i == 0 else "", f"{q} [{first.unit}]", num(first.configured),
-                      *(num(ch.measured) if ch is not None else "–" for ch in checks.values()), detail,
-                      "/".join(oks))  # fmt: skip
+            t.add_row(
+                f"{n}\n{known[n].summary()}" if i == 0 else "",
+                f"{q} [{first.unit}]",
+                num(first.configured),
+                *(num(ch.measured) if ch is not None else "–" for ch in checks.values()),
+                detail,
+                "/".join(oks),
+            )
     return t
 
 
 @main.command("bench-engine")
 @click.option("--seconds", type=float, default=5.0, show_default=True, help="iperf3 duration per cell")
-@click.option("--vpn", "vpns", default="", help="also measure these VPNs' engine tax (comma-separated, e.g. "
-              "openvpn,nebula): TCP through the mesh with the engine at zero impairment vs without it")  # fmt: skip
-@click.option("--placement", type=click.Choice(["auto", "off", "engine-apart"]), default="auto", show_default=True,
-              help="CPU placement, as [cpu] placement in a scenario")  # fmt: skip
+@click.option(
+    "--vpn",
+    "vpns",
+    default="",
+    help="also measure these VPNs' engine tax (comma-separated, e.g. "
+    "openvpn,nebula): TCP through the mesh with the engine at zero impairment vs without it",
+)
+@click.option(
+    "--placement",
+    type=click.Choice(["auto", "off", "engine-apart"]),
+    default="auto",
+    show_default=True,
+    help="CPU placement, as [cpu] placement in a scenario",
+)
 @click.option("--rounds", type=int, default=3, show_default=True, help="off/on alternations of the tax check")
 def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None:
     """The impairment engine's ceiling next to the raw path (Gbit/s, packets/s, CPU per packet), in both engine
@@ -530,11 +628,14 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
 
     names = [v.strip() for v in vpns.split(",") if v.strip()]
     with tempfile.TemporaryDirectory(prefix="tunnelbench-bench-") as tmp:
-        version, rows, checks, where = run_bench(Path(tmp), seconds, placement_mode=placement, vpns=names,
-                                                 tax_rounds=rounds)  # fmt: skip
+        version, rows, checks, where = run_bench(
+            Path(tmp), seconds, placement_mode=placement, vpns=names, tax_rounds=rounds
+        )
     console.print(Text(where))
-    t = Table(title=f"impairment engine benchmark ({version}), TCP h1 -> h2, {seconds:g} s per cell",
-              title_justify="left")  # fmt: skip
+    t = Table(
+        title=f"impairment engine benchmark ({version}), TCP h1 -> h2, {seconds:g} s per cell",
+        title_justify="left",
+    )
     for c in (
         "path",
         "streams",
@@ -546,28 +647,47 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     ):
         t.add_column(c, justify="left" if c == "path" else "right")
     for r in rows:
-        t.add_row(r.path, str(r.streams), f"{r.goodput_gbps:.2f}", f"{r.kpps:.0f}",
-                  "–" if r.engine_cpu_us_per_pkt is None else f"{r.engine_cpu_us_per_pkt:.2f}",
-                  "–" if r.engine_cpu_pct is None else f"{r.engine_cpu_pct:.0f}", str(r.retransmits))  # fmt: skip
+        t.add_row(
+            r.path,
+            str(r.streams),
+            f"{r.goodput_gbps:.2f}",
+            f"{r.kpps:.0f}",
+            "–" if r.engine_cpu_us_per_pkt is None else f"{r.engine_cpu_us_per_pkt:.2f}",
+            "–" if r.engine_cpu_pct is None else f"{r.engine_cpu_pct:.0f}",
+            str(r.retransmits),
+        )
     console.print(t)
-    console.print("µs CPU/pkt counts the packets the engine saw: GSO super-packets in the gso rows, wire packets "
-                  "in the others; kpkt/s counts wire-size packets on both", highlight=False)  # fmt: skip
+    console.print(
+        "µs CPU/pkt counts the packets the engine saw: GSO super-packets in the gso rows, wire packets "
+        "in the others; kpkt/s counts wire-size packets on both",
+        highlight=False,
+    )
     if checks:
-        tt = Table(title=f"engine tax, TCP {max(1, round(seconds))} s legs, {rounds} off/on alternations",
-                   title_justify="left")  # fmt: skip
+        tt = Table(
+            title=f"engine tax, TCP {max(1, round(seconds))} s legs, {rounds} off/on alternations",
+            title_justify="left",
+        )
         for c in ("VPN", "engine mode", "without engine Mbit/s", "with engine Mbit/s", "tax", "engine CPU %"):
             tt.add_column(c, justify="left" if c in ("VPN", "engine mode") else "right")
         for c in checks:
-            tt.add_row(c.vpn, c.mode, f"{statistics.median(c.off_mbps):,.0f}", f"{statistics.median(c.on_mbps):,.0f}",
-                       Text(f"{c.tax_pct:+.1f}%", style="red" if c.flagged else ""),
-                       f"{statistics.median(c.engine_cpu_pct):.0f}" if c.engine_cpu_pct else "–")  # fmt: skip
+            tt.add_row(
+                c.vpn,
+                c.mode,
+                f"{statistics.median(c.off_mbps):,.0f}",
+                f"{statistics.median(c.on_mbps):,.0f}",
+                Text(f"{c.tax_pct:+.1f}%", style="red" if c.flagged else ""),
+                f"{statistics.median(c.engine_cpu_pct):.0f}" if c.engine_cpu_pct else "–",
+            )
         console.print(tt)
 
 
 @main.command()
 @click.option("--force", is_flag=True, help="also clean runs whose process is still alive")
-@click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="also undo what runs left on the SSH hosts of this inventory")  # fmt: skip
+@click.option(
+    "--inventory",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="also undo what runs left on the SSH hosts of this inventory",
+)
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
 def clean(force: bool, inventory: Path | None = None, insecure: bool = False) -> None:
     """Remove namespaces, processes and files that crashed or killed runs left (from their journals only)."""
@@ -594,12 +714,19 @@ def clean(force: bool, inventory: Path | None = None, insecure: bool = False) ->
 
 @main.command()
 @click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--vpn", default="internal", show_default=True,
-              help="the VPN whose mesh to bring up (NAME, NAME@debian, NAME@X.Y.Z); internal = no VPN")  # fmt: skip
+@click.option(
+    "--vpn",
+    default="internal",
+    show_default=True,
+    help="the VPN whose mesh to bring up (NAME, NAME@debian, NAME@X.Y.Z); internal = no VPN",
+)
 @click.option("--profile", "-p", default="baseline", show_default=True, help="impairment profile on the path")
 @click.option("--hosts", type=click.IntRange(min=2), help="override lab.hosts")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path),
-              help="folder for the lab's configs, keys and logs (default: the scenario's results_dir)")  # fmt: skip
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="folder for the lab's configs, keys and logs (default: the scenario's results_dir)",
+)
 def up(scenario: Path | None, vpn: str, profile: str, hosts: int | None, results: Path | None) -> None:
     """Build the lab and one VPN's mesh and keep them up (until `tunnelbench down`)."""
     _need_root()
@@ -656,11 +783,18 @@ def down(run_id: str | None) -> None:
 
 @main.command()
 @click.argument("vpns", nargs=-1)
-@click.option("--for-scenario", "for_scenario", metavar="SCENARIO",
-              help="install what this scenario (a file or a built-in name, e.g. default) runs, nothing else")  # fmt: skip
+@click.option(
+    "--for-scenario",
+    "for_scenario",
+    metavar="SCENARIO",
+    help="install what this scenario (a file or a built-in name, e.g. default) runs, nothing else",
+)
 @click.option("--force", is_flag=True, help="rebuild even if the cache has this version")
-@click.option("--inventory", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="install on every host of this inventory over SSH (apt there, or copies of the local cache)")  # fmt: skip
+@click.option(
+    "--inventory",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="install on every host of this inventory over SSH (apt there, or copies of the local cache)",
+)
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
 def install(
     vpns: tuple[str, ...],
@@ -701,8 +835,13 @@ def install(
     if inventory is not None:
         versioned = [n for n in names if "@" in n and n not in bad]
         if versioned:
-            err.print(Text(f"{', '.join(versioned)}: versions (NAME@VERSION) install on this machine only; SSH "
-                           "hosts get the default builds", style="red"))  # fmt: skip
+            err.print(
+                Text(
+                    f"{', '.join(versioned)}: versions (NAME@VERSION) install on this machine only; SSH "
+                    "hosts get the default builds",
+                    style="red",
+                )
+            )
             sys.exit(2)
         sys.exit(_install_inventory(inventory, insecure, [n for n in names if n not in bad]) or bool(bad))
     _need_root()
@@ -755,8 +894,13 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
 @click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all')")
 @click.option("--repetitions", "-n", type=int, help="override run.repetitions")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="earlier runs whose case times are the estimate")  # fmt: skip
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("results"),
+    show_default=True,
+    help="earlier runs whose case times are the estimate",
+)
 def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path) -> None:
     """How long a scenario takes here: cases per VPN and workload, seconds per case from earlier runs on this
     machine (else the workload's declared upper bound), and the total, before anything runs."""
@@ -769,8 +913,14 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
             parts, notes = _suite_parts(suite, vpns, {"repetitions": repetitions} if repetitions else {})
         else:
             sc, text = load_scenario(scenario)
-            overrides = {k: v for k, v in {"vpns": [v for a in vpns for v in a.split(",")],
-                                            "repetitions": repetitions}.items() if v}  # fmt: skip
+            overrides = {
+                k: v
+                for k, v in {
+                    "vpns": [v for a in vpns for v in a.split(",")],
+                    "repetitions": repetitions,
+                }.items()
+                if v
+            }
             if overrides:
                 sc = _with_overrides(
                     text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
@@ -785,8 +935,10 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
     for n in notes:
         console.print(Text(n, style="dim"))
     if len(parts) > 1:
-        console.print(f"suite {suite.name}: {len(parts)} runs, total about {total / 60:.0f} min "  # type: ignore[union-attr]
-                      f"({total / 3600:.1f} h)")  # fmt: skip
+        console.print(
+            f"suite {suite.name}: {len(parts)} runs, total about {total / 60:.0f} min "  # type: ignore[union-attr]
+            f"({total / 3600:.1f} h)"
+        )
 
 
 def _print_plan(sc, results: Path) -> float:
@@ -798,8 +950,10 @@ def _print_plan(sc, results: Path) -> float:
         return None if a.ok else a.reason
 
     p = make_plan(sc, results, available)
-    t = Table(title=f"plan: {sc.name} · {sc.run.repetitions} repetition(s) x {len(sc.profiles)} profile(s)",
-              title_justify="left")  # fmt: skip
+    t = Table(
+        title=f"plan: {sc.name} · {sc.run.repetitions} repetition(s) x {len(sc.profiles)} profile(s)",
+        title_justify="left",
+    )
     for c in ("VPN", "workload", "cases", "s per case", "from", "minutes"):
         t.add_column(c, justify="right" if c in ("cases", "s per case", "minutes") else "left")
     for x in p.lines:
@@ -807,8 +961,10 @@ def _print_plan(sc, results: Path) -> float:
     console.print(t)
     for vpn, why in p.unavailable.items():
         console.print(Text(f"{vpn}: not counted, unavailable here: {why}"[:300], style="yellow"))
-    console.print(f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min; "
-                  f"total about {p.seconds / 60:.0f} min ({p.seconds / 3600:.1f} h)")  # fmt: skip
+    console.print(
+        f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min; "
+        f"total about {p.seconds / 60:.0f} min ({p.seconds / 3600:.1f} h)"
+    )
     return p.seconds
 
 
@@ -827,8 +983,10 @@ def list_() -> None:
     vpn_rows = {c.name: c for c in checks if c.group == "vpns"}
     wl_rows = {c.name: c for c in checks if c.group == "workloads"}
 
-    t = Table(title="VPNs (NAME = the pinned default build; NAME@debian, NAME@X.Y.Z select another)",
-              title_justify="left")  # fmt: skip
+    t = Table(
+        title="VPNs (NAME = the pinned default build; NAME@debian, NAME@X.Y.Z select another)",
+        title_justify="left",
+    )
     for c in ("name", "state", "version (source) / reason", "pinned default", "Debian alternative", "paths",
               "what is tested"):  # fmt: skip
         t.add_column(c)
@@ -840,17 +998,28 @@ def list_() -> None:
         if cls.__dict__.get("debian_installs"):  # a Debian build besides a registry default
             d = resolve(f"{name}@debian").availability()
             alt = f"{name}@debian: " + ((d.version or "") if d.ok else d.reason)
-        t.add_row(name, f"[{colour[a.state]}]{a.state}[/]", a.detail.removeprefix(f"{a.state}: "), pin, alt,
-                  ", ".join(sorted(cls.paths)), cls.summary)  # fmt: skip
+        t.add_row(
+            name,
+            f"[{colour[a.state]}]{a.state}[/]",
+            a.detail.removeprefix(f"{a.state}: "),
+            pin,
+            alt,
+            ", ".join(sorted(cls.paths)),
+            cls.summary,
+        )
     for name in IMPOSSIBLE:
         a = vpn_rows[name]
-        t.add_row(name, "[red]impossible here[/]", a.detail.removeprefix(f"{a.state}: "), "", "", "",
-                  a.meaning)  # fmt: skip
+        t.add_row(
+            name, "[red]impossible here[/]", a.detail.removeprefix(f"{a.state}: "), "", "", "", a.meaning
+        )
     console.print(t)
     from tunnelbench.vpns.base import describe_options
 
-    t = Table(title="VPN options (a scenario's vpn_options.NAME; all of them are stored with the run)",
-              title_justify="left", box=None)  # fmt: skip
+    t = Table(
+        title="VPN options (a scenario's vpn_options.NAME; all of them are stored with the run)",
+        title_justify="left",
+        box=None,
+    )
     for c in ("vpn", "option", "type", "default"):
         t.add_column(c, no_wrap=True, min_width=len(max(DRIVERS, key=len)) if c == "vpn" else None)
     t.add_column("what it sets", no_wrap=True, overflow="ellipsis", max_width=70)
@@ -864,8 +1033,13 @@ def list_() -> None:
     for name, wl in WORKLOADS.items():
         w = wl_rows[name]
         params = ", ".join(f"{k}={f.default}" for k, f in wl.Params.model_fields.items())
-        t.add_row(name, wl.summary, "[green]yes[/]" if w.ok else f"[red]no: {w.detail}[/]", params,
-                  ", ".join(m.name for m in wl.metrics))  # fmt: skip
+        t.add_row(
+            name,
+            wl.summary,
+            "[green]yes[/]" if w.ok else f"[red]no: {w.detail}[/]",
+            params,
+            ", ".join(m.name for m in wl.metrics),
+        )
     console.print(t)
     t = Table(title="Impairment profiles", title_justify="left")
     for c in ("name", "description"):
@@ -874,15 +1048,18 @@ def list_() -> None:
         t.add_row(name, p.description)
     console.print(t)
     console.print(f"built-in scenarios: {', '.join(builtin_scenarios())}")
-    console.print("sweeps (each point a fresh lab): `tunnelbench nat-matrix` (NAT type pairs: direct, relayed "
-                  "or failed), `tunnelbench mesh-scale --vpn V` (full mesh of N = 10..100 hosts: time until every "
-                  "pair answers, per-node RSS and idle CPU, control plane, RTT)")  # fmt: skip
+    console.print(
+        "sweeps (each point a fresh lab): `tunnelbench nat-matrix` (NAT type pairs: direct, relayed "
+        "or failed), `tunnelbench mesh-scale --vpn V` (full mesh of N = 10..100 hosts: time until every "
+        "pair answers, per-node RSS and idle CPU, control plane, RTT)"
+    )
 
 
 @main.command()
 @click.argument("run_refs", nargs=-1)
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True)  # fmt: skip
+@click.option(
+    "--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"), show_default=True
+)
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -894,10 +1071,14 @@ def list_() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Markdown summary (default: the HTML path with .md)",
 )
-@click.option("--full", is_flag=True, help="also print every headline metric per VPN and workload, and the "
-              "whole Security table")  # fmt: skip
-def report(run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: Path | None,
-           full: bool = False) -> None:  # fmt: skip
+@click.option(
+    "--full",
+    is_flag=True,
+    help="also print every headline metric per VPN and workload, and the whole Security table",
+)
+def report(
+    run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: Path | None, full: bool = False
+) -> None:
     """Print the headline of stored run(s) and write the self-contained HTML report and a Markdown summary
     (newest run when none is given). Several runs are combined into one report, e.g. two releases of a VPN."""
     from tunnelbench.analysis.summary import summarize
@@ -920,17 +1101,38 @@ def report(run_refs: tuple[str, ...], results: Path, out: Path | None, md_out: P
 @main.command()
 @click.argument("run_a")
 @click.argument("run_b")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True)  # fmt: skip
-@click.option("--threshold", type=float, default=10.0, show_default=True,
-              help="flag regressions whose whole 95% CI is beyond this many percent")  # fmt: skip
-@click.option("--metric", "metrics", multiple=True,
-              help="compare and gate only these metrics (repeat); default: headline throughput/latency/time")  # fmt: skip
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
-              help="also write the comparison as JSON")  # fmt: skip
+@click.option(
+    "--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"), show_default=True
+)
+@click.option(
+    "--threshold",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="flag regressions whose whole 95% CI is beyond this many percent",
+)
+@click.option(
+    "--metric",
+    "metrics",
+    multiple=True,
+    help="compare and gate only these metrics (repeat); default: headline throughput/latency/time",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="also write the comparison as JSON",
+)
 @click.option("--all", "show_all", is_flag=True, help="also list metrics that are not gated")
-def compare(run_a: str, run_b: str, results: Path, threshold: float, metrics: tuple[str, ...],
-            json_out: Path | None, show_all: bool) -> None:  # fmt: skip
+def compare(
+    run_a: str,
+    run_b: str,
+    results: Path,
+    threshold: float,
+    metrics: tuple[str, ...],
+    json_out: Path | None,
+    show_all: bool,
+) -> None:
     """Compare run B against run A (matched by VPN, profile, workload, metric); exit 1 on a significant
     regression beyond --threshold in a gated metric or when B ran a case of A's that never succeeded,
     0 otherwise (2 when nothing matches)."""
@@ -957,17 +1159,29 @@ def compare(run_a: str, run_b: str, results: Path, threshold: float, metrics: tu
 
 
 @main.command()
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True)  # fmt: skip
+@click.option(
+    "--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"), show_default=True
+)
 @click.option("--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or a comma list)")
-@click.option("--metric", "metrics", multiple=True,
-              help="only these metrics (repeat; compared and gated as compare --metric); default: headline")  # fmt: skip
-@click.option("--threshold", type=float, default=10.0, show_default=True,
-              help="flag changes whose whole 95% CI is beyond this many percent (as compare)")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="HTML file (default RESULTS/history.html)")  # fmt: skip
-def history(results: Path, vpns: tuple[str, ...], metrics: tuple[str, ...], threshold: float,
-            out: Path | None) -> None:  # fmt: skip
+@click.option(
+    "--metric",
+    "metrics",
+    multiple=True,
+    help="only these metrics (repeat; compared and gated as compare --metric); default: headline",
+)
+@click.option(
+    "--threshold",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="flag changes whose whole 95% CI is beyond this many percent (as compare)",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="HTML file (default RESULTS/history.html)"
+)
+def history(
+    results: Path, vpns: tuple[str, ...], metrics: tuple[str, ...], threshold: float, out: Path | None
+) -> None:
     """The trend of every VPN across all stored runs: an offline HTML page (each headline metric over time
     with its CI, the changes compare flags between consecutive runs) and the latest vs previous run per VPN."""
     from tunnelbench.report import history as hist
@@ -993,8 +1207,9 @@ def history(results: Path, vpns: tuple[str, ...], metrics: tuple[str, ...], thre
 
 @main.command()
 @click.argument("run_ref", required=False)
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True)  # fmt: skip
+@click.option(
+    "--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"), show_default=True
+)
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
 @click.option("--series", is_flag=True, help="CSV: the time series instead of the metrics; JSON: add them")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="file (default: stdout)")
@@ -1019,10 +1234,20 @@ def export(run_ref: str | None, results: Path, fmt: str, series: bool, out: Path
 @click.option(
     "--vpn", "vpns", multiple=True, help="NAT-capable VPN (repeatable; default: every one with path nat)"
 )
-@click.option("--pairs", type=click.Choice(["default", "all"]), default="default", show_default=True,
-              help="default = the 4 same-type pairs + symmetric x each other type; all = every unordered pair")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/nat-matrix.json"),
-              show_default=True, help="the matrix as JSON (rewritten after every cell)")  # fmt: skip
+@click.option(
+    "--pairs",
+    type=click.Choice(["default", "all"]),
+    default="default",
+    show_default=True,
+    help="default = the 4 same-type pairs + symmetric x each other type; all = every unordered pair",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("results/nat-matrix.json"),
+    show_default=True,
+    help="the matrix as JSON (rewritten after every cell)",
+)
 @click.option(
     "--no-record", is_flag=True, help="do not store the rows as the VPNs' nat_matrix feature probes"
 )
@@ -1041,8 +1266,14 @@ def nat_matrix(vpns: tuple[str, ...], pairs: str, out: Path, no_record: bool) ->
             f"not a NAT-capable VPN: {', '.join(bad)} (choose from {', '.join(nm.nat_drivers())})"
         )
     with tempfile.TemporaryDirectory(prefix="tb-natmatrix-") as work:
-        result = nm.run_matrix(names, nm.ALL_PAIRS if pairs == "all" else nm.DEFAULT_PAIRS, Path(work), out,
-                               record=not no_record, progress=lambda s: err.print(Text(s)))  # fmt: skip
+        result = nm.run_matrix(
+            names,
+            nm.ALL_PAIRS if pairs == "all" else nm.DEFAULT_PAIRS,
+            Path(work),
+            out,
+            record=not no_record,
+            progress=lambda s: err.print(Text(s)),
+        )
     head, rows = nm.table_rows(result)
     t = Table(
         title="NAT traversal h1 -> h2 (FC full cone, AR address-restricted, PR port-restricted, SYM symmetric)"
@@ -1059,12 +1290,26 @@ def nat_matrix(vpns: tuple[str, ...], pairs: str, out: Path, no_record: bool) ->
 @click.option(
     "--vpn", "vpns", multiple=True, required=True, help="VPN(s) to grow (repeatable or comma-separated)"
 )
-@click.option("--sizes", default=",".join(str(n) for n in (10, 25, 50, 100)), show_default=True,
-              help="mesh sizes N, in order (comma-separated; each a fresh lab of N hosts)")  # fmt: skip
-@click.option("--idle-s", type=click.FloatRange(1, 600), default=10.0, show_default=True,
-              help="seconds of idle after the mesh is ready over which daemon CPU and RSS are read")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("results/mesh-scale.json"),
-              show_default=True, help="the curve as JSON (rewritten after every point); an SVG plot beside it")  # fmt: skip
+@click.option(
+    "--sizes",
+    default=",".join(str(n) for n in (10, 25, 50, 100)),
+    show_default=True,
+    help="mesh sizes N, in order (comma-separated; each a fresh lab of N hosts)",
+)
+@click.option(
+    "--idle-s",
+    type=click.FloatRange(1, 600),
+    default=10.0,
+    show_default=True,
+    help="seconds of idle after the mesh is ready over which daemon CPU and RSS are read",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("results/mesh-scale.json"),
+    show_default=True,
+    help="the curve as JSON (rewritten after every point); an SVG plot beside it",
+)
 def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> None:
     """Full-mesh scale: per VPN and mesh size N (every host a peer of every other), seconds until every pair
     answers, per-node daemon RSS and idle CPU (control plane on its own row), RTT h1 -> hN; stops at the
@@ -1095,8 +1340,10 @@ def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> N
     with tempfile.TemporaryDirectory(prefix="tb-meshscale-") as work:
         result = ms.run_sweep(names, ns, Path(work), out, idle_s, progress=lambda s: err.print(Text(s)))
     head, rows = ms.table_rows(result)
-    t = Table(title=f"full-mesh scale ({result['cores']} cores, {result['mem_total_mb']:.0f} MB; idle {idle_s:g} s)",
-              title_justify="left")  # fmt: skip
+    t = Table(
+        title=f"full-mesh scale ({result['cores']} cores, {result['mem_total_mb']:.0f} MB; idle {idle_s:g} s)",
+        title_justify="left",
+    )
     for h in head:
         t.add_column(h, overflow="fold")
     for r in rows:

@@ -54,8 +54,15 @@ def tunnel_checks(where: str = "local", run=None) -> list[Check]:
         if not users:
             continue
         need = f"{', '.join(users)} cannot run"
-        out.append(Check("kernel tunnels", f"{what} ({module})", have[f] is None,
-                         "available" if have[f] is None else have[f], need if have[f] is not None else ""))  # fmt: skip
+        out.append(
+            Check(
+                "kernel tunnels",
+                f"{what} ({module})",
+                have[f] is None,
+                "available" if have[f] is None else have[f],
+                need if have[f] is not None else "",
+            )
+        )
     return out
 
 
@@ -79,11 +86,25 @@ def _probe_kernel(sh=_sh) -> list[Check]:
             Check("kernel", "veth", r.returncode == 0, r.stderr.strip() or "ok", "hosts cannot be wired")
         )
         r = run("ip", "tuntap", "add", "t0", "mode", "tun")
-        checks.append(Check("kernel", "TUN/TAP", r.returncode == 0, r.stderr.strip() or "/dev/net/tun usable",
-                            "userspace VPNs cannot create interfaces"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "TUN/TAP",
+                r.returncode == 0,
+                r.stderr.strip() or "/dev/net/tun usable",
+                "userspace VPNs cannot create interfaces",
+            )
+        )
         r = run("tc", "qdisc", "add", "dev", "v0", "root", "netem", "delay", "1ms")
-        checks.append(Check("kernel", "tc netem", r.returncode == 0, r.stderr.strip() or "available",
-                            "delay/jitter/reorder need the native engine (native/impaird over NFQUEUE)"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "tc netem",
+                r.returncode == 0,
+                r.stderr.strip() or "available",
+                "delay/jitter/reorder need the native engine (native/impaird over NFQUEUE)",
+            )
+        )
         run("tc", "qdisc", "del", "dev", "v0", "root")
         r = run(
             "tc",
@@ -100,27 +121,62 @@ def _probe_kernel(sh=_sh) -> list[Check]:
             "latency",
             "50ms",
         )
-        checks.append(Check("kernel", "tc tbf", r.returncode == 0, r.stderr.strip() or "available",
-                            "rate limits cannot be applied"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "tc tbf",
+                r.returncode == 0,
+                r.stderr.strip() or "available",
+                "rate limits cannot be applied",
+            )
+        )
         r = run("ip", "link", "add", "wg0", "type", "wireguard")
-        checks.append(Check("kernel", "kernel WireGuard", r.returncode == 0, r.stderr.strip() or "module present",
-                            "only userspace WireGuard (wireguard-go, boringtun) can be measured"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "kernel WireGuard",
+                r.returncode == 0,
+                r.stderr.strip() or "module present",
+                "only userspace WireGuard (wireguard-go, boringtun) can be measured",
+            )
+        )
         r = run(
             "nft",
             "-f",
             "-",
             input="table inet t {\n chain c {\n type filter hook forward priority 0;\n queue num 0\n }\n}\n",
         )
-        checks.append(Check("kernel", "nftables queue", r.returncode == 0, r.stderr.strip().splitlines()[0][:120] if r.returncode else "available",
-                            "packets are queued with the iptables NFQUEUE target instead"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "nftables queue",
+                r.returncode == 0,
+                r.stderr.strip().splitlines()[0][:120] if r.returncode else "available",
+                "packets are queued with the iptables NFQUEUE target instead",
+            )
+        )
         r = run("iptables", "-t", "mangle", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0")
-        checks.append(Check("kernel", "iptables NFQUEUE", r.returncode == 0, r.stderr.strip()[:120] or "available",
-                            "the native impairment engine cannot receive packets"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "iptables NFQUEUE",
+                r.returncode == 0,
+                r.stderr.strip()[:120] or "available",
+                "the native impairment engine cannot receive packets",
+            )
+        )
         r = run(
             "ip", "link", "add", "vx0", "type", "vxlan", "id", "1", "dstport", "4789", "local", "127.0.0.1"
         )
-        checks.append(Check("kernel", "VXLAN", r.returncode == 0, r.stderr.strip() or "available",
-                            "the unencrypted overlay baseline cannot run"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "VXLAN",
+                r.returncode == 0,
+                r.stderr.strip() or "available",
+                "the unencrypted overlay baseline cannot run",
+            )
+        )
         cc = run("sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout.strip()
         checks.append(
             Check("kernel", "TCP congestion control", True, cc or "unknown", "recorded with every run")
@@ -158,29 +214,49 @@ def vpn_and_workload_checks(
             continue
         missing = [b for b in cls.binaries if where.get(b) is None]
         why = cls.impossible_on([host]) if host is not None else None  # its kernel's own answer
-        detail = (f"impossible here: {why}" if why else "binaries present" if not missing else
-                  f"missing {', '.join(missing)} (`tunnelbench install --inventory F {name}`)")  # fmt: skip
+        detail = (
+            f"impossible here: {why}"
+            if why
+            else "binaries present"
+            if not missing
+            else f"missing {', '.join(missing)} (`tunnelbench install --inventory F {name}`)"
+        )
         state = "impossible here" if why else "available" if not missing else "installable"
         checks.append(Check("vpns", name, not missing and not why, detail, cls.summary, state))
     if where is None:
         from tunnelbench.vpns.impossible import IMPOSSIBLE
 
         for name, imp in IMPOSSIBLE.items():
-            checks.append(Check("vpns", name, False, f"impossible here: {imp.reason}", imp.summary,
-                                "impossible here"))  # fmt: skip
+            checks.append(
+                Check("vpns", name, False, f"impossible here: {imp.reason}", imp.summary, "impossible here")
+            )
     found = where if where is not None else {t: shutil.which(t) for w in WORKLOADS.values() for t in w.tools}
     for name, wl in WORKLOADS.items():
         missing = [t for t in wl.tools if found.get(t) is None]
-        checks.append(Check("workloads", name, not missing,
-                            "ready" if not missing else f"missing {', '.join(missing)}", wl.summary))  # fmt: skip
+        checks.append(
+            Check(
+                "workloads",
+                name,
+                not missing,
+                "ready" if not missing else f"missing {', '.join(missing)}",
+                wl.summary,
+            )
+        )
     return checks
 
 
 def run_doctor() -> list[Check]:
     checks: list[Check] = []
     root = os.geteuid() == 0
-    checks.append(Check("system", "root", root, "uid 0" if root else f"uid {os.geteuid()}",
-                        "namespaces, veth and nftables need root"))  # fmt: skip
+    checks.append(
+        Check(
+            "system",
+            "root",
+            root,
+            "uid 0" if root else f"uid {os.geteuid()}",
+            "namespaces, veth and nftables need root",
+        )
+    )
     for tool, what in TOOLS.items():
         path = shutil.which(tool)
         checks.append(Check("tools", tool, path is not None, path or "missing", what))
@@ -216,14 +292,33 @@ def doctor_host(inv: InvHost) -> list[Check]:
         checks += _probe_kernel(sh=lambda argv, input=None: h.run(argv, input=input, check=False, timeout=20))
         checks += tunnel_checks(h.name, lambda argv: h.run(argv, check=False, timeout=60).stdout)
         lsmod = h.run(["sh", "-c", "cat /proc/modules 2>/dev/null; ls /sys/module"], check=False).stdout
-        checks.append(Check("kernel", "wireguard module", "wireguard" in lsmod,
-                            "loaded" if "wireguard" in lsmod else "not loaded (it may still load on demand)",
-                            "kernel WireGuard cannot be measured"))  # fmt: skip
-        checks.append(Check("kernel", "sch_netem module", "netem" in lsmod,
-                            "loaded" if "netem" in lsmod else "not loaded (the tc netem probe above is authoritative)"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "wireguard module",
+                "wireguard" in lsmod,
+                "loaded" if "wireguard" in lsmod else "not loaded (it may still load on demand)",
+                "kernel WireGuard cannot be measured",
+            )
+        )
+        checks.append(
+            Check(
+                "kernel",
+                "sch_netem module",
+                "netem" in lsmod,
+                "loaded" if "netem" in lsmod else "not loaded (the tc netem probe above is authoritative)",
+            )
+        )
         tun = h.run(["test", "-c", "/dev/net/tun"], check=False).returncode == 0
-        checks.append(Check("kernel", "/dev/net/tun", tun, "present" if tun else "missing",
-                            "userspace VPNs cannot create interfaces"))  # fmt: skip
+        checks.append(
+            Check(
+                "kernel",
+                "/dev/net/tun",
+                tun,
+                "present" if tun else "missing",
+                "userspace VPNs cannot create interfaces",
+            )
+        )
         kernel = h.run(["uname", "-srm"], check=False).stdout.strip()
         checks.append(Check("system", "kernel", True, kernel))
         checks.append(clock_check(h, where))

@@ -86,8 +86,13 @@ def collect(host_argv_prefix: list[str] | None = None) -> dict[str, object]:
 
 def _offloads(pre: list[str]) -> str:
     out = _out([*pre, "ethtool", "-k", "eth0"])
-    keep = ("tcp-segmentation-offload", "generic-segmentation-offload", "generic-receive-offload",
-            "tx-checksumming", "rx-checksumming")  # fmt: skip
+    keep = (
+        "tcp-segmentation-offload",
+        "generic-segmentation-offload",
+        "generic-receive-offload",
+        "tx-checksumming",
+        "rx-checksumming",
+    )
     return "; ".join(line.strip() for line in out.splitlines() if line.split(":")[0].strip() in keep)
 
 
@@ -123,8 +128,13 @@ def collect_remote(host) -> dict[str, object]:
         env[f"sysctl.{k}"] = out("sysctl", "-n", k)
     ifname = getattr(host, "underlay_if", "eth0")
     o = out("ethtool", "-k", ifname)
-    keep = ("tcp-segmentation-offload", "generic-segmentation-offload", "generic-receive-offload",
-            "tx-checksumming", "rx-checksumming")  # fmt: skip
+    keep = (
+        "tcp-segmentation-offload",
+        "generic-segmentation-offload",
+        "generic-receive-offload",
+        "tx-checksumming",
+        "rx-checksumming",
+    )
     env[f"offloads.{ifname}"] = "; ".join(
         line.strip() for line in o.splitlines() if line.split(":")[0].strip() in keep
     )

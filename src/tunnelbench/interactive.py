@@ -110,8 +110,9 @@ def pick_lab(ref: str | None) -> UpLab:
         return labs[0]
     match = [lab for lab in labs if lab.run_id == ref] or [lab for lab in labs if ref in lab.run_id]
     if len(match) != 1:
-        raise UpError(f"lab {ref!r} matches {len(match)} of the labs up "
-                      f"({', '.join(lab.run_id for lab in labs)})")  # fmt: skip
+        raise UpError(
+            f"lab {ref!r} matches {len(match)} of the labs up ({', '.join(lab.run_id for lab in labs)})"
+        )
     return match[0]
 
 
@@ -160,8 +161,9 @@ def prepare(scenario: Path | None, vpn: str, profile: str, hosts: int | None) ->
     return sc, data, source
 
 
-def up(scenario: Path | None, vpn: str, profile: str, hosts: int | None, results: Path | None,
-       say=print) -> UpLab:  # fmt: skip
+def up(
+    scenario: Path | None, vpn: str, profile: str, hosts: int | None, results: Path | None, say=print
+) -> UpLab:
     """Start a keeper for a new lab and wait until it reports the mesh up; returns the lab's state."""
     from tunnelbench.lab.tags import new_run_id, new_tag
 
@@ -172,25 +174,44 @@ def up(scenario: Path | None, vpn: str, profile: str, hosts: int | None, results
         fcntl.flock(lock, fcntl.LOCK_EX)  # two `up`s at once: the second sees the first's lab
         for lab in up_labs():
             if lab.keeper_alive():
-                raise UpError(f"a lab is already up: {lab.run_id} ({lab.state['vpn']}, "
-                              f"{len(lab.state['hosts'])} hosts); run `tunnelbench down` first")  # fmt: skip
+                raise UpError(
+                    f"a lab is already up: {lab.run_id} ({lab.state['vpn']}, "
+                    f"{len(lab.state['hosts'])} hosts); run `tunnelbench down` first"
+                )
             say(f"stale lab {lab.run_id} (its keeper is gone): `tunnelbench down {lab.run_id}` cleans it up")
         tag = new_tag()
         run_id = f"up-{new_run_id(tag)}"
         run_dir = (results or Path(sc.run.results_dir)).absolute() / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
-        request = {"run_id": run_id, "tag": tag, "run_dir": str(run_dir), "vpn": vpn, "profile": profile,
-                   "scenario": data, "source": source}  # fmt: skip
+        request = {
+            "run_id": run_id,
+            "tag": tag,
+            "run_dir": str(run_dir),
+            "vpn": vpn,
+            "profile": profile,
+            "scenario": data,
+            "source": source,
+        }
         _write_json(run_dir / "up-request.json", request)
         say(f"lab {run_id} -> {run_dir}")
         r, w = os.pipe()
         log = open(run_dir / "keeper.log", "ab")  # noqa: SIM115
         try:
             keeper = subprocess.Popen(
-                [sys.executable, "-m", "tunnelbench.interactive", "keep", str(run_dir / "up-request.json"), str(w)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(w,),
+                [
+                    sys.executable,
+                    "-m",
+                    "tunnelbench.interactive",
+                    "keep",
+                    str(run_dir / "up-request.json"),
+                    str(w),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(w,),
                 start_new_session=True,  # the terminal's Ctrl-C and hangup never reach the lab
-            )  # fmt: skip
+            )
         finally:
             os.close(w)
             log.close()
@@ -206,8 +227,10 @@ def up(scenario: Path | None, vpn: str, profile: str, hosts: int | None, results
             os.close(r)
         if not msg.get("ok"):
             keeper.wait(60)
-            raise UpError(f"up failed: {msg.get('error', 'the keeper exited without a word')} "
-                          f"(log: {run_dir / 'keeper.log'})")  # fmt: skip
+            raise UpError(
+                f"up failed: {msg.get('error', 'the keeper exited without a word')} "
+                f"(log: {run_dir / 'keeper.log'})"
+            )
         return UpLab(Path(msg["state"]), json.loads(Path(msg["state"]).read_text()))
     finally:
         lock.close()
@@ -240,8 +263,10 @@ def _wait_ready(fd: int, keeper: subprocess.Popen, timeout: float) -> dict:
 
 def print_up(lab: UpLab, console: Console) -> None:
     s = lab.state
-    t = Table(title=Text(f"lab {s['run_id']}: {s['vpn']} {s.get('version') or ''}, profile {s['profile']}"),
-              title_justify="left")  # fmt: skip
+    t = Table(
+        title=Text(f"lab {s['run_id']}: {s['vpn']} {s.get('version') or ''}, profile {s['profile']}"),
+        title_justify="left",
+    )
     for c in ("host", "namespace", "underlay address", "tunnel address", "daemons (pid)"):
         t.add_column(c)
     for h in s["hosts"]:
@@ -249,8 +274,13 @@ def print_up(lab: UpLab, console: Console) -> None:
         t.add_row(
             Text(h["name"]), Text(h["netns"]), Text(h["underlay_ip"]), Text(h["tunnel_ip"]), Text(daemons)
         )
-    t.add_row(Text("router"), Text(s["router_netns"]), Text(f"forwards {s['hosts'][0]['name']}..{s['hosts'][-1]['name']}"),
-              Text("–"), Text("–"))  # fmt: skip
+    t.add_row(
+        Text("router"),
+        Text(s["router_netns"]),
+        Text(f"forwards {s['hosts'][0]['name']}..{s['hosts'][-1]['name']}"),
+        Text("–"),
+        Text("–"),
+    )
     console.print(t)
     h1, h2 = s["hosts"][0], s["hosts"][1]
     for v in s.get("key_violations", []):
@@ -275,8 +305,10 @@ def exec_argv(host: str, cmd: Sequence[str], lab_ref: str | None) -> list[str]:
         else:
             raise UpError(f"no host {host!r} in lab {lab.run_id}; hosts: {', '.join(names)}", 2)
     if not Path(f"/run/netns/{h['netns']}").exists():
-        raise UpError(f"namespace {h['netns']} of lab {lab.run_id} is gone (the lab crashed?): "
-                      f"run `tunnelbench down {lab.run_id}`")  # fmt: skip
+        raise UpError(
+            f"namespace {h['netns']} of lab {lab.run_id} is gone (the lab crashed?): "
+            f"run `tunnelbench down {lab.run_id}`"
+        )
     argv = list(cmd) or [os.environ.get("SHELL") or "bash"]
     return ["ip", "netns", "exec", h["netns"], *argv]
 
@@ -447,9 +479,17 @@ class Keeper:
             **sc.vpn_options.get(base, {}),
             **(sc.vpn_options.get(self.vpn, {}) if self.vpn != base else {}),
         }
-        spec = MeshSpec(hosts=list(lab.hosts), tag=self.tag, workdir=self.run_dir, mtu=sc.fairness.tunnel_mtu,
-                        options=options, path=sc.lab.path, relay=lab.relay,
-                        topology=sc.lab.topology, hub=server)  # fmt: skip
+        spec = MeshSpec(
+            hosts=list(lab.hosts),
+            tag=self.tag,
+            workdir=self.run_dir,
+            mtu=sc.fairness.tunnel_mtu,
+            options=options,
+            path=sc.lab.path,
+            relay=lab.relay,
+            topology=sc.lab.topology,
+            hub=server,
+        )
         driver = cls(spec)
         self.mesh = mesh = Mesh(driver)
         self.log(f"configuring {self.vpn} {avail.version}")
@@ -521,8 +561,10 @@ class Keeper:
                 self.mesh.stop()
                 gone = [p for p in procs if not p.alive()]
                 if procs:
-                    lines.append(f"{self.vpn} stopped: " + ", ".join(f"{p.host.name} {p.label} pid {p.pid}"
-                                                                  for p in gone))  # fmt: skip
+                    lines.append(
+                        f"{self.vpn} stopped: "
+                        + ", ".join(f"{p.host.name} {p.label} pid {p.pid}" for p in gone)
+                    )
                 problems += [f"{p.host.name} {p.label} pid {p.pid} still runs" for p in procs if p.alive()]
             except Exception as e:
                 problems.append(f"stopping {self.vpn}: {e}")

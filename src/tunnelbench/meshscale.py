@@ -70,8 +70,10 @@ def probe_until_ready(mesh: Mesh, t0: float, timeout: float) -> tuple[float, flo
         while any(pending.values()):
             if time.monotonic() - t0 > timeout:
                 left = sum(len(v) for v in pending.values())
-                raise TimeoutError(f"{left} of {len(hosts) * (len(hosts) - 1)} pairs not answering "
-                                   f"{timeout:.0f} s after the first start")  # fmt: skip
+                raise TimeoutError(
+                    f"{left} of {len(hosts) * (len(hosts) - 1)} pairs not answering "
+                    f"{timeout:.0f} s after the first start"
+                )
             r0 = time.monotonic()
             for name, alive in pool.map(probe, [n for n, v in pending.items() if v]):
                 now = time.monotonic() - t0
@@ -95,10 +97,17 @@ def idle_usage(mesh: Mesh, idle_s: float) -> dict[str, dict]:
         d = per.setdefault(p.label, {"rss": [], "cpu": []})
         d["rss"].append(b.rss * PAGE / 2**20)
         d["cpu"].append(100 * (b.utime + b.stime - a.utime - a.stime) / CLK_TCK / idle_s)
-    return {label: {"daemons": len(d["rss"]), "rss_mb_median": round(statistics.median(d["rss"]), 1),
-                    "rss_mb_max": round(max(d["rss"]), 1), "rss_mb_total": round(sum(d["rss"]), 1),
-                    "cpu_pct_mean": round(statistics.fmean(d["cpu"]), 2), "cpu_pct_max": round(max(d["cpu"]), 2)}
-            for label, d in per.items()}  # fmt: skip
+    return {
+        label: {
+            "daemons": len(d["rss"]),
+            "rss_mb_median": round(statistics.median(d["rss"]), 1),
+            "rss_mb_max": round(max(d["rss"]), 1),
+            "rss_mb_total": round(sum(d["rss"]), 1),
+            "cpu_pct_mean": round(statistics.fmean(d["cpu"]), 2),
+            "cpu_pct_max": round(max(d["cpu"]), 2),
+        }
+        for label, d in per.items()
+    }
 
 
 def median_rtt_ms(mesh: Mesh) -> float | None:
@@ -130,8 +139,13 @@ def point(vpn: str, n: int, workdir: Path, idle_s: float = IDLE_S) -> dict:
                 out.update(result="failed", why=f"not ready: {e}")
                 return out
             q = statistics.quantiles(pairs, n=20, method="inclusive") if len(pairs) > 1 else [ready] * 19
-            out.update(ready_s=round(ready, 2), pair_ready_p50_s=round(statistics.median(pairs), 2),
-                       pair_ready_p95_s=round(q[18], 2), probe_round_s=round(worst, 2), probe_rounds=rounds)  # fmt: skip
+            out.update(
+                ready_s=round(ready, 2),
+                pair_ready_p50_s=round(statistics.median(pairs), 2),
+                pair_ready_p95_s=round(q[18], 2),
+                probe_round_s=round(worst, 2),
+                probe_rounds=rounds,
+            )
             out["idle"] = idle_usage(mesh, idle_s)
             out["rtt_ms"] = median_rtt_ms(mesh)
             out["result"] = "ok"
@@ -148,15 +162,29 @@ def memory_bound(last: dict | None, n: int) -> str | None:
     per_node = sum(g["rss_mb_total"] for g in last["idle"].values()) / last["n"]
     need, have = per_node * n, mem_available_mb()
     if need > MEMORY_HEADROOM * have:
-        return (f"memory: {n} nodes x {per_node:.0f} MB RSS per node (measured at N = {last['n']}) = "
-                f"{need:.0f} MB > {MEMORY_HEADROOM:.0%} of {have:.0f} MB available")  # fmt: skip
+        return (
+            f"memory: {n} nodes x {per_node:.0f} MB RSS per node (measured at N = {last['n']}) = "
+            f"{need:.0f} MB > {MEMORY_HEADROOM:.0%} of {have:.0f} MB available"
+        )
     return None
 
 
-def run_sweep(vpns: list[str], sizes: list[int], workdir: Path, out_json: Path | None = None,
-              idle_s: float = IDLE_S, progress=print) -> dict:  # fmt: skip
-    result: dict = {"started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "sizes": sizes,
-                    "idle_s": idle_s, "cores": os.cpu_count(), "mem_total_mb": _mem_total_mb(), "vpns": {}}  # fmt: skip
+def run_sweep(
+    vpns: list[str],
+    sizes: list[int],
+    workdir: Path,
+    out_json: Path | None = None,
+    idle_s: float = IDLE_S,
+    progress=print,
+) -> dict:
+    result: dict = {
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "sizes": sizes,
+        "idle_s": idle_s,
+        "cores": os.cpu_count(),
+        "mem_total_mb": _mem_total_mb(),
+        "vpns": {},
+    }
     for vpn in vpns:
         a = DRIVERS[vpn].availability()
         row: dict = {"version": a.version, "points": []}
@@ -174,9 +202,16 @@ def run_sweep(vpns: list[str], sizes: list[int], workdir: Path, out_json: Path |
                 break
             p = point(vpn, n, workdir, idle_s)
             row["points"].append(p)
-            progress(f"{vpn}: N = {n}: {p['result']}" + (f", all {p['pairs']} pairs answering after "
-                     f"{p['ready_s']} s, {per_node_mb(p):.1f} MB per node" if p["result"] == "ok" else
-                     f": {p.get('why', '')}") + f" ({p['seconds']} s)")  # fmt: skip
+            progress(
+                f"{vpn}: N = {n}: {p['result']}"
+                + (
+                    f", all {p['pairs']} pairs answering after "
+                    f"{p['ready_s']} s, {per_node_mb(p):.1f} MB per node"
+                    if p["result"] == "ok"
+                    else f": {p.get('why', '')}"
+                )
+                + f" ({p['seconds']} s)"
+            )
             if out_json is not None:
                 out_json.parent.mkdir(parents=True, exist_ok=True)
                 out_json.write_text(json.dumps(result, indent=2) + "\n")
@@ -203,8 +238,17 @@ def _mem_total_mb() -> float:
 
 def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     """One row per VPN x size: the curve as the terminal prints it."""
-    head = ["VPN", "N", "pairs", "start s", "ready s (pairs p50/p95)", "probe round s", "RSS MB / node", "daemons (label: RSS "
-            "median MB, CPU % mean)", "RTT h1->hN ms"]  # fmt: skip
+    head = [
+        "VPN",
+        "N",
+        "pairs",
+        "start s",
+        "ready s (pairs p50/p95)",
+        "probe round s",
+        "RSS MB / node",
+        "daemons (label: RSS median MB, CPU % mean)",
+        "RTT h1->hN ms",
+    ]
     rows = []
     for vpn, row in result["vpns"].items():
         if "unavailable" in row:
@@ -212,15 +256,37 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
             continue
         for p in row["points"]:
             if p["result"] != "ok":
-                rows.append([vpn, str(p["n"]), str(p["pairs"]), str(p.get("start_s", "-")), "failed", "-", "-",
-                             p.get("why", "")[:120], "-"])  # fmt: skip
+                rows.append(
+                    [
+                        vpn,
+                        str(p["n"]),
+                        str(p["pairs"]),
+                        str(p.get("start_s", "-")),
+                        "failed",
+                        "-",
+                        "-",
+                        p.get("why", "")[:120],
+                        "-",
+                    ]
+                )
                 continue
-            groups = "; ".join(f"{k} x{g['daemons']}: {g['rss_mb_median']}, {g['cpu_pct_mean']}"
-                               for k, g in p["idle"].items())  # fmt: skip
-            rows.append([vpn, str(p["n"]), str(p["pairs"]), f"{p['start_s']}",
-                         f"{p['ready_s']} ({p.get('pair_ready_p50_s', '-')}/{p.get('pair_ready_p95_s', '-')})",
-                         f"{p['probe_round_s']}", f"{per_node_mb(p):.1f}", groups,
-                         "-" if p["rtt_ms"] is None else f"{p['rtt_ms']}"])  # fmt: skip
+            groups = "; ".join(
+                f"{k} x{g['daemons']}: {g['rss_mb_median']}, {g['cpu_pct_mean']}"
+                for k, g in p["idle"].items()
+            )
+            rows.append(
+                [
+                    vpn,
+                    str(p["n"]),
+                    str(p["pairs"]),
+                    f"{p['start_s']}",
+                    f"{p['ready_s']} ({p.get('pair_ready_p50_s', '-')}/{p.get('pair_ready_p95_s', '-')})",
+                    f"{p['probe_round_s']}",
+                    f"{per_node_mb(p):.1f}",
+                    groups,
+                    "-" if p["rtt_ms"] is None else f"{p['rtt_ms']}",
+                ]
+            )
         if "bound" in row:
             rows.append([vpn, str(row["bound"]["n"]), "", "", "bound", "", "", row["bound"]["why"][:160], ""])
     return head, rows

@@ -88,9 +88,14 @@ def cell(vpn: str, t1: str, t2: str, workdir: Path) -> dict:
             s = share(before, watch.read())
             answered = _received(p.stdout) / PINGS
             pct = s.direct_pct
-            out.update(result=classify(pct, answered), direct_pct=None if pct is None else round(pct, 1),
-                       answered_pct=round(100 * answered, 1), direct_bytes=s.direct, via_bytes=s.via,
-                       inbound_dropped=_nat_drops(lab))  # fmt: skip
+            out.update(
+                result=classify(pct, answered),
+                direct_pct=None if pct is None else round(pct, 1),
+                answered_pct=round(100 * answered, 1),
+                direct_bytes=s.direct,
+                via_bytes=s.via,
+                inbound_dropped=_nat_drops(lab),
+            )
             if out["result"] == "failed":
                 out["why"] = f"{_received(p.stdout)}/{PINGS} pings answered"
             return out
@@ -104,13 +109,22 @@ def _nat_drops(lab: NetnsLab) -> dict[str, int]:
     return {h: lab._counter(n, f"{lab.tag}nat", "inbound_dropped")["packets"] for h, n in lab.nats.items()}
 
 
-def run_matrix(vpns: list[str], pairs: list[tuple[str, str]], workdir: Path, out_json: Path | None = None,
-               record: bool = True, progress=print) -> dict:  # fmt: skip
+def run_matrix(
+    vpns: list[str],
+    pairs: list[tuple[str, str]],
+    workdir: Path,
+    out_json: Path | None = None,
+    record: bool = True,
+    progress=print,
+) -> dict:
     """Every cell, VPN by VPN; the JSON artifact is rewritten after each cell (an interrupted matrix keeps
     what it measured). `record`: store each VPN's row as the `nat_matrix` probe of its feature record."""
-    result: dict = {"started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                    "pairs": [pair_key(*p) for p in pairs], "thresholds": {"direct_min_pct": DIRECT_MIN_PCT,
-                    "relay_max_pct": RELAY_MAX_PCT}, "vpns": {}}  # fmt: skip
+    result: dict = {
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "pairs": [pair_key(*p) for p in pairs],
+        "thresholds": {"direct_min_pct": DIRECT_MIN_PCT, "relay_max_pct": RELAY_MAX_PCT},
+        "vpns": {},
+    }
     for vpn in vpns:
         cls = DRIVERS[vpn]
         a = cls.availability()
@@ -124,17 +138,24 @@ def run_matrix(vpns: list[str], pairs: list[tuple[str, str]], workdir: Path, out
             c = cell(vpn, t1, t2, workdir)
             row["cells"][c["pair"]] = c
             pct = "-" if c.get("direct_pct") is None else f"{c['direct_pct']:.0f}%"
-            progress(f"{vpn}: h1 {t1} x h2 {t2}: {c['result']} (direct {pct}, {c['seconds']} s)"
-                     + (f": {c['why']}" if c.get("why") else ""))  # fmt: skip
+            progress(
+                f"{vpn}: h1 {t1} x h2 {t2}: {c['result']} (direct {pct}, {c['seconds']} s)"
+                + (f": {c['why']}" if c.get("why") else "")
+            )
             if out_json is not None:
                 out_json.parent.mkdir(parents=True, exist_ok=True)
                 out_json.write_text(json.dumps(result, indent=2) + "\n")
         if record and row["cells"]:
             summary = {k: cell_text(c) for k, c in row["cells"].items()}
-            save_probe(vpn, "nat_matrix", any(c["result"] != "failed" for c in row["cells"].values()),
-                       "h1 x h2 NAT types, relay host h3 public; h1->h2 ping flood after a 5 s warm-up, router "
-                       f"counters: direct >= {DIRECT_MIN_PCT:.0f}%, relayed <= {RELAY_MAX_PCT:.0f}%",
-                       a.version, value=summary)  # fmt: skip
+            save_probe(
+                vpn,
+                "nat_matrix",
+                any(c["result"] != "failed" for c in row["cells"].values()),
+                "h1 x h2 NAT types, relay host h3 public; h1->h2 ping flood after a 5 s warm-up, router "
+                f"counters: direct >= {DIRECT_MIN_PCT:.0f}%, relayed <= {RELAY_MAX_PCT:.0f}%",
+                a.version,
+                value=summary,
+            )
     result["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     if out_json is not None:
         out_json.write_text(json.dumps(result, indent=2) + "\n")

@@ -54,8 +54,9 @@ class Placement:
             return f"CPU placement off ({self.reason}): VPNs, tools and engine share all {self.ncpu} CPUs"
         per_host = ", ".join(f"{h}: {c}" for h, c in self.hosts.items())
         engine = f"engine on CPU {self.engine}, " if self.engine else ""
-        return (f"CPU placement {self.mode} ({self.reason}): {engine}system under test on CPU {self.sut}"
-                + (f" ({per_host})" if self.mode == "pinned" else ""))  # fmt: skip
+        return f"CPU placement {self.mode} ({self.reason}): {engine}system under test on CPU {self.sut}" + (
+            f" ({per_host})" if self.mode == "pinned" else ""
+        )
 
 
 PIN_MAX_HOSTS = 16  # larger labs (many-clients stars) are left to the scheduler
@@ -65,8 +66,14 @@ def available_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def plan(mode: str, engine_used: bool, hosts: list[str], engine_cpus: str | None = None,
-         sut_cpus: str | None = None, cpus: list[int] | None = None) -> Placement:  # fmt: skip
+def plan(
+    mode: str,
+    engine_used: bool,
+    hosts: list[str],
+    engine_cpus: str | None = None,
+    sut_cpus: str | None = None,
+    cpus: list[int] | None = None,
+) -> Placement:
     """Decide the placement. mode: auto | off | engine-apart | pinned (scenario [cpu] placement)."""
     cpus = cpus if cpus is not None else available_cpus()
     n = len(cpus)
@@ -96,11 +103,15 @@ def plan(mode: str, engine_used: bool, hosts: list[str], engine_cpus: str | None
     sut = cpu_list(sut_cpus) if sut_cpus else [c for c in cpus if c not in eng]
     unknown = [c for c in (*eng, *sut) if c not in cpus]
     if unknown:
-        raise ValueError(f"cpu: CPU {unknown[0]} is not available here (CPUs {cpu_spec(cpus)}); fix "
-                         "[cpu] engine_cpus / sut_cpus")  # fmt: skip
+        raise ValueError(
+            f"cpu: CPU {unknown[0]} is not available here (CPUs {cpu_spec(cpus)}); fix "
+            "[cpu] engine_cpus / sut_cpus"
+        )
     if not sut:
-        raise ValueError(f"cpu: no CPU left for the system under test (engine_cpus = {cpu_spec(eng)} of "
-                         f"{cpu_spec(cpus)}); set [cpu] sut_cpus")  # fmt: skip
+        raise ValueError(
+            f"cpu: no CPU left for the system under test (engine_cpus = {cpu_spec(eng)} of "
+            f"{cpu_spec(cpus)}); set [cpu] sut_cpus"
+        )
     if mode == "pinned":
         per_host = {h: str(sut[i % len(sut)]) for i, h in enumerate(hosts)}
     else:

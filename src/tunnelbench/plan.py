@@ -54,10 +54,13 @@ def history(results: Path) -> tuple[dict[tuple[str, str], list[float]], dict[str
     for db in sorted(results.glob(f"*/{DB_NAME}")):
         try:
             con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-            rows = con.execute("SELECT vpn, label, ended - started FROM \"case\" WHERE status = 'ok' "
-                               "AND ended IS NOT NULL").fetchall()  # fmt: skip
-            phases = con.execute("SELECT vpn, SUM(seconds), SUM(phase = 'vpn_setup') FROM phase WHERE vpn IS NOT "
-                                 "NULL AND phase IN ('vpn_setup', 'tunnel_wait', 'teardown') GROUP BY vpn").fetchall()  # fmt: skip
+            rows = con.execute(
+                "SELECT vpn, label, ended - started FROM \"case\" WHERE status = 'ok' AND ended IS NOT NULL"
+            ).fetchall()
+            phases = con.execute(
+                "SELECT vpn, SUM(seconds), SUM(phase = 'vpn_setup') FROM phase WHERE vpn IS NOT "
+                "NULL AND phase IN ('vpn_setup', 'tunnel_wait', 'teardown') GROUP BY vpn"
+            ).fetchall()
             con.close()
         except sqlite3.Error:  # an older or half-written store: no history from it
             continue

@@ -122,12 +122,16 @@ def load_resume(run_dir: Path) -> ResumePlan:
         raise ResumeError(f"run {run_id} finished ok ({ended}): there is nothing to resume; start a new run")
     owner = run_leftovers(run_id, run_dir)
     if owner.owner_alive():
-        raise ResumeError(f"run {run_id} is still running (pid {owner.owner_pid}): only a killed or interrupted "
-                          f"run can be resumed; stop it first (Ctrl-C, or kill -TERM {owner.owner_pid})")  # fmt: skip
+        raise ResumeError(
+            f"run {run_id} is still running (pid {owner.owner_pid}): only a killed or interrupted "
+            f"run can be resumed; stop it first (Ctrl-C, or kill -TERM {owner.owner_pid})"
+        )
     recorded = env.get("run.scenario_sha256")
     if recorded is None:
-        raise ResumeError(f"run {run_id} recorded no scenario hash (run.scenario_sha256): it was made by a "
-                          "tunnelbench without --resume and cannot be resumed; start a new run")  # fmt: skip
+        raise ResumeError(
+            f"run {run_id} recorded no scenario hash (run.scenario_sha256): it was made by a "
+            "tunnelbench without --resume and cannot be resumed; start a new run"
+        )
     path = run_dir / "scenario.toml"
     text = path.read_text() if path.exists() else run["scenario"]  # the store keeps the same text
     now = scenario_sha256(text)
@@ -137,8 +141,14 @@ def load_resume(run_dir: Path) -> ResumePlan:
             "a resumed run must measure the scenario it started with. Restore the file (the original text is in "
             f"{db}, table run, column scenario) to resume, or start a new run with the edited file"
         )
-    return ResumePlan(run_id, run_dir.absolute(), run["tag"], text,
-                      json.loads(env.get("run.overrides", "{}")), run["status"])  # fmt: skip
+    return ResumePlan(
+        run_id,
+        run_dir.absolute(),
+        run["tag"],
+        text,
+        json.loads(env.get("run.overrides", "{}")),
+        run["status"],
+    )
 
 
 class Interrupted(BaseException):  # not an Exception: no case handler may swallow it
@@ -158,9 +168,16 @@ def _raise_interrupted(signum, _frame):
 
 
 class Runner:
-    def __init__(self, scenario: Scenario, scenario_toml: str, console: Console | None = None,
-                 results_root: Path | None = None, profile: str | None = None, overrides: dict | None = None,
-                 resume: ResumePlan | None = None):  # fmt: skip
+    def __init__(
+        self,
+        scenario: Scenario,
+        scenario_toml: str,
+        console: Console | None = None,
+        results_root: Path | None = None,
+        profile: str | None = None,
+        overrides: dict | None = None,
+        resume: ResumePlan | None = None,
+    ):
         self.sc = scenario
         self.toml = scenario_toml
         self.console = console or Console(stderr=True)
@@ -242,9 +259,11 @@ class Runner:
         ):
             again = round_orders(self.sc.vpns, self.sc.run.repetitions, self.prior_seed)
             if self.prior_orders[: len(again)] != again:
-                raise ResumeError(f"run {self.run_id}: seed {self.prior_seed} no longer gives the stored round "
-                                  f"orders ({self.prior_orders} vs {again}); this tunnelbench plans rounds "
-                                  "differently, so the run cannot be continued: start a new run")  # fmt: skip
+                raise ResumeError(
+                    f"run {self.run_id}: seed {self.prior_seed} no longer gives the stored round "
+                    f"orders ({self.prior_orders} vs {again}); this tunnelbench plans rounds "
+                    "differently, so the run cannot be continued: start a new run"
+                )
 
     def _undo_leftovers(self) -> None:
         """Remove what the killed process left (namespaces, daemons, files) from its journal, as `clean` does,
@@ -266,9 +285,12 @@ class Runner:
         if rep.removed:
             self._say(f"removed what the interrupted run left: {', '.join(rep.removed)}", "yellow")
         if rep.problems or rep.skipped:
-            raise ResumeError("the interrupted run's leftovers could not all be removed: "
-                              + "; ".join(rep.problems + rep.skipped) + "; fix that (or run `tunnelbench clean`), "
-                              "then resume")  # fmt: skip
+            raise ResumeError(
+                "the interrupted run's leftovers could not all be removed: "
+                + "; ".join(rep.problems + rep.skipped)
+                + "; fix that (or run `tunnelbench clean`), "
+                "then resume"
+            )
 
     def _reopen(self) -> None:
         """Resume bookkeeping: drop the cases the killed process never finished, remember those already ok, and
@@ -279,8 +301,15 @@ class Runner:
         discarded = st.discard_unfinished(self.run_id)
         self.done = st.done_cases(self.run_id)
         resumed = json.loads(env.get("run.resumed", "[]"))
-        resumed.append({"at": time.time(), "previous_status": self.resume.status, "cases_ok": len(self.done),
-                        "discarded": discarded, "tunnelbench_version": __version__})  # fmt: skip
+        resumed.append(
+            {
+                "at": time.time(),
+                "previous_status": self.resume.status,
+                "cases_ok": len(self.done),
+                "discarded": discarded,
+                "tunnelbench_version": __version__,
+            }
+        )
         st.set_env(self.run_id, {"run.resumed": resumed})
         st.reopen_run(self.run_id)
         self.session_prefix = f"r{len(resumed)}"
@@ -300,15 +329,18 @@ class Runner:
             # a killed process never stored the router's total: its VPNs' shares stand for it
             total = int(env.get(f"router.{key}", sum(shares.values())))
             self.router_base[counter] = max(total, 0)
-        self._say(f"resume {len(resumed)} of this run (it was left {self.resume.status}): {len(self.done)} "
-                  f"cases already ok are kept, {len(discarded)} unfinished case(s) discarded and measured again",
-                  "yellow")  # fmt: skip
+        self._say(
+            f"resume {len(resumed)} of this run (it was left {self.resume.status}): {len(self.done)} "
+            f"cases already ok are kept, {len(discarded)} unfinished case(s) discarded and measured again",
+            "yellow",
+        )
 
     def _is_done(self, vpn: str, label: str, wl: Workload, rep: int) -> bool:
         return (vpn, label, wl.label(), rep) in self.done
 
-    def _session_needed(self, vpn: str, reps: list[int], only: set[tuple[str, str]] | None,
-                        adaptive: bool = False) -> bool:  # fmt: skip
+    def _session_needed(
+        self, vpn: str, reps: list[int], only: set[tuple[str, str]] | None, adaptive: bool = False
+    ) -> bool:
         """Has a session of this VPN anything left to measure? (A resumed run does not bring up a VPN whose
         cases of the round are all ok.)"""
         if not self.done:
@@ -349,8 +381,10 @@ class Runner:
             return  # the tools must be on the hosts: SshLab.build checks them there
         missing = [t for t in LAB_TOOLS if shutil.which(t) is None]
         if missing:
-            raise SystemExit(f"missing lab tools: {', '.join(missing)}; run `tunnelbench doctor` (the README's "
-                             "setup installs them)")  # fmt: skip
+            raise SystemExit(
+                f"missing lab tools: {', '.join(missing)}; run `tunnelbench doctor` (the README's "
+                "setup installs them)"
+            )
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -366,8 +400,10 @@ class Runner:
         if self.resume is None:
             self.store.begin_run(self.run_id, self.tag, self.toml, __version__)
             # what --resume checks and re-applies: the text as run, and the overrides parsed into it
-            self.store.set_env(self.run_id, {"run.scenario_sha256": scenario_sha256(self.toml),
-                                             "run.overrides": self.overrides})  # fmt: skip
+            self.store.set_env(
+                self.run_id,
+                {"run.scenario_sha256": scenario_sha256(self.toml), "run.overrides": self.overrides},
+            )
         else:
             self._reopen()
         old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -418,8 +454,10 @@ class Runner:
         self.store.set_env(self.run_id, env)
         if self.sc.hosts.firewall == "stateful":  # before any VPN starts: every packet through conntrack
             hostfw.install(self.lab.hosts, f"{self.tag}hostfw")
-            self.store.set_env(self.run_id, {"hosts.firewall": "stateful", "hosts.firewall.rules":
-                                             hostfw.rules(f"{self.tag}hostfw")})  # fmt: skip
+            self.store.set_env(
+                self.run_id,
+                {"hosts.firewall": "stateful", "hosts.firewall.rules": hostfw.rules(f"{self.tag}hostfw")},
+            )
         if self.sc.lab.backend == "netns":  # refuse unknown or read-only sysctls before any VPN starts
             sysctl.check(self.lab.hosts, {k for t in self.sc.tunings for k in self.sc.tuning(t)})
             sysctl.check_values(self.lab.hosts, {t: self.sc.tuning(t) for t in self.sc.tunings})
@@ -461,8 +499,11 @@ class Runner:
             if self.sc.lab.plant_fault == "udp-blocked":  # the path check's negative control
                 self.lab.block_udp_pair(client, server)  # type: ignore[attr-defined]
                 self.store.set_env(self.run_id, {"lab.plant_fault": "udp-blocked"})
-                self._say("plant_fault: UDP between the client and the server is dropped at the router "
-                          "(a test-only negative control of the path check)", "yellow")  # fmt: skip
+                self._say(
+                    "plant_fault: UDP between the client and the server is dropped at the router "
+                    "(a test-only negative control of the path check)",
+                    "yellow",
+                )
         conds = self._conditions()
         total = len(conds) * len(self.sc.vpns) * self.sc.run.repetitions * len(self.workloads)
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -537,8 +578,11 @@ class Runner:
                 and len(self.prior_orders) >= r
                 and self.prior_orders[r - 1] != order
             ):
-                self._say(f"adaptive round {r}: order {order} differs from the interrupted run's "
-                          f"{self.prior_orders[r - 1]}", "yellow")  # fmt: skip
+                self._say(
+                    f"adaptive round {r}: order {order} differs from the interrupted run's "
+                    f"{self.prior_orders[r - 1]}",
+                    "yellow",
+                )
             self.store.set_env(self.run_id, {"run.round_orders": orders})
             todo = [v for v in order if self._session_needed(v, [r], pending[v])]
             if todo:
@@ -562,9 +606,14 @@ class Runner:
         if isinstance(self.backend, NativeBackend):
             self.backend.gso_mode = self.sc.impair.gso
         # the engine mode of every condition: GSO super-packets whole, per wire packet, or no engine
-        env["impair.modes"] = {label: (tax.mode_of(self.sc.profile(p), self.sc.impair.gso)
-                                       if isinstance(self.backend, NativeBackend) else None)
-                               for p, _t, label in self._conditions()}  # fmt: skip
+        env["impair.modes"] = {
+            label: (
+                tax.mode_of(self.sc.profile(p), self.sc.impair.gso)
+                if isinstance(self.backend, NativeBackend)
+                else None
+            )
+            for p, _t, label in self._conditions()
+        }
         if (where := impair_placement.plan(self.lab)) is not None:
             env["impair.placement"] = where
         if isinstance(self.backend, NativeBackend):
@@ -582,16 +631,26 @@ class Runner:
                     continue
                 self.backend.apply(p)
                 try:
-                    cal = calibrate(self.backend, p, client, server, self.run_dir / "impair", base,
-                                    count=self.sc.impair.calibration_probes)  # fmt: skip
+                    cal = calibrate(
+                        self.backend,
+                        p,
+                        client,
+                        server,
+                        self.run_dir / "impair",
+                        base,
+                        count=self.sc.impair.calibration_probes,
+                    )
                 finally:
                     self.backend.clear()
                 self.store.set_env(self.run_id, {f"calibration.{p.name}": cal.to_json()})
                 bad = "; ".join(
                     f"{c.quantity} {c.measured:.3g} vs {c.configured:.3g} {c.unit}" for c in cal.failed()
                 )
-                self._say(f"calibrated {p.name} ({self.backend.name}): {p.summary()}"
-                          + (f" OUT OF TOLERANCE: {bad}" if bad else ""), "red" if bad else "")  # fmt: skip
+                self._say(
+                    f"calibrated {p.name} ({self.backend.name}): {p.summary()}"
+                    + (f" OUT OF TOLERANCE: {bad}" if bad else ""),
+                    "red" if bad else "",
+                )
         self._phase(None, "calibration", time.monotonic() - t0)
 
     def _apply_condition(self, name: str, tuning: str, mesh: Mesh) -> str | None:
@@ -631,8 +690,15 @@ class Runner:
             self.tuning_now = tuning
         if tuning not in self.tunings_recorded:  # what the hosts' TCP stack was under this tuning, read back
             self.tunings_recorded.add(tuning)
-            self.store.set_env(self.run_id, {f"sysctl.tuning.{tuning}": {
-                "set": values, "read_back": sysctl.snapshot(self._sut_hosts(), self.sc.sysctl_keys())}})  # fmt: skip
+            self.store.set_env(
+                self.run_id,
+                {
+                    f"sysctl.tuning.{tuning}": {
+                        "set": values,
+                        "read_back": sysctl.snapshot(self._sut_hosts(), self.sc.sysctl_keys()),
+                    }
+                },
+            )
 
     def _restore_tuning(self) -> None:
         if self.tuning_saved:
@@ -652,8 +718,9 @@ class Runner:
         if self.sc.lab.backend == "ssh":
             pl = placement.Placement("off", "not applied on SSH hosts", 0)
         else:
-            pl = placement.plan(cfg.placement, engine_used, [h.name for h in self.lab.hosts], cfg.engine_cpus,
-                                cfg.sut_cpus)  # fmt: skip
+            pl = placement.plan(
+                cfg.placement, engine_used, [h.name for h in self.lab.hosts], cfg.engine_cpus, cfg.sut_cpus
+            )
         pl.pin(self.lab.hosts)
         if isinstance(self.backend, NativeBackend):
             self.backend.place(pl.engine, cfg.engine_busy_poll_us, cfg.engine_realtime)
@@ -689,8 +756,15 @@ class Runner:
         self.progress.update(self.task, description=f"{vpn}: measuring the engine's tax")
         t0 = time.monotonic()
         try:
-            checks = tax.measure_tax(be, vpn, self.client, self.server, mesh.tunnel_ip(self.server),
-                                     self.sc.impair.tax_check_s, modes)  # fmt: skip
+            checks = tax.measure_tax(
+                be,
+                vpn,
+                self.client,
+                self.server,
+                mesh.tunnel_ip(self.server),
+                self.sc.impair.tax_check_s,
+                modes,
+            )
         except CASE_ERRORS as e:
             self.store.set_env(self.run_id, {f"engine_tax.{vpn}": {"error": str(e)}})
             self._say(f"{vpn}: engine-tax check failed: {e}", "red")
@@ -699,8 +773,11 @@ class Runner:
             self._phase(vpn, "tax_check", time.monotonic() - t0)
         self.store.set_env(self.run_id, {f"engine_tax.{vpn}": {c.mode: c.to_json() for c in checks}})
         for c in checks:
-            self._say(f"{vpn}: engine tax ({c.summary()})" + (" > 10%: throughput under this engine mode is partly "
-                      "the emulator's" if c.flagged else ""), "red" if c.flagged else "")  # fmt: skip
+            self._say(
+                f"{vpn}: engine tax ({c.summary()})"
+                + (" > 10%: throughput under this engine mode is partly the emulator's" if c.flagged else ""),
+                "red" if c.flagged else "",
+            )
 
     def _drift_reference(self, when: str) -> None:
         """A fixed reference measurement (raw underlay TCP, no VPN, no impairment) at every round boundary:
@@ -713,8 +790,9 @@ class Runner:
         try:
             if self.backend is not None:
                 self.backend.clear()
-            mbps = goodput_mbps(iperf3_tcp(self.client, self.server, self.server.underlay_ip,
-                                           self.sc.run.drift_check_s, 5296))  # fmt: skip
+            mbps = goodput_mbps(
+                iperf3_tcp(self.client, self.server, self.server.underlay_ip, self.sc.run.drift_check_s, 5296)
+            )
             self.drift.append({"when": when, "t": time.time(), "goodput_mbps": mbps})
         except CASE_ERRORS as e:
             self.drift.append({"when": when, "t": time.time(), "error": str(e)})
@@ -746,8 +824,9 @@ class Runner:
             avail = type(avail)(False, f"topology {self.sc.lab.topology}: not supported by {vpn}")
         return avail
 
-    def _vpn_session(self, vpn: str, reps: list[int], only: set[tuple[str, str]] | None,
-                     adaptive: bool = False) -> None:  # fmt: skip
+    def _vpn_session(
+        self, vpn: str, reps: list[int], only: set[tuple[str, str]] | None, adaptive: bool = False
+    ) -> None:
         """Bring one VPN's mesh up, run the given repetitions of every condition and workload (or only the
         (condition label, workload label) pairs in `only`), tear it down and verify."""
         assert self.lab is not None
@@ -768,12 +847,20 @@ class Runner:
             return
         # lab.hosts_per_vpn: the first hosts (client and server among them); the rest stay idle for this VPN
         hosts = list(self.lab.hosts)[: self.sc.mesh_hosts(vpn)]
-        spec = MeshSpec(hosts=hosts, tag=self.lab.tag, workdir=self.run_dir,
-                        mtu=self.sc.fairness.tunnel_mtu, options=self._vpn_options(vpn),
-                        path=self.sc.lab.path, relay=self.lab.relay,
-                        topology=self.sc.lab.topology, hub=self.server,
-                        session="" if first and not self.session_prefix
-                        else f"{self.session_prefix}s{self.bringups.get(vpn, 0) + 1}")  # fmt: skip
+        spec = MeshSpec(
+            hosts=hosts,
+            tag=self.lab.tag,
+            workdir=self.run_dir,
+            mtu=self.sc.fairness.tunnel_mtu,
+            options=self._vpn_options(vpn),
+            path=self.sc.lab.path,
+            relay=self.lab.relay,
+            topology=self.sc.lab.topology,
+            hub=self.server,
+            session=""
+            if first and not self.session_prefix
+            else f"{self.session_prefix}s{self.bringups.get(vpn, 0) + 1}",
+        )
         self.bringups[vpn] = self.bringups.get(vpn, 0) + 1
         mesh: Mesh | None = None
         progress.update(
@@ -820,8 +907,10 @@ class Runner:
             return
         self.store.set_vpn(self.run_id, vpn, avail.version, "ok", "", self._vpn_settings(driver))
         if mesh.unsettled_at_ready:  # the cases' path checks will say what the bytes did
-            self._say(f"{vpn}: paths not settled at the tunnel timeout: {'; '.join(mesh.unsettled_at_ready)}",
-                      "yellow")  # fmt: skip
+            self._say(
+                f"{vpn}: paths not settled at the tunnel timeout: {'; '.join(mesh.unsettled_at_ready)}",
+                "yellow",
+            )
         if first:
             self._say(
                 f"{vpn} {avail.version}: mesh of {len(hosts)}"
@@ -850,8 +939,16 @@ class Runner:
                             if self._is_done(vpn, label, wl, rep):
                                 continue
                             if self.sc.run.unreachable == "fail":  # Goethals et al.: measured as failures
-                                self.store.record_failure(self.run_id, vpn, label, wl.name, wl.label(),
-                                                          wl.params.model_dump(), rep, f"MeshNotReady: {why}")  # fmt: skip
+                                self.store.record_failure(
+                                    self.run_id,
+                                    vpn,
+                                    label,
+                                    wl.name,
+                                    wl.label(),
+                                    wl.params.model_dump(),
+                                    rep,
+                                    f"MeshNotReady: {why}",
+                                )
                             else:
                                 self.store.record_skip(self.run_id, vpn, label, wl.name, wl.label(), why)
                     progress.advance(task, len(reps) * len(wls) if only is None else 0)
@@ -987,8 +1084,9 @@ class Runner:
         except CASE_ERRORS as e:
             self._say(f"{vpn}: removing its keys failed: {e}", "red")
             return
-        rec = self.key_records.setdefault(vpn, {"files_checked": 0, "violations": [], "removed": [],
-                                                "kept": self.sc.run.keep_keys})  # fmt: skip
+        rec = self.key_records.setdefault(
+            vpn, {"files_checked": 0, "violations": [], "removed": [], "kept": self.sc.run.keep_keys}
+        )
         rec["removed"] = [*rec.get("removed", []), *removed]
         self.store.set_env(self.run_id, {f"keys.{vpn}": rec})
 
@@ -1059,11 +1157,29 @@ class Runner:
         for attempt in range(first, first + self.sc.run.retries + 1):
             adir = self.run_dir / "cases" / mesh.vpn / profile / wl.label() / f"r{rep}a{attempt}"
             adir.mkdir(parents=True, exist_ok=True)
-            cid = self.store.start_case(self.run_id, mesh.vpn, profile, wl.name, wl.label(),
-                                        wl.params.model_dump(), rep, attempt, client.name, server.name, adir)  # fmt: skip
+            cid = self.store.start_case(
+                self.run_id,
+                mesh.vpn,
+                profile,
+                wl.name,
+                wl.label(),
+                wl.params.model_dump(),
+                rep,
+                attempt,
+                client.name,
+                server.name,
+                adir,
+            )
             t0 = time.monotonic()
-            ctx = CaseContext(mesh, client, server, adir, t0 + self._case_timeout(wl),
-                              {"mss": self.sc.fairness.mss}, self.lab)  # fmt: skip
+            ctx = CaseContext(
+                mesh,
+                client,
+                server,
+                adir,
+                t0 + self._case_timeout(wl),
+                {"mss": self.sc.fairness.mss},
+                self.lab,
+            )
             diag = self._diagnostics(adir, mesh, client)
             try:
                 diag.start()
@@ -1130,8 +1246,9 @@ class Runner:
                 diag.finish(failed=True)
                 self._keep_logs(mesh.driver, adir / "daemon-logs")
                 # a case on the wrong path keeps the path share it saw (failed cases never count as results)
-                self.store.finish_case(cid, "failed", getattr(e, "outcome", None),
-                                       error=f"{type(e).__name__}: {e}"[:2000])  # fmt: skip
+                self.store.finish_case(
+                    cid, "failed", getattr(e, "outcome", None), error=f"{type(e).__name__}: {e}"[:2000]
+                )
                 self._phase(mesh.vpn, "failed_case", time.monotonic() - t0)
                 self._say(
                     f"{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400], "red"
@@ -1140,8 +1257,16 @@ class Runner:
 
     def _diagnostics(self, adir: Path, mesh: Mesh, client) -> CaseDiagnostics:
         """The case's pcap, kernel log and CPU profile, as `run.capture` and `run.flamegraph` ask."""
-        return CaseDiagnostics(adir, self.sc.run.capture, self.sc.run.capture_packets, self.sc.run.flamegraph,
-                               self.lab.router if self.lab else None, client, mesh.daemons, self._lab_hosts())  # fmt: skip
+        return CaseDiagnostics(
+            adir,
+            self.sc.run.capture,
+            self.sc.run.capture_packets,
+            self.sc.run.flamegraph,
+            self.lab.router if self.lab else None,
+            client,
+            mesh.daemons,
+            self._lab_hosts(),
+        )
 
     def _engine_stats(self) -> dict | None:
         if not isinstance(self.backend, NativeBackend) or self.backend.profile is None:

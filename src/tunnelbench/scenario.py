@@ -75,9 +75,12 @@ class RunCfg(Strict):
         None, ge=0, description="seed of the per-round VPN order; default: random, recorded"
     )
     drift_check_s: int = Field(
-        2, ge=0, le=60, description="a reference measurement (raw underlay TCP) at the start of every round, "
+        2,
+        ge=0,
+        le=60,
+        description="a reference measurement (raw underlay TCP) at the start of every round, "
         "seconds; 0 = off",
-    )  # fmt: skip
+    )
     capture: Literal["on-failure", "always", "off"] = Field(
         "on-failure",
         description="per-case artifacts: the router's pcap of the case's first `capture_packets` underlay packets "
@@ -93,8 +96,10 @@ class RunCfg(Strict):
     @model_validator(mode="after")
     def _adaptive(self) -> RunCfg:
         if self.max_repetitions is not None and self.max_repetitions < self.repetitions:
-            raise ValueError(f"max_repetitions ({self.max_repetitions}) must be >= repetitions "
-                             f"({self.repetitions}), or left out for a fixed count")  # fmt: skip
+            raise ValueError(
+                f"max_repetitions ({self.max_repetitions}) must be >= repetitions "
+                f"({self.repetitions}), or left out for a fixed count"
+            )
         return self
 
 
@@ -126,10 +131,12 @@ class LabCfg(Strict):
         None, description="relay / rendezvous host for path relay|nat (default: the last host)"
     )
     underlay_mtu: int | None = Field(
-        None, ge=1280, le=9000,
+        None,
+        ge=1280,
+        le=9000,
         description="MTU of every lab link (namespace lab; default 1500). A second no-VPN baseline at another MTU "
-        "in the same run: vpns = [\"internal\", \"internal@mtu1450\"]",
-    )  # fmt: skip
+        'in the same run: vpns = ["internal", "internal@mtu1450"]',
+    )
     nat_type: NatType = Field(
         "port-restricted",
         description="path nat: the type of every peer's NAT (RFC 4787): full-cone = endpoint-independent mapping "
@@ -166,8 +173,10 @@ class LabCfg(Strict):
         if self.path != "direct":
             relay = self.relay or names[-1]
             if relay not in names or relay in (self.client, self.server):
-                raise ValueError(f"relay must be a host other than client and server, one of {', '.join(names)} "
-                                 f"(got {relay!r}; path {self.path!r} needs hosts >= 3)")  # fmt: skip
+                raise ValueError(
+                    f"relay must be a host other than client and server, one of {', '.join(names)} "
+                    f"(got {relay!r}; path {self.path!r} needs hosts >= 3)"
+                )
         elif self.relay:
             raise ValueError('relay is only used with path = "relay" or "nat"')
         if self.path != "nat" and (self.nat_types or self.nat_type != "port-restricted"):
@@ -176,13 +185,17 @@ class LabCfg(Strict):
             relay = self.relay or names[-1]
             bad = [h for h in self.nat_types if h not in names or h == relay]
             if bad:
-                raise ValueError(f"nat_types: {', '.join(bad)} is not a host behind a NAT (the peers but the relay "
-                                 f"host {relay}: {', '.join(n for n in names if n != relay)})")  # fmt: skip
+                raise ValueError(
+                    f"nat_types: {', '.join(bad)} is not a host behind a NAT (the peers but the relay "
+                    f"host {relay}: {', '.join(n for n in names if n != relay)})"
+                )
         need = max(names.index(self.client), names.index(self.server)) + 1
         for vpn, n in self.hosts_per_vpn.items():
             if not need <= n <= self.hosts:
-                raise ValueError(f"hosts_per_vpn.{vpn}: {n} is not between {need} (the client {self.client} and "
-                                 f"server {self.server} are among a VPN's hosts) and lab.hosts = {self.hosts}")  # fmt: skip
+                raise ValueError(
+                    f"hosts_per_vpn.{vpn}: {n} is not between {need} (the client {self.client} and "
+                    f"server {self.server} are among a VPN's hosts) and lab.hosts = {self.hosts}"
+                )
         if self.hosts_per_vpn and self.path != "direct":
             raise ValueError(
                 'hosts_per_vpn is only used with path = "direct" (the relay host is the last one)'
@@ -214,21 +227,29 @@ class CpuCfg(Strict):
     engine_cpus: str | None = Field(
         None, pattern=r"^[0-9][0-9,\-]*$", description="CPU list for the engine; default: the last CPU"
     )
-    sut_cpus: str | None = Field(None, pattern=r"^[0-9][0-9,\-]*$",
-                                 description="CPU list for the system under test; default: all but the engine's")  # fmt: skip
+    sut_cpus: str | None = Field(
+        None,
+        pattern=r"^[0-9][0-9,\-]*$",
+        description="CPU list for the system under test; default: all but the engine's",
+    )
     engine_busy_poll_us: int | None = Field(
-        None, ge=0, le=1_000_000, description="engine busy-polls this long after its last packet before it "
+        None,
+        ge=0,
+        le=1_000_000,
+        description="engine busy-polls this long after its last packet before it "
         "sleeps; default: 1000 when it has CPUs of its own (engine-apart, pinned), else 0",
-    )  # fmt: skip
+    )
     steer_rx: bool | None = Field(
-        None, description="receive packet steering (RPS) of each host's underlay interface to its CPUs, so that "
+        None,
+        description="receive packet steering (RPS) of each host's underlay interface to its CPUs, so that "
         "packets the engine releases on its CPU are received on the host's; default off (it raised the engine "
         "tax on this machine: one more cross-CPU interrupt per batch)",
-    )  # fmt: skip
+    )
     engine_realtime: bool | None = Field(
-        None, description="engine at SCHED_FIFO; default: on when it shares CPUs with the system under test, "
+        None,
+        description="engine at SCHED_FIFO; default: on when it shares CPUs with the system under test, "
         "off when it has its own (a busy-polling real-time task would starve that CPU's kernel work)",
-    )  # fmt: skip
+    )
 
 
 class ImpairCfg(Strict):
@@ -244,9 +265,12 @@ class ImpairCfg(Strict):
         "jitter and rate (netem's semantics, far cheaper); segment = every wire packet separately",
     )
     tax_check_s: int = Field(
-        2, ge=0, le=60, description="per VPN, TCP seconds per leg of the engine-tax check (the VPN with the "
+        2,
+        ge=0,
+        le=60,
+        description="per VPN, TCP seconds per leg of the engine-tax check (the VPN with the "
         "native engine in the path at zero impairment vs without); 0 = off",
-    )  # fmt: skip
+    )
 
     @field_validator("profiles")
     @classmethod
@@ -268,8 +292,10 @@ def _sysctl_problems(values: dict[str, SysctlValue]) -> list[str]:
         if not SYSCTL_KEY.match(key):
             out.append(f"{key!r}: not a sysctl name (dotted, e.g. net.ipv4.tcp_reordering)")
         elif not key.startswith("net."):
-            out.append(f"{key!r}: only network sysctls (net.*) can be set per lab host (they are per network "
-                       "namespace; everything else is the whole machine's)")  # fmt: skip
+            out.append(
+                f"{key!r}: only network sysctls (net.*) can be set per lab host (they are per network "
+                "namespace; everything else is the whole machine's)"
+            )
     return out
 
 
@@ -371,8 +397,10 @@ class Scenario(Strict):
             build = (d.name, d.variant)
             if build in seen:
                 j = seen[build]
-                raise ValueError(f"vpns[{i}]: {spec!r} is listed twice"
-                                 + ("" if self.vpns[j] == spec else f" (as vpns[{j}] {self.vpns[j]!r})"))  # fmt: skip
+                raise ValueError(
+                    f"vpns[{i}]: {spec!r} is listed twice"
+                    + ("" if self.vpns[j] == spec else f" (as vpns[{j}] {self.vpns[j]!r})")
+                )
             seen[build] = i
         return self
 
@@ -432,8 +460,10 @@ class Scenario(Strict):
         """Every vpn_options.<vpn> against that driver's typed Options (vpns/base.py DriverOptions)."""
         from tunnelbench.vpns import resolve
 
-        found = {name: option_problems(resolve(name).Options, opts, name.partition("@")[0])
-                 for name, opts in self.vpn_options.items()}  # fmt: skip
+        found = {
+            name: option_problems(resolve(name).Options, opts, name.partition("@")[0])
+            for name, opts in self.vpn_options.items()
+        }
         problems = []
         for name, probs in found.items():
             base = found.get(name.partition("@")[0], []) if "@" in name else []
@@ -463,8 +493,10 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _firewall(self) -> Scenario:
         if self.hosts.firewall != "none" and self.lab.backend != "netns":
-            raise ValueError("hosts.firewall: needs the namespace lab (a real host's firewall is its own; "
-                             "set it there and record it)")  # fmt: skip
+            raise ValueError(
+                "hosts.firewall: needs the namespace lab (a real host's firewall is its own; "
+                "set it there and record it)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -472,8 +504,10 @@ class Scenario(Strict):
         known = ["default", *self.hosts.tunings]
         for name in self.tunings:
             if name not in known:
-                raise ValueError(f"tunings: unknown tuning {name!r}; allowed: {', '.join(known)} "
-                                 "(define it under [hosts.tunings.NAME])")  # fmt: skip
+                raise ValueError(
+                    f"tunings: unknown tuning {name!r}; allowed: {', '.join(known)} "
+                    "(define it under [hosts.tunings.NAME])"
+                )
         if len(set(self.tunings)) != len(self.tunings):
             raise ValueError("tunings: a tuning is listed twice")
         return self
@@ -555,8 +589,10 @@ def _validate_workload_params(sc: Scenario, source: str) -> None:
                     allowed = list(cls.Params.model_fields)
                     close = difflib.get_close_matches(key, allowed, n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    problems.append(f"workloads[{i}].{key}: unknown parameter of workload {w.name!r}{hint}; "
-                                    f"allowed: {', '.join(allowed)}")  # fmt: skip
+                    problems.append(
+                        f"workloads[{i}].{key}: unknown parameter of workload {w.name!r}{hint}; "
+                        f"allowed: {', '.join(allowed)}"
+                    )
                 else:
                     got = f" (got {err['input']!r})" if "input" in err else ""
                     problems.append(f"workloads[{i}].{key}: {err['msg']}{got}")
@@ -597,11 +633,16 @@ def load_scenario(path: Path | None = None) -> tuple[Scenario, str]:
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{source}: not valid TOML: {e}") from None
     if "suite" in data:  # tunnelbench/suite.py: only `run` and `plan` take a suite
-        raise ScenarioError(f"{source} is a suite of {len(data['suite'])} scenarios ({', '.join(data['suite'])}): "
-                            "`tunnelbench run` and `tunnelbench plan` take it; give one of its parts here")  # fmt: skip
+        raise ScenarioError(
+            f"{source} is a suite of {len(data['suite'])} scenarios ({', '.join(data['suite'])}): "
+            "`tunnelbench run` and `tunnelbench plan` take it; give one of its parts here"
+        )
     return parse_scenario(data, source), text
 
 
 def builtin_scenarios() -> list[str]:
-    return sorted(p.name.removesuffix(".toml") for p in resources.files("tunnelbench").joinpath("scenarios").iterdir()
-                  if p.name.endswith(".toml"))  # fmt: skip
+    return sorted(
+        p.name.removesuffix(".toml")
+        for p in resources.files("tunnelbench").joinpath("scenarios").iterdir()
+        if p.name.endswith(".toml")
+    )

@@ -108,8 +108,10 @@ class Store:
         with self.db:
             for table, col in (("metric", "case_id"), ("series", "case_id"), ('"case"', "id")):
                 self.db.executemany(f"DELETE FROM {table} WHERE {col}=?", ids)
-        return [f"{vpn} · {profile} · {label} · rep {rep} attempt {att + 1} ({st})"
-                for _id, vpn, profile, label, rep, att, st in rows]  # fmt: skip
+        return [
+            f"{vpn} · {profile} · {label} · rep {rep} attempt {att + 1} ({st})"
+            for _id, vpn, profile, label, rep, att, st in rows
+        ]
 
     def done_cases(self, run_id: str) -> set[tuple[str, str, str, int]]:
         """(vpn, condition label, workload label, repetition) of every case that finished ok."""
@@ -129,8 +131,15 @@ class Store:
         )
         self.db.commit()
 
-    def set_vpn(self, run_id: str, name: str, version: str | None, status: str, reason: str = "",
-                settings: dict | None = None) -> None:  # fmt: skip
+    def set_vpn(
+        self,
+        run_id: str,
+        name: str,
+        version: str | None,
+        status: str,
+        reason: str = "",
+        settings: dict | None = None,
+    ) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO vpn VALUES (?,?,?,?,?,?)",
             (run_id, name, version, status, reason, json.dumps(settings or {})),
@@ -141,8 +150,20 @@ class Store:
         self.db.execute("INSERT INTO phase VALUES (?,?,?,?)", (run_id, vpn, phase, seconds))
         self.db.commit()
 
-    def start_case(self, run_id: str, vpn: str, profile: str, workload: str, label: str, params: dict,
-                   repetition: int, attempt: int, client: str, server: str, artifact_dir: Path) -> int:  # fmt: skip
+    def start_case(
+        self,
+        run_id: str,
+        vpn: str,
+        profile: str,
+        workload: str,
+        label: str,
+        params: dict,
+        repetition: int,
+        attempt: int,
+        client: str,
+        server: str,
+        artifact_dir: Path,
+    ) -> int:
         cur = self.db.execute(
             'INSERT INTO "case" (run_id, vpn, profile, workload, label, params, repetition, attempt, status, '
             "started, client, server, artifact_dir) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -193,8 +214,17 @@ class Store:
         cid = self.start_case(run_id, vpn, profile, workload, label, {}, 0, 0, "", "", Path(""))
         self.finish_case(cid, "skipped", error=reason)
 
-    def record_failure(self, run_id: str, vpn: str, profile: str, workload: str, label: str, params: dict,
-                       repetition: int, error: str) -> None:  # fmt: skip
+    def record_failure(
+        self,
+        run_id: str,
+        vpn: str,
+        profile: str,
+        workload: str,
+        label: str,
+        params: dict,
+        repetition: int,
+        error: str,
+    ) -> None:
         """A case that could not start because its condition broke the mesh, kept as a failed measurement."""
         cid = self.start_case(run_id, vpn, profile, workload, label, params, repetition, 0, "", "", Path(""))
         self.finish_case(cid, "failed", error=error)
@@ -219,23 +249,33 @@ class Store:
             d["params"] = json.loads(d["params"] or "{}")
             yield CaseRow(**d)
 
-    def case_values(self, run_id: str, vpn: str, profile: str, label: str, name: str,
-                    below_rep: int | None = None) -> list[float]:  # fmt: skip
+    def case_values(
+        self, run_id: str, vpn: str, profile: str, label: str, name: str, below_rep: int | None = None
+    ) -> list[float]:
         """One case-level metric of every successful case of a (VPN, profile, workload label) group; with
         `below_rep`, only repetitions before it (what a run knew when it planned that repetition: a resumed
         run plans the same adaptive repetitions as the killed one)."""
-        return [v for (v,) in self.db.execute(
-            'SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.run_id = ? AND c.vpn = ? '
-            "AND c.profile = ? AND c.label = ? AND c.status = 'ok' AND m.name = ? AND m.host IS NULL "
-            "AND c.repetition < ?",
-            (run_id, vpn, profile, label, name, 2**31 if below_rep is None else below_rep))]  # fmt: skip
+        return [
+            v
+            for (v,) in self.db.execute(
+                'SELECT m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE c.run_id = ? AND c.vpn = ? '
+                "AND c.profile = ? AND c.label = ? AND c.status = 'ok' AND m.name = ? AND m.host IS NULL "
+                "AND c.repetition < ?",
+                (run_id, vpn, profile, label, name, 2**31 if below_rep is None else below_rep),
+            )
+        ]
 
     def metric_totals(self, run_id: str, names: tuple[str, ...]) -> dict[str, tuple[float, int]]:
         """(sum, count) of each named metric over the run's cases (any host)."""
         marks = ",".join("?" * len(names))
-        return {n: (s, k) for n, s, k in self.db.execute(
-            f'SELECT m.name, SUM(m.value), COUNT(*) FROM metric m JOIN "case" c ON c.id = m.case_id '
-            f"WHERE c.run_id = ? AND m.name IN ({marks}) GROUP BY m.name", (run_id, *names))}  # fmt: skip
+        return {
+            n: (s, k)
+            for n, s, k in self.db.execute(
+                f'SELECT m.name, SUM(m.value), COUNT(*) FROM metric m JOIN "case" c ON c.id = m.case_id '
+                f"WHERE c.run_id = ? AND m.name IN ({marks}) GROUP BY m.name",
+                (run_id, *names),
+            )
+        }
 
     def metrics(self, run_id: str) -> list[sqlite3.Row]:
         """Metrics of the run's successful cases, joined with their case keys."""

@@ -40,8 +40,10 @@ class Suite:
             return self.base / part
         if part in builtin_scenarios():
             return Path(part)
-        raise ScenarioError(f"{self.source}: suite part {part!r} is neither a file next to the suite nor a "
-                            f"built-in scenario ({', '.join(builtin_scenarios())})")  # fmt: skip
+        raise ScenarioError(
+            f"{self.source}: suite part {part!r} is neither a file next to the suite nor a "
+            f"built-in scenario ({', '.join(builtin_scenarios())})"
+        )
 
 
 def load_suite(path: Path | None) -> Suite | None:
@@ -65,14 +67,19 @@ def load_suite(path: Path | None) -> Suite | None:
         return None
     extra = sorted(set(data) - SUITE_KEYS)
     if extra:
-        raise ScenarioError(f"{source}: a suite holds only {', '.join(sorted(SUITE_KEYS))}; "
-                            f"move {', '.join(extra)} into its parts")  # fmt: skip
+        raise ScenarioError(
+            f"{source}: a suite holds only {', '.join(sorted(SUITE_KEYS))}; "
+            f"move {', '.join(extra)} into its parts"
+        )
     parts = data["suite"]
     if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p for p in parts):
-        raise ScenarioError(f"{source}: suite: a non-empty list of scenario names or files, e.g. "
-                            '["security-leak", "security-acl"]')  # fmt: skip
-    return Suite(str(data.get("name", Path(str(path)).stem)), str(data.get("description", "")), parts, source,
-                 base)  # fmt: skip
+        raise ScenarioError(
+            f"{source}: suite: a non-empty list of scenario names or files, e.g. "
+            '["security-leak", "security-acl"]'
+        )
+    return Suite(
+        str(data.get("name", Path(str(path)).stem)), str(data.get("description", "")), parts, source, base
+    )
 
 
 def capable(vpn: str, sc: Scenario) -> str | None:
@@ -96,8 +103,10 @@ def merged_rows(runs: list[RunData]) -> list[dict]:
     by_vpn: dict[str, dict] = {}
     for run in runs:
         for row in security_rows(run):
-            cur = by_vpn.setdefault(row["vpn"], {"vpn": row["vpn"], "version": row["version"],
-                                                  "cells": dict.fromkeys(COLUMNS, NOT_RUN)})  # fmt: skip
+            cur = by_vpn.setdefault(
+                row["vpn"],
+                {"vpn": row["vpn"], "version": row["version"], "cells": dict.fromkeys(COLUMNS, NOT_RUN)},
+            )
             for col, cell in row["cells"].items():
                 if cell == NOT_RUN:
                     continue
@@ -159,9 +168,22 @@ def write_matrix(suite: Suite, runs: list[RunData], rows: list[dict], notes: lis
     """matrix.md and matrix.json in `folder` (the suite's own folder beside the part runs)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "matrix.md").write_text(matrix_markdown(suite, runs, rows, notes))
-    (folder / "matrix.json").write_text(json.dumps(
-        {"suite": suite.name, "runs": [{"id": r.run_id, "dir": str(r.run_dir)} for r in runs], "notes": notes,
-         "rows": [{"vpn": r["vpn"], "version": r["version"],
-                   "cells": {c: {"verdict": v, "evidence": e} for c, (v, e) in r["cells"].items()}}
-                  for r in rows]}, indent=1))  # fmt: skip
+    (folder / "matrix.json").write_text(
+        json.dumps(
+            {
+                "suite": suite.name,
+                "runs": [{"id": r.run_id, "dir": str(r.run_dir)} for r in runs],
+                "notes": notes,
+                "rows": [
+                    {
+                        "vpn": r["vpn"],
+                        "version": r["version"],
+                        "cells": {c: {"verdict": v, "evidence": e} for c, (v, e) in r["cells"].items()},
+                    }
+                    for r in rows
+                ],
+            },
+            indent=1,
+        )
+    )
     return folder / "matrix.md"

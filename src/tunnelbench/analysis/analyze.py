@@ -104,10 +104,17 @@ def load_run(run_dir: Path, run_id: str | None = None) -> RunData:
     store = Store.open_run_dir(run_dir)
     run = dict(store.run_row(run_id))
     rid = run["id"]
-    return RunData(run_dir=run_dir, run_id=rid, run=run, env=store.env(rid),
-                   vpns=[dict(v) for v in store.vpns(rid)], cases=list(store.cases(rid)),
-                   metrics=[dict(m) for m in store.metrics(rid)], phases=store.phases(rid),
-                   store=store)  # fmt: skip
+    return RunData(
+        run_dir=run_dir,
+        run_id=rid,
+        run=run,
+        env=store.env(rid),
+        vpns=[dict(v) for v in store.vpns(rid)],
+        cases=list(store.cases(rid)),
+        metrics=[dict(m) for m in store.metrics(rid)],
+        phases=store.phases(rid),
+        store=store,
+    )
 
 
 @dataclass
@@ -285,8 +292,18 @@ def analyze(runs: list[RunData]) -> Analysis:
             g = groups.get(key)
             if g is None:
                 better, _ = metric_spec(c.workload, name)
-                g = groups[key] = Group(var, r.run_id, c.vpn, r.version(c.vpn), c.profile, c.workload, c.label,
-                                        name, m["unit"], better)  # fmt: skip
+                g = groups[key] = Group(
+                    var,
+                    r.run_id,
+                    c.vpn,
+                    r.version(c.vpn),
+                    c.profile,
+                    c.workload,
+                    c.label,
+                    name,
+                    m["unit"],
+                    better,
+                )
             g.values.append(m["value"])
             g.case_ids.append(cid)
             if name in EFFICIENCY_GOODPUT:
@@ -316,9 +333,18 @@ def analyze(runs: list[RunData]) -> Analysis:
     lrank = {lb: i for i, lb in enumerate(labels)}
     prank = {p: i for i, p in enumerate(profiles)}
     families.sort(key=lambda f: (prank.get(f.profile, 99), lrank.get(f.label, 99), f.metric))
-    return Analysis(runs, variants, variant_of, groups, families,
-                    _scaling(groups, variants), _efficiency(runs, variant_of, per_case),
-                    _usage(usage_raw, variants), profiles, labels)  # fmt: skip
+    return Analysis(
+        runs,
+        variants,
+        variant_of,
+        groups,
+        families,
+        _scaling(groups, variants),
+        _efficiency(runs, variant_of, per_case),
+        _usage(usage_raw, variants),
+        profiles,
+        labels,
+    )
 
 
 def _scaling(groups: dict[tuple[str, str, str, str], Group], variants: list[str]) -> list[Derived]:
@@ -332,14 +358,28 @@ def _scaling(groups: dict[tuple[str, str, str, str], Group], variants: list[str]
         if not single:
             continue
         r, lo, hi = ratio_ci(g.values, single.values)
-        out.append(Derived(var, profile, label, r, lo, hi, min(len(g.values), len(single.values)), "×",
-                           f"{m.group(1)} streams / 1 stream"))  # fmt: skip
+        out.append(
+            Derived(
+                var,
+                profile,
+                label,
+                r,
+                lo,
+                hi,
+                min(len(g.values), len(single.values)),
+                "×",
+                f"{m.group(1)} streams / 1 stream",
+            )
+        )
     rank = {v: i for i, v in enumerate(variants)}
     return sorted(out, key=lambda d: (d.profile, rank.get(d.variant, 99), d.label))
 
 
-def _efficiency(runs: list[RunData], variant_of: dict[tuple[str, str], str],
-                per_case: dict[tuple[str, int], dict[str, float]]) -> list[Derived]:  # fmt: skip
+def _efficiency(
+    runs: list[RunData],
+    variant_of: dict[tuple[str, str], str],
+    per_case: dict[tuple[str, int], dict[str, float]],
+) -> list[Derived]:
     """Goodput per daemon CPU-core: per case goodput / ((client + server daemon CPU %) / 100); for multihost
     (aggregate_goodput_mbps: many peers at once) the sum of every stream over every host's daemon CPU."""
     vals: dict[tuple[str, str, str], list[float]] = defaultdict(list)
@@ -379,9 +419,17 @@ def _usage(raw: dict[tuple[str, str, str], dict[str, list[float]]], variants: li
         def desc(k: str, d: dict[str, list[float]] = d) -> Describe | None:
             return describe(d[k]) if d.get(k) else None
 
-        out.append(Usage(var, profile, label, desc("daemon_cpu_pct:client"), desc("daemon_cpu_pct:server"),
-                         max(d["daemon_rss_mb:client"]) if d.get("daemon_rss_mb:client") else None,
-                         max(d["daemon_rss_mb:server"]) if d.get("daemon_rss_mb:server") else None))  # fmt: skip
+        out.append(
+            Usage(
+                var,
+                profile,
+                label,
+                desc("daemon_cpu_pct:client"),
+                desc("daemon_cpu_pct:server"),
+                max(d["daemon_rss_mb:client"]) if d.get("daemon_rss_mb:client") else None,
+                max(d["daemon_rss_mb:server"]) if d.get("daemon_rss_mb:server") else None,
+            )
+        )
     rank = {v: i for i, v in enumerate(variants)}
     return sorted(out, key=lambda u: (u.profile, rank.get(u.variant, 99), u.label))
 

@@ -83,13 +83,19 @@ class Comparison:
         return [c for c in self.changes if c.verdict == "REGRESSION"]
 
     def to_json(self) -> dict:
-        return {"run_a": self.run_a, "run_b": self.run_b, "threshold_pct": self.threshold_pct,
-                "alpha": ALPHA, "regressions": len(self.regressions),
-                "changes": [c.to_json() for c in self.changes],
-                "only_a": [list(k) for k in self.only_a], "only_b": [list(k) for k in self.only_b],
-                "underpowered": self.underpowered,
-                "failed_b": [list(k) for k in self.failed_b],
-                "security_b": [list(k) for k in self.security_b]}  # fmt: skip
+        return {
+            "run_a": self.run_a,
+            "run_b": self.run_b,
+            "threshold_pct": self.threshold_pct,
+            "alpha": ALPHA,
+            "regressions": len(self.regressions),
+            "changes": [c.to_json() for c in self.changes],
+            "only_a": [list(k) for k in self.only_a],
+            "only_b": [list(k) for k in self.only_b],
+            "underpowered": self.underpowered,
+            "failed_b": [list(k) for k in self.failed_b],
+            "security_b": [list(k) for k in self.security_b],
+        }
 
 
 def _samples(run: RunData) -> tuple[dict[tuple[str, str, str, str], list[float]], dict[str, tuple[str, str]]]:
@@ -110,8 +116,13 @@ def default_gated(workload: str, metric: str, unit: str) -> bool:
     return better != "none" and is_headline(workload, metric) and unit in RATIO_UNITS
 
 
-def compare_runs(a: RunData, b: RunData, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
-                 metrics: list[str] | None = None, vpn_map: dict[str, str] | None = None) -> Comparison:  # fmt: skip
+def compare_runs(
+    a: RunData,
+    b: RunData,
+    threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+    metrics: list[str] | None = None,
+    vpn_map: dict[str, str] | None = None,
+) -> Comparison:
     """Compare run B against run A. `metrics` restricts the comparison (and the gate) to these metrics;
     `vpn_map` renames A's VPNs to B's (e.g. to compare two drivers) before matching."""
     sa, info_a = _samples(a)
@@ -130,9 +141,26 @@ def compare_runs(a: RunData, b: RunData, threshold_pct: float = DEFAULT_THRESHOL
         xa, xb = np.asarray(sa[k], float), np.asarray(sb[k], float)
         _, p = mann_whitney(xa, xb)
         r, lo, hi = ratio_ci(xb, xa)
-        changes.append(Change(vpn, profile, label, metric, unit, better, gated, xa.size, xb.size,
-                              float(np.median(xa)), float(np.median(xb)), (r - 1) * 100, (lo - 1) * 100,
-                              (hi - 1) * 100, p, cliffs_delta=cliffs_delta(xb, xa)))  # fmt: skip
+        changes.append(
+            Change(
+                vpn,
+                profile,
+                label,
+                metric,
+                unit,
+                better,
+                gated,
+                xa.size,
+                xb.size,
+                float(np.median(xa)),
+                float(np.median(xb)),
+                (r - 1) * 100,
+                (lo - 1) * 100,
+                (hi - 1) * 100,
+                p,
+                cliffs_delta=cliffs_delta(xb, xa),
+            )
+        )
     # Holm within each metric: the family of all matched groups of that metric
     by_metric: dict[str, list[Change]] = defaultdict(list)
     for c in changes:
@@ -151,8 +179,17 @@ def compare_runs(a: RunData, b: RunData, threshold_pct: float = DEFAULT_THRESHOL
     gb = {k[:3] for k in sb}
     ran_b = {(c.vpn, c.profile, c.label) for c in b.cases if c.status in ("ok", "failed")}
     failed_b = sorted(k for k in ga - gb if k in ran_b)
-    return Comparison(a.run_id, b.run_id, threshold_pct, changes, sorted(ga - gb - set(failed_b)),
-                      sorted(gb - ga), underpowered, failed_b, _security_b(a, b, sa, sb, vpn_map))  # fmt: skip
+    return Comparison(
+        a.run_id,
+        b.run_id,
+        threshold_pct,
+        changes,
+        sorted(ga - gb - set(failed_b)),
+        sorted(gb - ga),
+        underpowered,
+        failed_b,
+        _security_b(a, b, sa, sb, vpn_map),
+    )
 
 
 def _security_b(a: RunData, b: RunData, sa: dict, sb: dict, vpn_map: dict[str, str] | None) -> list:

@@ -40,9 +40,11 @@ class Drift:
             return None
         med = statistics.median(v)
         cv = 100 * statistics.stdev(v) / statistics.mean(v)
-        return (f"drift reference (raw underlay TCP, {len(v)} rounds): median {med:,.0f} Mbit/s, "
-                f"range {min(v):,.0f}–{max(v):,.0f} ({100 * (max(v) - min(v)) / med:.0f}% of the median), "
-                f"CV {cv:.1f}%")  # fmt: skip
+        return (
+            f"drift reference (raw underlay TCP, {len(v)} rounds): median {med:,.0f} Mbit/s, "
+            f"range {min(v):,.0f}–{max(v):,.0f} ({100 * (max(v) - min(v)) / med:.0f}% of the median), "
+            f"CV {cv:.1f}%"
+        )
 
 
 @dataclass
@@ -96,8 +98,12 @@ def emulator_facts(env: dict[str, str], metrics: list[dict]) -> EmulatorFacts:
                 if isinstance(t.get(mode), dict):
                     pc.tax_pct[vpn] = float(t[mode]["tax_pct"])
         per_profile[prof] = pc
-    return EmulatorFacts(_json(env, "cpu.placement"), taxes, list(per_profile.values()),
-                         Drift(_json(env, "drift.reference") or []))  # fmt: skip
+    return EmulatorFacts(
+        _json(env, "cpu.placement"),
+        taxes,
+        list(per_profile.values()),
+        Drift(_json(env, "drift.reference") or []),
+    )
 
 
 def facts_lines(f: EmulatorFacts) -> list[str]:
@@ -115,13 +121,18 @@ def facts_lines(f: EmulatorFacts) -> list[str]:
                 if pl.get("mode") == "pinned"
                 else ""
             )
-            out.append(f"CPU placement: {pl.get('mode')} ({pl.get('reason')}): {eng}VPN daemons and measuring "
-                       f"tools on CPU {pl.get('sut')}{per_host}, for every profile incl. baseline")  # fmt: skip
+            out.append(
+                f"CPU placement: {pl.get('mode')} ({pl.get('reason')}): {eng}VPN daemons and measuring "
+                f"tools on CPU {pl.get('sut')}{per_host}, for every profile incl. baseline"
+            )
     for p in f.profiles:
         if not p.mode:
             continue
-        cpu = (f"engine CPU median {p.engine_cpu_median:.0f}% (max {p.engine_cpu_max:.0f}%) of a core"
-               if p.engine_cpu_median is not None else "engine CPU not measured")  # fmt: skip
+        cpu = (
+            f"engine CPU median {p.engine_cpu_median:.0f}% (max {p.engine_cpu_max:.0f}%) of a core"
+            if p.engine_cpu_median is not None
+            else "engine CPU not measured"
+        )
         tax = ", ".join(f"{v} {t:+.0f}%" + (" (>10%)" if t > 10 else "") for v, t in p.tax_pct.items())
         line = f"profile {p.profile} (engine, {'GSO packets whole' if p.mode == 'gso' else 'per wire packet'}): {cpu}"
         if tax:

@@ -56,11 +56,19 @@ def describe(values: Sequence[float], level: float = 0.95, seed: int = SEED) -> 
     lo, hi = bootstrap_ci(a, np.median, level=level, seed=seed)
     mlo, mhi = bootstrap_ci(a, np.mean, level=level, seed=seed)
     return Describe(
-        n=int(a.size), mean=mean, median=float(np.median(a)), sd=sd,
-        cv=sd / abs(mean) if mean else float("nan"), min=float(a.min()), max=float(a.max()),
+        n=int(a.size),
+        mean=mean,
+        median=float(np.median(a)),
+        sd=sd,
+        cv=sd / abs(mean) if mean else float("nan"),
+        min=float(a.min()),
+        max=float(a.max()),
         pct={p: float(np.percentile(a, p)) for p in PERCENTILES},
-        ci_lo=lo, ci_hi=hi, mean_ci_lo=mlo, mean_ci_hi=mhi,
-    )  # fmt: skip
+        ci_lo=lo,
+        ci_hi=hi,
+        mean_ci_lo=mlo,
+        mean_ci_hi=mhi,
+    )
 
 
 # -- bootstrap ---------------------------------------------------------------------------------------
@@ -71,9 +79,14 @@ def _resample(a: np.ndarray, rng: np.random.Generator, n_resamples: int) -> np.n
     return a[rng.integers(0, a.size, size=(n_resamples, a.size))]
 
 
-def bootstrap_ci(values: Sequence[float], statistic: Stat = np.mean, level: float = 0.95,
-                 n_resamples: int = N_RESAMPLES, seed: int = SEED,
-                 method: Literal["bca", "percentile"] = "bca") -> tuple[float, float]:  # fmt: skip
+def bootstrap_ci(
+    values: Sequence[float],
+    statistic: Stat = np.mean,
+    level: float = 0.95,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = SEED,
+    method: Literal["bca", "percentile"] = "bca",
+) -> tuple[float, float]:
     """Two-sided bootstrap CI of statistic(values). `statistic` must accept axis=-1 (np.mean, np.median).
 
     BCa (bias-corrected and accelerated, Efron 1987) by default; it falls back to the percentile method
@@ -105,9 +118,14 @@ def bootstrap_ci(values: Sequence[float], statistic: Stat = np.mean, level: floa
     return float(lo), float(hi)
 
 
-def ratio_ci(values: Sequence[float], base: Sequence[float], statistic: Stat = np.median,
-             level: float = 0.95, n_resamples: int = N_RESAMPLES,
-             seed: int = SEED) -> tuple[float, float, float]:  # fmt: skip
+def ratio_ci(
+    values: Sequence[float],
+    base: Sequence[float],
+    statistic: Stat = np.median,
+    level: float = 0.95,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = SEED,
+) -> tuple[float, float, float]:
     """statistic(values) / statistic(base) with a percentile bootstrap CI (both samples resampled
     independently). Returns (ratio, lo, hi); nan when the baseline statistic is 0."""
     a, b = np.asarray(values, dtype=float), np.asarray(base, dtype=float)
@@ -216,8 +234,20 @@ def pairwise(groups: dict[str, Sequence[float]]) -> list[Pair]:
         x, y = np.asarray(groups[a], float), np.asarray(groups[b], float)
         u, p = mann_whitney(x, y)
         mx, my = float(np.median(x)), float(np.median(y))
-        pairs.append(Pair(a, b, x.size, y.size, mx, my, u, p, cliffs_delta=cliffs_delta(x, y),
-                          rel_median_diff=rel_diff(mx, my)))  # fmt: skip
+        pairs.append(
+            Pair(
+                a,
+                b,
+                x.size,
+                y.size,
+                mx,
+                my,
+                u,
+                p,
+                cliffs_delta=cliffs_delta(x, y),
+                rel_median_diff=rel_diff(mx, my),
+            )
+        )
     for pr, ph in zip(pairs, holm([pr.p for pr in pairs]), strict=True):
         pr.p_holm = ph
     return pairs

@@ -27,8 +27,14 @@ class Stat:
     @classmethod
     def of(cls, values: list[float]) -> Stat:
         a = np.asarray(values, dtype=float)
-        return cls(int(a.size), float(np.median(a)), float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0,
-                   float(a.min()), float(a.max()))  # fmt: skip
+        return cls(
+            int(a.size),
+            float(np.median(a)),
+            float(a.mean()),
+            float(a.std(ddof=1)) if a.size > 1 else 0.0,
+            float(a.min()),
+            float(a.max()),
+        )
 
     @property
     def cv(self) -> float:

@@ -19,8 +19,17 @@ class CaseDiagnostics:
     """capture: "on-failure" | "always" | "off" (the pcap and the kernel log); profile: take a CPU profile.
     Every part is best effort: what could not run is said in the case's diagnostics.txt."""
 
-    def __init__(self, adir: Path, capture: str, packets: int, profile: bool, router: Host | None,
-                 client: Host, daemons: Callable[[], dict[str, list[Process]]], hosts: list[Host]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        adir: Path,
+        capture: str,
+        packets: int,
+        profile: bool,
+        router: Host | None,
+        client: Host,
+        daemons: Callable[[], dict[str, list[Process]]],
+        hosts: list[Host],
+    ) -> None:
         self.adir = adir
         self.capture = capture
         self.packets = packets
@@ -106,8 +115,9 @@ class CaseDiagnostics:
         keep = self.capture == "always" or (failed and self.capture == "on-failure")
         if self.pcap is not None:
             if keep:
-                self.notes.append(f"pcap: {PCAP}, {self.pcap.summary()}, first {self.packets} packets, "
-                                  f"headers only")  # fmt: skip
+                self.notes.append(
+                    f"pcap: {PCAP}, {self.pcap.summary()}, first {self.packets} packets, headers only"
+                )
             else:
                 for f in (self.pcap.dest, self.pcap.log):
                     f.unlink(missing_ok=True)

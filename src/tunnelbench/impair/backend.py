@@ -67,11 +67,28 @@ class FilteredTc:
             return
         if dev not in self.entries and h.journal is not None:
             self.entries[dev] = h.journal.add({"kind": "qdisc", "dev": dev, "handle": f"{TC_HANDLE}:"})
-        r = h.run(["tc", "qdisc", "replace", "dev", dev, "root", "handle", f"{TC_HANDLE}:", "prio",
-                   "bands", "4", "priomap", *PRIOMAP.split()], check=False)  # fmt: skip
+        r = h.run(
+            [
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                dev,
+                "root",
+                "handle",
+                f"{TC_HANDLE}:",
+                "prio",
+                "bands",
+                "4",
+                "priomap",
+                *PRIOMAP.split(),
+            ],
+            check=False,
+        )
         if r.returncode != 0:
-            raise ImpairError(f"{h.name}: cannot put a prio qdisc on {dev} (kernel module sch_prio?): "
-                              f"{r.stderr.strip()}")  # fmt: skip
+            raise ImpairError(
+                f"{h.name}: cannot put a prio qdisc on {dev} (kernel module sch_prio?): {r.stderr.strip()}"
+            )
         self.active.add(dev)
         h.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{TC_HANDLE}:4", *leaf])
         self._filters(dev, matches)
@@ -80,8 +97,25 @@ class FilteredTc:
         h = self.host
         for src, dst in matches:
             m = ["match", "ip", "dst", f"{dst}/32"] + (["match", "ip", "src", f"{src}/32"] if src else [])
-            h.run(["tc", "filter", "add", "dev", dev, "parent", f"{TC_HANDLE}:", "protocol", "ip", "prio", "1",
-                   "u32", *m, "flowid", f"{TC_HANDLE}:4"])  # fmt: skip
+            h.run(
+                [
+                    "tc",
+                    "filter",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    f"{TC_HANDLE}:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "1",
+                    "u32",
+                    *m,
+                    "flowid",
+                    f"{TC_HANDLE}:4",
+                ]
+            )
 
     def clear(self) -> None:
         self.active.clear()
@@ -152,14 +186,31 @@ class Backend(ABC):
         burst, limit = tbf[4], tbf[6]
         if self.remote:
             if profile.hosts:
-                raise ImpairError(f"profile {profile.name!r}: a host-scoped rate limit (uplink shaping) is not "
-                                  "supported on SSH hosts yet; use all hosts")  # fmt: skip
+                raise ImpairError(
+                    f"profile {profile.name!r}: a host-scoped rate limit (uplink shaping) is not "
+                    "supported on SSH hosts yet; use all hosts"
+                )
             for h in self.scope(profile):
                 self.tc.apply(self.ifname(h), self.toward(h), tbf)
             return
         for h in self.scope(profile):
-            self.router.run(["tc", "qdisc", "replace", "dev", self.ifname(h), "root", "tbf", "rate",
-                             f"{profile.rate_mbit}mbit", "burst", str(burst), "limit", str(limit)])  # fmt: skip
+            self.router.run(
+                [
+                    "tc",
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    self.ifname(h),
+                    "root",
+                    "tbf",
+                    "rate",
+                    f"{profile.rate_mbit}mbit",
+                    "burst",
+                    str(burst),
+                    "limit",
+                    str(limit),
+                ]
+            )
         if profile.hosts:
             # the host's uplink: everything it sends, shaped on an IFB fed from the router's ingress
             for h in self.scope(profile):
@@ -167,10 +218,41 @@ class Backend(ABC):
                 self.router.run(["ip", "link", "add", ifb, "type", "ifb"])
                 self.router.run(["ip", "link", "set", ifb, "up"])
                 self.router.run(["tc", "qdisc", "add", "dev", self.ifname(h), "handle", "ffff:", "ingress"])
-                self.router.run(["tc", "filter", "add", "dev", self.ifname(h), "parent", "ffff:", "matchall",
-                                 "action", "mirred", "egress", "redirect", "dev", ifb])  # fmt: skip
-                self.router.run(["tc", "qdisc", "replace", "dev", ifb, "root", "tbf", "rate",
-                                 f"{profile.rate_mbit}mbit", "burst", str(burst), "limit", str(limit)])  # fmt: skip
+                self.router.run(
+                    [
+                        "tc",
+                        "filter",
+                        "add",
+                        "dev",
+                        self.ifname(h),
+                        "parent",
+                        "ffff:",
+                        "matchall",
+                        "action",
+                        "mirred",
+                        "egress",
+                        "redirect",
+                        "dev",
+                        ifb,
+                    ]
+                )
+                self.router.run(
+                    [
+                        "tc",
+                        "qdisc",
+                        "replace",
+                        "dev",
+                        ifb,
+                        "root",
+                        "tbf",
+                        "rate",
+                        f"{profile.rate_mbit}mbit",
+                        "burst",
+                        str(burst),
+                        "limit",
+                        str(limit),
+                    ]
+                )
 
     def _clear_tc(self) -> None:
         if self.remote:
@@ -316,20 +398,30 @@ def netem_args(p: Profile) -> list[str]:
 
 def engine_rule(name: str, src: str, dst: str, p: Profile) -> dict:
     r: dict = {
-        "name": name, "src": src, "dst": dst, "correlation_model": p.correlation_model,
-        "delay_us": int(p.delay_ms * 1000), "jitter_us": int(p.jitter_ms * 1000),
-        "distribution": p.distribution, "delay_correlation": p.delay_correlation_pct / 100,
+        "name": name,
+        "src": src,
+        "dst": dst,
+        "correlation_model": p.correlation_model,
+        "delay_us": int(p.delay_ms * 1000),
+        "jitter_us": int(p.jitter_ms * 1000),
+        "distribution": p.distribution,
+        "delay_correlation": p.delay_correlation_pct / 100,
         "loss": None,
         "reorder": {"p": p.reorder_pct / 100, "correlation": p.reorder_correlation_pct / 100},
         "duplicate": {"p": p.duplicate_pct / 100, "correlation": p.duplicate_correlation_pct / 100},
         "corrupt": {"p": p.corrupt_pct / 100, "correlation": 0.0},
-    }  # fmt: skip
+    }
     if p.loss_pct:
         r["loss"] = {"model": "random", "p": p.loss_pct / 100, "correlation": p.loss_correlation_pct / 100}
     elif p.gemodel:
         g = p.gemodel
-        r["loss"] = {"model": "gemodel", "p": g.p_pct / 100, "r": g.r_pct / 100,
-                     "h": 1 - g.bad_loss_pct / 100, "k": 1 - g.good_loss_pct / 100}  # fmt: skip
+        r["loss"] = {
+            "model": "gemodel",
+            "p": g.p_pct / 100,
+            "r": g.r_pct / 100,
+            "h": 1 - g.bad_loss_pct / 100,
+            "k": 1 - g.good_loss_pct / 100,
+        }
     elif p.loss_state:
         s = p.loss_state
         r["loss"] = {
@@ -342,8 +434,15 @@ def engine_rule(name: str, src: str, dst: str, p: Profile) -> dict:
 class NativeBackend(Backend):
     name = "native"
 
-    def __init__(self, router: Host, hosts: list[Host], workdir: Path, binary: Path,
-                 ifnames: dict[str, str] | None = None, chain: str = CHAIN):  # fmt: skip
+    def __init__(
+        self,
+        router: Host,
+        hosts: list[Host],
+        workdir: Path,
+        binary: Path,
+        ifnames: dict[str, str] | None = None,
+        chain: str = CHAIN,
+    ):
         super().__init__(router, hosts, workdir, ifnames)
         self.binary = binary  # a path on the router (copied there for a remote router)
         self.chain = chain
@@ -426,8 +525,11 @@ class NativeBackend(Backend):
             raise ImpairError(f"impaird rejected the config for {profile.name!r}: {chk.stdout}{chk.stderr}")
         r.remove(self.stats_path)
         pin = ["taskset", "-c", self.cpus] if self.cpus else []
-        self.proc = r.spawn([*pin, str(self.binary), "--config", str(cfg_path)], label="impaird",
-                            log_path=self.workdir / "impaird.log")  # fmt: skip
+        self.proc = r.spawn(
+            [*pin, str(self.binary), "--config", str(cfg_path)],
+            label="impaird",
+            log_path=self.workdir / "impaird.log",
+        )
         deadline = time.monotonic() + 10
         while not r.exists(self.stats_path):
             if not self.proc.alive() or time.monotonic() > deadline:
@@ -435,8 +537,9 @@ class NativeBackend(Backend):
             time.sleep(0.02)
         # queue only lab-to-lab forwarded traffic; no --queue-bypass: if the engine dies, packets drop
         if r.journal is not None and self.remote:
-            self._chain_entry = r.journal.add({"kind": "iptables_chain", "table": "mangle", "chain": self.chain,
-                                               "from": "FORWARD"})  # fmt: skip
+            self._chain_entry = r.journal.add(
+                {"kind": "iptables_chain", "table": "mangle", "chain": self.chain, "from": "FORWARD"}
+            )
         r.run(["iptables", "-t", "mangle", "-N", self.chain])
         if self.remote:  # real networks: peer-to-peer packets only (never the control connection)
             for a in self.hosts:
@@ -559,21 +662,30 @@ def remote_impaird(router: Host) -> Path:
     )
 
 
-def make_backend(choice: str, router: Host, hosts: list[Host], workdir: Path,
-                 ifnames: dict[str, str] | None = None, tag: str = "") -> Backend:  # fmt: skip
+def make_backend(
+    choice: str,
+    router: Host,
+    hosts: list[Host],
+    workdir: Path,
+    ifnames: dict[str, str] | None = None,
+    tag: str = "",
+) -> Backend:
     """choice: auto | netem | native. auto = netem where the kernel has it (the field's standard).
     A remote (SSH) router: ifnames are its interfaces toward each peer, tag names what it creates there."""
     probe_if = f"{tag}nprobe" if router.remote else "tbprobe0"
     if choice in ("auto", "netem") and netem_available(router, probe_if):
         return NetemBackend(router, hosts, workdir, ifnames)
     if choice == "netem":
-        raise ImpairError(f"impair.backend = 'netem' but {router.name}'s kernel has no netem "
-                          "(see `tunnelbench doctor`)")  # fmt: skip
+        raise ImpairError(
+            f"impair.backend = 'netem' but {router.name}'s kernel has no netem (see `tunnelbench doctor`)"
+        )
     if router.remote:
         chain = f"{CHAIN}_{tag}" if tag else CHAIN
         return NativeBackend(router, hosts, workdir, remote_impaird(router), ifnames, chain)
     binary = impaird_binary()
     if binary is None or not binary.exists():
-        raise ImpairError("no netem in this kernel and the native engine is not built: run "
-                          "`cargo build --release` in native/impaird (scripts/setup.sh does it)")  # fmt: skip
+        raise ImpairError(
+            "no netem in this kernel and the native engine is not built: run "
+            "`cargo build --release` in native/impaird (scripts/setup.sh does it)"
+        )
     return NativeBackend(router, hosts, workdir, binary)

@@ -58,8 +58,15 @@ class Calibration:
         return [c for c in self.checks if c.ok is False]
 
     def to_json(self) -> str:
-        return json.dumps({"profile": self.profile, "backend": self.backend, "summary": self.summary,
-                           "ok": self.ok, "checks": [asdict(c) for c in self.checks]})  # fmt: skip
+        return json.dumps(
+            {
+                "profile": self.profile,
+                "backend": self.backend,
+                "summary": self.summary,
+                "ok": self.ok,
+                "checks": [asdict(c) for c in self.checks],
+            }
+        )
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -216,8 +223,16 @@ def expected_sd(p: Profile) -> float:
     return p.jitter_ms / math.sqrt(3) if p.distribution == "uniform" else p.jitter_ms
 
 
-def calibrate(backend: Backend, profile: Profile, src: Host, dst: Host, workdir: Path, base: Base,
-              count: int = 4000, interval_us: int = 500) -> Calibration:  # fmt: skip
+def calibrate(
+    backend: Backend,
+    profile: Profile,
+    src: Host,
+    dst: Host,
+    workdir: Path,
+    base: Base,
+    count: int = 4000,
+    interval_us: int = 500,
+) -> Calibration:
     """Apply must already have happened. Probes src -> dst and compares with the profile."""
     cal = Calibration(profile.name, backend.name, profile.summary())
     max_delay_s = (profile.delay_ms + 4 * profile.jitter_ms) / 1000
@@ -232,9 +247,16 @@ def calibrate(backend: Backend, profile: Profile, src: Host, dst: Host, workdir:
             mean = float(d.mean())
             tol = max(0.02 * exp_delay, 0.25)
             pct = np.percentile(d, [50, 95, 99])
-            cal.checks.append(Check("one-way delay mean", "ms", exp_delay, mean,
-                                    f"p50 {pct[0]:.2f}, p95 {pct[1]:.2f}, p99 {pct[2]:.2f}; tolerance ±{tol:.2f}",
-                                    abs(mean - exp_delay) <= tol))  # fmt: skip
+            cal.checks.append(
+                Check(
+                    "one-way delay mean",
+                    "ms",
+                    exp_delay,
+                    mean,
+                    f"p50 {pct[0]:.2f}, p95 {pct[1]:.2f}, p99 {pct[2]:.2f}; tolerance ±{tol:.2f}",
+                    abs(mean - exp_delay) <= tol,
+                )
+            )
             sd = float(d.std(ddof=1)) if d.size > 1 else 0.0
             esd = expected_sd(profile) if in_scope else 0.0
             if esd and not profile.reorder_pct:
@@ -258,11 +280,19 @@ def calibrate(backend: Backend, profile: Profile, src: Host, dst: Host, workdir:
 
         lo95, hi95 = interval(Z95)
         lo_f, hi_f = interval(Z_FLAG)
-        cal.checks.append(Check("loss", "%", 100 * exp_loss, 100 * mid,
-                                f"95% CI {100 * lo95:.2f}-{100 * hi95:.2f}% over {n} probes"
-                                + (f" (widened ×{widen:.2f} for correlated loss)" if rho else ""),
-                                lo_f <= exp_loss <= hi_f or abs(mid - exp_loss) < 0.001,
-                                100 * lo95, 100 * hi95))  # fmt: skip
+        cal.checks.append(
+            Check(
+                "loss",
+                "%",
+                100 * exp_loss,
+                100 * mid,
+                f"95% CI {100 * lo95:.2f}-{100 * hi95:.2f}% over {n} probes"
+                + (f" (widened ×{widen:.2f} for correlated loss)" if rho else ""),
+                lo_f <= exp_loss <= hi_f or abs(mid - exp_loss) < 0.001,
+                100 * lo95,
+                100 * hi95,
+            )
+        )
         if pr.loss_bursts:
             mean_burst = float(np.mean(pr.loss_bursts))
             exp_burst = profile.gemodel.expected_burst() if (profile.gemodel and in_scope) else None
@@ -284,18 +314,41 @@ def calibrate(backend: Backend, profile: Profile, src: Host, dst: Host, workdir:
             rho = profile.reorder_correlation_pct / 100
             widen = math.sqrt((1 + rho) / (1 - rho)) if rho < 1 else 10.0
             if profile.jitter_ms and in_scope:
-                cal.checks.append(Check("reorder share", "%", None, 100 * share,
-                                        "jitter reorders packets too (netem semantics): no fixed expectation"))  # fmt: skip
+                cal.checks.append(
+                    Check(
+                        "reorder share",
+                        "%",
+                        None,
+                        100 * share,
+                        "jitter reorders packets too (netem semantics): no fixed expectation",
+                    )
+                )
             else:
                 tol = max(Z_FLAG * se * widen, 0.002)
-                cal.checks.append(Check("reorder share", "%", 100 * exp_r, 100 * share, f"tolerance ±{100 * tol:.2f}%",
-                                        abs(share - exp_r) <= tol))  # fmt: skip
+                cal.checks.append(
+                    Check(
+                        "reorder share",
+                        "%",
+                        100 * exp_r,
+                        100 * share,
+                        f"tolerance ±{100 * tol:.2f}%",
+                        abs(share - exp_r) <= tol,
+                    )
+                )
             dshare = pr.duplicates / pr.received
             exp_d = profile.duplicate_pct / 100 if in_scope else 0.0
             se_d = math.sqrt(max(exp_d * (1 - exp_d), 1e-6) / pr.received)
             tol_d = max(Z_FLAG * se_d, 0.002)
-            cal.checks.append(Check("duplicate share", "%", 100 * exp_d, 100 * dshare, f"tolerance ±{100 * tol_d:.2f}%",
-                                    abs(dshare - exp_d) <= tol_d))  # fmt: skip
+            cal.checks.append(
+                Check(
+                    "duplicate share",
+                    "%",
+                    100 * exp_d,
+                    100 * dshare,
+                    f"tolerance ±{100 * tol_d:.2f}%",
+                    abs(dshare - exp_d) <= tol_d,
+                )
+            )
         if profile.loss_pct < 100 and exp_loss < 0.9:
             rtt = ping_rtt(src, dst, 100, 0.01, max_delay_s)
             if rtt.size:
@@ -304,12 +357,28 @@ def calibrate(backend: Backend, profile: Profile, src: Host, dst: Host, workdir:
                 med = float(np.median(rtt))
                 tol = max(0.02 * exp_rtt, 0.25)
                 ok = abs(med - exp_rtt) <= tol if not profile.jitter_ms else None
-                cal.checks.append(Check("ping RTT median", "ms", exp_rtt, med,
-                                        f"{rtt.size} replies; base RTT {base.rtt_ms:.3f} ms; tolerance ±{tol:.2f}", ok))  # fmt: skip
+                cal.checks.append(
+                    Check(
+                        "ping RTT median",
+                        "ms",
+                        exp_rtt,
+                        med,
+                        f"{rtt.size} replies; base RTT {base.rtt_ms:.3f} ms; tolerance ±{tol:.2f}",
+                        ok,
+                    )
+                )
     if profile.rate_mbit and in_scope:
         got = tcp_rate(src, dst)
-        cal.checks.append(Check("TCP goodput at the rate limit", "Mbit/s", profile.rate_mbit, got,
-                                "expected 90-100% of the rate", 0.9 * profile.rate_mbit <= got <= 1.0 * profile.rate_mbit))  # fmt: skip
+        cal.checks.append(
+            Check(
+                "TCP goodput at the rate limit",
+                "Mbit/s",
+                profile.rate_mbit,
+                got,
+                "expected 90-100% of the rate",
+                0.9 * profile.rate_mbit <= got <= 1.0 * profile.rate_mbit,
+            )
+        )
     return cal
 
 

@@ -77,12 +77,25 @@ def measure(
         cpu = s1["cpu_s"] - s0["cpu_s"]
         cpu_pp = 1e6 * cpu / pk
         cpu_pct = 100 * cpu / dt
-    return BenchRow(label, streams, end["sum_received"]["bits_per_second"] / 1e9, wire_packets(p1 - p0, b1 - b0) / dt / 1e3,
-                    cpu_pp, cpu_pct, int(end["sum_sent"].get("retransmits", 0)))  # fmt: skip
+    return BenchRow(
+        label,
+        streams,
+        end["sum_received"]["bits_per_second"] / 1e9,
+        wire_packets(p1 - p0, b1 - b0) / dt / 1e3,
+        cpu_pp,
+        cpu_pct,
+        int(end["sum_sent"].get("retransmits", 0)),
+    )
 
 
-def run_bench(root: Path, seconds: float = 5.0, big_buffers: bool = True, placement_mode: str = "auto",
-              vpns: list[str] | None = None, tax_rounds: int = 3) -> tuple[str, list[BenchRow], list, str]:  # fmt: skip
+def run_bench(
+    root: Path,
+    seconds: float = 5.0,
+    big_buffers: bool = True,
+    placement_mode: str = "auto",
+    vpns: list[str] | None = None,
+    tax_rounds: int = 3,
+) -> tuple[str, list[BenchRow], list, str]:
     """Rows: the raw path, then the engine at 0 and 20 ms in both modes (GSO super-packets whole, every wire
     packet). With `vpns`, each VPN's engine tax (TaxCheck per mode). Returns (engine version, rows, tax
     checks, placement summary)."""
@@ -136,8 +149,16 @@ def run_bench(root: Path, seconds: float = 5.0, big_buffers: bool = True, placem
                     mesh.start()
                     mesh.wait_ready(60)
                     time.sleep(mesh.driver.settle_s)
-                    checks += tax.measure_tax(be, f"{name} {avail.version}", h1, h2, mesh.tunnel_ip(h2),
-                                              max(1, round(seconds)), ["gso", "segment"], rounds=tax_rounds)  # fmt: skip
+                    checks += tax.measure_tax(
+                        be,
+                        f"{name} {avail.version}",
+                        h1,
+                        h2,
+                        mesh.tunnel_ip(h2),
+                        max(1, round(seconds)),
+                        ["gso", "segment"],
+                        rounds=tax_rounds,
+                    )
                 finally:
                     mesh.stop()
                 left = mesh.leftovers()

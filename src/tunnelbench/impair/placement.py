@@ -29,18 +29,25 @@ def _on_ssh_hosts(lab: Lab) -> bool:
 def placement(lab: SshLab) -> str:
     """An SSH lab's placement: "router" or "egress" (inventory var tunnelbench_impair; default: router if the
     inventory has a router host). Raises ValueError naming the inventory for a value it cannot honour."""
-    where = {str(h.inv.vars.get("tunnelbench_impair")) for h in lab.all_hosts()
-             if h.inv.vars.get("tunnelbench_impair") is not None}  # fmt: skip
+    where = {
+        str(h.inv.vars.get("tunnelbench_impair"))
+        for h in lab.all_hosts()
+        if h.inv.vars.get("tunnelbench_impair") is not None
+    }
     if len(where) > 1:
-        raise ValueError(f"inventory {lab.inventory.path}: tunnelbench_impair is set to {sorted(where)}; "
-                         "use one placement for the whole inventory")  # fmt: skip
+        raise ValueError(
+            f"inventory {lab.inventory.path}: tunnelbench_impair is set to {sorted(where)}; "
+            "use one placement for the whole inventory"
+        )
     mode = where.pop() if where else ("router" if lab.router else "egress")
     if mode not in ("router", "egress"):
-        raise ValueError(f"inventory {lab.inventory.path}: tunnelbench_impair must be router or egress, "
-                         f"not {mode!r}")  # fmt: skip
+        raise ValueError(
+            f"inventory {lab.inventory.path}: tunnelbench_impair must be router or egress, not {mode!r}"
+        )
     if mode == "router" and lab.router is None:
-        raise ValueError(f"inventory {lab.inventory.path}: tunnelbench_impair: router needs a host in "
-                         "the routers group")  # fmt: skip
+        raise ValueError(
+            f"inventory {lab.inventory.path}: tunnelbench_impair: router needs a host in the routers group"
+        )
     return mode
 
 
@@ -64,13 +71,18 @@ def backend_for(lab: Lab, choice: str, workdir: Path) -> Backend:
     ssh: SshLab = lab  # type: ignore[assignment]
     if placement(ssh) == "router":
         assert ssh.router is not None
-        return make_backend(choice, ssh.router, list(ssh.hosts), ssh.router.workdir / "impair",
-                            ssh.router_ifnames(), ssh.tag)  # fmt: skip
+        return make_backend(
+            choice, ssh.router, list(ssh.hosts), ssh.router.workdir / "impair", ssh.router_ifnames(), ssh.tag
+        )
     if choice == "native":
-        raise ImpairError("tunnelbench_impair: egress uses netem on each peer; the native engine runs on a "
-                          "router host (tunnelbench_impair: router)")  # fmt: skip
+        raise ImpairError(
+            "tunnelbench_impair: egress uses netem on each peer; the native engine runs on a "
+            "router host (tunnelbench_impair: router)"
+        )
     missing = [h.name for h in ssh.hosts if not netem_available(h, f"{ssh.tag}nprobe")]
     if missing:
-        raise ImpairError(f"tunnelbench_impair: egress needs netem on every peer; no netem on "
-                          f"{', '.join(missing)} (see `tunnelbench doctor --inventory`)")  # fmt: skip
+        raise ImpairError(
+            f"tunnelbench_impair: egress needs netem on every peer; no netem on "
+            f"{', '.join(missing)} (see `tunnelbench doctor --inventory`)"
+        )
     return EgressNetemBackend(list(ssh.hosts), workdir)

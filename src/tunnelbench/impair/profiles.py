@@ -95,16 +95,28 @@ class Profile(BaseModel):
     def per_wire(self) -> bool:
         """Does the profile decide per wire packet (loss, reorder, duplicate, corrupt)? If not (delay, jitter
         and rate only), the engine may take GSO/GRO super-packets whole, as kernel netem does."""
-        return bool(self.loss_pct or self.gemodel or self.loss_state or self.reorder_pct or self.duplicate_pct
-                    or self.corrupt_pct)  # fmt: skip
+        return bool(
+            self.loss_pct
+            or self.gemodel
+            or self.loss_state
+            or self.reorder_pct
+            or self.duplicate_pct
+            or self.corrupt_pct
+        )
 
     @property
     def needs_engine(self) -> bool:
         """Anything beyond a rate limit needs netem or the native engine."""
         return bool(
-            self.delay_ms or self.jitter_ms or self.loss_pct or self.gemodel or self.loss_state
-            or self.reorder_pct or self.duplicate_pct or self.corrupt_pct
-        )  # fmt: skip
+            self.delay_ms
+            or self.jitter_ms
+            or self.loss_pct
+            or self.gemodel
+            or self.loss_state
+            or self.reorder_pct
+            or self.duplicate_pct
+            or self.corrupt_pct
+        )
 
     def expected_loss(self) -> float:
         """Long-run loss fraction the profile should produce."""
@@ -165,7 +177,7 @@ class Profile(BaseModel):
             if self.pairs
             else ""
         )
-        return (", ".join(parts) or "no impairment") + scope  # fmt: skip
+        return (", ".join(parts) or "no impairment") + scope
 
 
 def _library() -> dict[str, Profile]:
@@ -174,18 +186,46 @@ def _library() -> dict[str, Profile]:
         # The ten-VPN thesis's per-host tc netem profiles. Low's jitter equals its delay: with uniform jitter the added
         # delay spans 0-4 ms, so packets overtake each other (jitter alone reorders, as in netem) on top of
         # the 0.5% explicit reordering; with a normal distribution netem would clamp negative delays to 0.
-        Profile(name="low", description="the ten-VPN thesis Low: 2 ms ± 2 ms, 0.25% loss, 0.5% reorder, 25% correlation",
-                delay_ms=2, jitter_ms=2, loss_pct=0.25, loss_correlation_pct=25, reorder_pct=0.5,
-                reorder_correlation_pct=25),
-        Profile(name="medium", description="the ten-VPN thesis Medium: 4 ms, 1% loss, 2.5% reorder, 50% correlation",
-                delay_ms=4, loss_pct=1, loss_correlation_pct=50, reorder_pct=2.5, reorder_correlation_pct=50),
-        Profile(name="high", description="the ten-VPN thesis High: 6 ms, 2.5% loss, 5% reorder, 50% correlation",
-                delay_ms=6, loss_pct=2.5, loss_correlation_pct=50, reorder_pct=5, reorder_correlation_pct=50),
-        Profile(name="edge-100", description="rate-limited edge uplink: 100 Mbit/s, 20 ms each way",
-                rate_mbit=100, delay_ms=20),
-        Profile(name="gemodel-1", description="bursty loss: Gilbert-Elliott p 0.5%, r 25% (≈2% loss, bursts of 4)",
-                gemodel=GilbertElliott(p_pct=0.5, r_pct=25)),
-    ]  # fmt: skip
+        Profile(
+            name="low",
+            description="the ten-VPN thesis Low: 2 ms ± 2 ms, 0.25% loss, 0.5% reorder, 25% correlation",
+            delay_ms=2,
+            jitter_ms=2,
+            loss_pct=0.25,
+            loss_correlation_pct=25,
+            reorder_pct=0.5,
+            reorder_correlation_pct=25,
+        ),
+        Profile(
+            name="medium",
+            description="the ten-VPN thesis Medium: 4 ms, 1% loss, 2.5% reorder, 50% correlation",
+            delay_ms=4,
+            loss_pct=1,
+            loss_correlation_pct=50,
+            reorder_pct=2.5,
+            reorder_correlation_pct=50,
+        ),
+        Profile(
+            name="high",
+            description="the ten-VPN thesis High: 6 ms, 2.5% loss, 5% reorder, 50% correlation",
+            delay_ms=6,
+            loss_pct=2.5,
+            loss_correlation_pct=50,
+            reorder_pct=5,
+            reorder_correlation_pct=50,
+        ),
+        Profile(
+            name="edge-100",
+            description="rate-limited edge uplink: 100 Mbit/s, 20 ms each way",
+            rate_mbit=100,
+            delay_ms=20,
+        ),
+        Profile(
+            name="gemodel-1",
+            description="bursty loss: Gilbert-Elliott p 0.5%, r 25% (≈2% loss, bursts of 4)",
+            gemodel=GilbertElliott(p_pct=0.5, r_pct=25),
+        ),
+    ]
     # Kjorveziroski et al.: loss 1/5/10% and delay 50/250/350 ms (tc on the node interface)
     for loss in (1, 5, 10):
         lib.append(
@@ -213,8 +253,13 @@ def _library() -> dict[str, Profile]:
             )
         )
     for d in range(1000, 5001, 1000):
-        lib.append(Profile(name=f"xdelay-{d}", description=f"Goethals et al. extreme latency sweep: {d} ms each way",
-                           delay_ms=d))  # fmt: skip
+        lib.append(
+            Profile(
+                name=f"xdelay-{d}",
+                description=f"Goethals et al. extreme latency sweep: {d} ms each way",
+                delay_ms=d,
+            )
+        )
     return {p.name: p for p in lib}
 
 

@@ -45,8 +45,10 @@ class TaxCheck:
         cpu = (
             f", engine {statistics.median(self.engine_cpu_pct):.0f}% of a core" if self.engine_cpu_pct else ""
         )
-        return (f"{self.mode}: {statistics.median(self.off_mbps):,.0f} -> {statistics.median(self.on_mbps):,.0f} "
-                f"Mbit/s, tax {self.tax_pct:+.1f}%{cpu}")  # fmt: skip
+        return (
+            f"{self.mode}: {statistics.median(self.off_mbps):,.0f} -> {statistics.median(self.on_mbps):,.0f} "
+            f"Mbit/s, tax {self.tax_pct:+.1f}%{cpu}"
+        )
 
 
 def modes_for(profiles: list[Profile], gso_mode: str) -> list[str]:
@@ -65,8 +67,16 @@ def mode_of(p: Profile, gso_mode: str) -> str | None:
     return "gso" if gso_mode == "auto" and not p.per_wire else "segment"
 
 
-def measure_tax(backend: NativeBackend, vpn: str, src: Host, dst: Host, dst_ip: str, seconds: float,
-                modes: list[str], rounds: int = 2) -> list[TaxCheck]:  # fmt: skip
+def measure_tax(
+    backend: NativeBackend,
+    vpn: str,
+    src: Host,
+    dst: Host,
+    dst_ip: str,
+    seconds: float,
+    modes: list[str],
+    rounds: int = 2,
+) -> list[TaxCheck]:
     """Alternate off / on(mode) legs `rounds` times; the backend is left cleared (no profile)."""
     checks = {m: TaxCheck(vpn, m, seconds=seconds) for m in modes}
     saved = backend.gso_mode

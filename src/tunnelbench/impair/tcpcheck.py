@@ -9,8 +9,9 @@ import time
 from tunnelbench.lab.host import Host
 
 
-def iperf3_tcp(src: Host, dst: Host, dst_ip: str, seconds: float, port: int, streams: int = 1,
-               omit_s: float = 0.0) -> dict:  # fmt: skip
+def iperf3_tcp(
+    src: Host, dst: Host, dst_ip: str, seconds: float, port: int, streams: int = 1, omit_s: float = 0.0
+) -> dict:
     """iperf3 -c dst_ip for `seconds` (one-off server on dst bound to dst_ip); returns iperf3's JSON."""
     srv = dst.spawn(
         ["iperf3", "-s", "-1", "-p", str(port), "-B", dst_ip], label="iperf3-check", log_path=None

@@ -50,15 +50,26 @@ def make_lab(cfg: LabCfg, tag: str, run_dir: Path, journal: Journal) -> Lab:
     if cfg.backend == "netns":
         from tunnelbench.lab.netns import NetnsLab
 
-        return NetnsLab(tag, cfg.hosts, run_dir, journal, cfg.path, cfg.relay, cfg.nat_type, cfg.nat_types,
-                        cfg.underlay_mtu)  # fmt: skip
+        return NetnsLab(
+            tag,
+            cfg.hosts,
+            run_dir,
+            journal,
+            cfg.path,
+            cfg.relay,
+            cfg.nat_type,
+            cfg.nat_types,
+            cfg.underlay_mtu,
+        )
     if cfg.backend == "ssh":
         from tunnelbench.lab.inventory import load_inventory
         from tunnelbench.lab.ssh import SshLab
 
         if cfg.underlay_mtu is not None:
-            raise ValueError("lab.underlay_mtu needs the namespace lab: the MTU of real hosts' interfaces is "
-                             "theirs to set, not the benchmark's")  # fmt: skip
+            raise ValueError(
+                "lab.underlay_mtu needs the namespace lab: the MTU of real hosts' interfaces is "
+                "theirs to set, not the benchmark's"
+            )
         if not cfg.inventory:
             raise ValueError("lab.backend 'ssh' needs lab.inventory (or --inventory FILE)")
         inv = load_inventory(cfg.inventory)

@@ -68,16 +68,23 @@ def clean_run(run: Leftovers, inventory=None) -> CleanReport:
     if remote:  # entries on SSH hosts are undone there, never on this machine (lab/ssh.py)
         if inventory is None:
             hosts = sorted({e["host"] for e in remote})
-            rep.skipped.append(f"run {run.run_id} left things on SSH hosts ({', '.join(hosts)}): "
-                               "run `tunnelbench clean --inventory FILE`")  # fmt: skip
+            rep.skipped.append(
+                f"run {run.run_id} left things on SSH hosts ({', '.join(hosts)}): "
+                "run `tunnelbench clean --inventory FILE`"
+            )
         else:
             from tunnelbench.lab.ssh import clean_ssh_entries
 
             r = clean_ssh_entries(remote, inventory)
             rep.removed += r.removed
             rep.problems += r.problems
-        run = Leftovers(run.run_id, run.run_dir, run.owner_pid, run.owner_start,
-                        [e for e in run.entries if e.get("backend") != "ssh"])  # fmt: skip
+        run = Leftovers(
+            run.run_id,
+            run.run_dir,
+            run.owner_pid,
+            run.owner_start,
+            [e for e in run.entries if e.get("backend") != "ssh"],
+        )
     # processes first (a daemon outside our namespaces would survive namespace deletion)
     for e in run.entries:
         if e["kind"] == "process":

@@ -29,8 +29,12 @@ from pathlib import Path
 SNMP, SNMP6, DEV, SOFTNET = "/proc/net/snmp", "/proc/net/snmp6", "/proc/net/dev", "/proc/net/softnet_stat"
 MACHINE = "machine"  # the host label of the embedded lab's machine-wide counters (softnet)
 PREFIX = "kern_"  # metric name = PREFIX + counter
-UDP_FIELDS = {"InErrors": "udp_in_errors", "RcvbufErrors": "udp_rcvbuf_errors",
-              "SndbufErrors": "udp_sndbuf_errors", "NoPorts": "udp_no_ports"}  # fmt: skip
+UDP_FIELDS = {
+    "InErrors": "udp_in_errors",
+    "RcvbufErrors": "udp_rcvbuf_errors",
+    "SndbufErrors": "udp_sndbuf_errors",
+    "NoPorts": "udp_no_ports",
+}
 HOST_COUNTERS = (*UDP_FIELDS.values(), "if_rx_dropped", "if_tx_dropped")
 MACHINE_COUNTERS = ("softnet_dropped", "softnet_squeezed")
 

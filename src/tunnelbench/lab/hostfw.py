@@ -15,12 +15,15 @@ FIREWALLS = ("none", "stateful")
 
 
 def rules(table: str) -> str:
-    chains = "\n".join(f"""  chain {hook} {{
+    chains = "\n".join(
+        f"""  chain {hook} {{
     type filter hook {hook} priority 0; policy accept;
     ct state established,related counter name established accept
     ct state invalid counter name invalid drop
     ct state new counter name new accept
-  }}""" for hook in ("input", "output", "forward"))  # fmt: skip
+  }}"""
+        for hook in ("input", "output", "forward")
+    )
     return f"table inet {table} {{\n  counter established {{ }}\n  counter invalid {{ }}\n  counter new {{ }}\n{chains}\n}}\n"
 
 

@@ -21,8 +21,9 @@ _KEY16 = "0123456789abcdef0123456789abcdef"
 
 # devices the kernel makes by itself in every namespace when the GRE, IPIP, VTI or SIT module loads (unless
 # net.core.fb_tunnels_only_for_init_net): down, no address, not the run's; teardown checks ignore them
-FALLBACK_LINKS = frozenset({"gre0", "gretap0", "erspan0", "tunl0", "ip_vti0", "sit0", "ip6tnl0", "ip6gre0",
-                            "ip6_vti0", "ip6erspan0"})  # fmt: skip
+FALLBACK_LINKS = frozenset(
+    {"gre0", "gretap0", "erspan0", "tunl0", "ip_vti0", "sit0", "ip6tnl0", "ip6gre0", "ip6_vti0", "ip6erspan0"}
+)
 
 # feature -> (what it enables, its kernel module, commands that must all succeed in the scratch namespace);
 # v0/v1 is a veth pair
@@ -36,18 +37,50 @@ FEATURES: dict[str, tuple[str, str, list[str]]] = {
     "gre": ("GRE", "ip_gre", [f"ip link add g0 type gre local {_A} remote {_B}"]),
     "gretap": ("GREtap", "ip_gre", [f"ip link add gt0 type gretap local {_A} remote {_B}"]),
     "ipip": ("IP in IP", "ipip", [f"ip link add ii0 type ipip local {_A} remote {_B}"]),
-    "fou": ("FOU (IPIP over UDP)", "fou", ["ip fou add port 5555 ipproto 4",
-            f"ip link add f0 type ipip local {_A} remote 192.0.2.3 encap fou encap-sport auto encap-dport 5555"]),
-    "gue": ("GUE (IPIP over UDP with a GUE header)", "fou", ["ip fou add port 5556 gue",
-            f"ip link add gu0 type ipip local {_A} remote 192.0.2.4 encap gue encap-sport auto encap-dport 5556"]),
+    "fou": (
+        "FOU (IPIP over UDP)",
+        "fou",
+        [
+            "ip fou add port 5555 ipproto 4",
+            f"ip link add f0 type ipip local {_A} remote 192.0.2.3 encap fou encap-sport auto encap-dport 5555",
+        ],
+    ),
+    "gue": (
+        "GUE (IPIP over UDP with a GUE header)",
+        "fou",
+        [
+            "ip fou add port 5556 gue",
+            f"ip link add gu0 type ipip local {_A} remote 192.0.2.4 encap gue encap-sport auto encap-dport 5556",
+        ],
+    ),
     "geneve": ("GENEVE", "geneve", [f"ip link add ge0 type geneve id 1 remote {_B}"]),
-    "macsec": ("MACsec (AES-GCM)", "macsec", ["ip link add link v0 ms0 type macsec encrypt on",
-               f"ip macsec add ms0 tx sa 0 pn 1 on key 01 {_KEY16}"]),
-    "esp": ("kernel ESP (IPsec, AES-GCM)", "esp4", [f"ip xfrm state add src {_A} dst {_B} proto esp spi 0x100 mode "
-            f"tunnel aead 'rfc4106(gcm(aes))' 0x{_KEY16}01234567 128"]),
-    "vti": ("route-based IPsec with VTI", "ip_vti", [f"ip link add vt0 type vti local {_A} remote {_B} key 5"]),
-    "xfrmi": ("route-based IPsec with XFRM interfaces", "xfrm_interface", ["ip link add xi0 type xfrm dev v0 if_id 5"]),
-}  # fmt: skip
+    "macsec": (
+        "MACsec (AES-GCM)",
+        "macsec",
+        [
+            "ip link add link v0 ms0 type macsec encrypt on",
+            f"ip macsec add ms0 tx sa 0 pn 1 on key 01 {_KEY16}",
+        ],
+    ),
+    "esp": (
+        "kernel ESP (IPsec, AES-GCM)",
+        "esp4",
+        [
+            f"ip xfrm state add src {_A} dst {_B} proto esp spi 0x100 mode "
+            f"tunnel aead 'rfc4106(gcm(aes))' 0x{_KEY16}01234567 128"
+        ],
+    ),
+    "vti": (
+        "route-based IPsec with VTI",
+        "ip_vti",
+        [f"ip link add vt0 type vti local {_A} remote {_B} key 5"],
+    ),
+    "xfrmi": (
+        "route-based IPsec with XFRM interfaces",
+        "xfrm_interface",
+        ["ip link add xi0 type xfrm dev v0 if_id 5"],
+    ),
+}
 
 
 def probe_script(ns: str) -> str:
@@ -113,8 +146,21 @@ def missing(needed: tuple[str, ...], where: str = "local", run: Runner = _local)
 
 # what the full-kernel test lane (scripts/kernel-lane) needs: if this kernel has all of them, the lane's
 # tests run here; otherwise in a VM with Debian's stock kernel
-LANE_FEATURES = ("netem", "wireguard", "gre", "gretap", "ipip", "fou", "gue", "geneve", "macsec", "esp", "vti",
-                 "xfrmi", "dummy")  # fmt: skip
+LANE_FEATURES = (
+    "netem",
+    "wireguard",
+    "gre",
+    "gretap",
+    "ipip",
+    "fou",
+    "gue",
+    "geneve",
+    "macsec",
+    "esp",
+    "vti",
+    "xfrmi",
+    "dummy",
+)
 
 
 def main() -> int:

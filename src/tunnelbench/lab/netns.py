@@ -125,9 +125,18 @@ class NetnsHost(Host):
 class NetnsLab:
     """Builds and destroys the namespace topology for one run (names carry the run's tag)."""
 
-    def __init__(self, tag: str, n_hosts: int, run_dir: Path, journal: Journal, path: str = "direct",
-                 relay: str | None = None, nat_type: str = DEFAULT_NAT_TYPE,
-                 nat_types: Mapping[str, str] | None = None, underlay_mtu: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        tag: str,
+        n_hosts: int,
+        run_dir: Path,
+        journal: Journal,
+        path: str = "direct",
+        relay: str | None = None,
+        nat_type: str = DEFAULT_NAT_TYPE,
+        nat_types: Mapping[str, str] | None = None,
+        underlay_mtu: int | None = None,
+    ):
         """nat_type: every NATted host's NAT type (path nat); nat_types: per-host overrides {"h1": ...}."""
         if path not in PATHS:
             raise ValueError(f"lab path must be one of {', '.join(PATHS)}, not {path!r}")
@@ -155,8 +164,9 @@ class NetnsLab:
         if path == "nat":
             for i, h in enumerate(self.hosts, start=1):
                 if h is not self.relay:
-                    self.nats[h.name] = NetnsHost(f"n{i}", f"{tag}-n{i}", host_ip(i), run_dir / "hosts" / f"n{i}",
-                                                  journal)  # fmt: skip
+                    self.nats[h.name] = NetnsHost(
+                        f"n{i}", f"{tag}-n{i}", host_ip(i), run_dir / "hosts" / f"n{i}", journal
+                    )
                     h.underlay_ip, h.behind_nat = f"172.16.{i}.2", True
                     h.nat_type = (nat_types or {}).get(h.name, nat_type)
         unknown = set(nat_types or {}) - set(self.nats)
@@ -188,8 +198,23 @@ class NetnsLab:
                 self._build_nat(i, h, nat)
                 continue
             # create the pair directly inside the two namespaces: no name ever lives in the root namespace
-            sh(["ip", "link", "add", "eth0", "netns", h.netns, "type", "veth",
-                "peer", "name", f"h{i}", "netns", self.router.netns])  # fmt: skip
+            sh(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    "eth0",
+                    "netns",
+                    h.netns,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    f"h{i}",
+                    "netns",
+                    self.router.netns,
+                ]
+            )
             self.router.run(["ip", "addr", "add", f"{router_ip(i)}/24", "dev", f"h{i}"])
             self.router.run(["ip", "link", "set", f"h{i}", "up"])
             h.run(["ip", "addr", "add", f"{host_ip(i)}/24", "dev", "eth0"])
@@ -217,15 +242,32 @@ class NetnsLab:
             self._ns_entries[h.netns] = self.journal.netns(h.netns)
         raise_neigh_limits(2 * len(self.hosts) + 256)
         ip_batch([f"netns add {h.netns}" for h in self.hosts])
-        ip_batch([f"link add eth0 netns {h.netns} type veth peer name h{i} netns {self.router.netns}"
-                  for i, h in enumerate(self.hosts, start=1)])  # fmt: skip
-        ip_batch([line for i in range(1, len(self.hosts) + 1)
-                  for line in (f"addr add {router_ip(i)}/24 dev h{i}", f"link set h{i} up")], self.router.netns)  # fmt: skip
+        ip_batch(
+            [
+                f"link add eth0 netns {h.netns} type veth peer name h{i} netns {self.router.netns}"
+                for i, h in enumerate(self.hosts, start=1)
+            ]
+        )
+        ip_batch(
+            [
+                line
+                for i in range(1, len(self.hosts) + 1)
+                for line in (f"addr add {router_ip(i)}/24 dev h{i}", f"link set h{i} up")
+            ],
+            self.router.netns,
+        )
 
         def one(i: int, h: NetnsHost) -> None:
             h.workdir.mkdir(parents=True, exist_ok=True)
-            ip_batch(["link set lo up", f"addr add {host_ip(i)}/24 dev eth0", "link set eth0 up",
-                      f"route add default via {router_ip(i)}"], h.netns)  # fmt: skip
+            ip_batch(
+                [
+                    "link set lo up",
+                    f"addr add {host_ip(i)}/24 dev eth0",
+                    "link set eth0 up",
+                    f"route add default via {router_ip(i)}",
+                ],
+                h.netns,
+            )
 
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(one, range(1, len(self.hosts) + 1), self.hosts))
@@ -234,8 +276,23 @@ class NetnsLab:
         """hI --- nI (masquerade) --- router; nI takes the address the host would have had."""
         self._add_ns(nat)
         nat.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        sh(["ip", "link", "add", "wan", "netns", nat.netns, "type", "veth",
-            "peer", "name", f"h{i}", "netns", self.router.netns])  # fmt: skip
+        sh(
+            [
+                "ip",
+                "link",
+                "add",
+                "wan",
+                "netns",
+                nat.netns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"h{i}",
+                "netns",
+                self.router.netns,
+            ]
+        )
         self.router.run(["ip", "addr", "add", f"{router_ip(i)}/24", "dev", f"h{i}"])
         self.router.run(["ip", "link", "set", f"h{i}", "up"])
         nat.run(["ip", "addr", "add", f"{host_ip(i)}/24", "dev", "wan"])
@@ -323,9 +380,12 @@ table inet {self.path_table} {{
         out = "\n".join(
             f"    ip daddr {h.public_ip} counter name to_{h.name}" for h in self.hosts if h is not relay
         )
-        rules = (f"table inet {self.tag}relay {{\n" + "\n".join(lines)
-                 + f"\n  chain input {{\n    type filter hook input priority -300; policy accept;\n{inp}\n  }}"
-                 + f"\n  chain output {{\n    type filter hook output priority -300; policy accept;\n{out}\n  }}\n}}\n")  # fmt: skip
+        rules = (
+            f"table inet {self.tag}relay {{\n"
+            + "\n".join(lines)
+            + f"\n  chain input {{\n    type filter hook input priority -300; policy accept;\n{inp}\n  }}"
+            + f"\n  chain output {{\n    type filter hook output priority -300; policy accept;\n{out}\n  }}\n}}\n"
+        )
         relay.run(["nft", "delete", "table", "inet", f"{self.tag}relay"], check=False)
         relay.run(["nft", "-f", "-"], input=rules)
 
@@ -334,8 +394,11 @@ table inet {self.path_table} {{
         relay = relay or self.relay
         assert relay is not None
         out = relay.run(["nft", "-j", "list", "table", "inet", f"{self.tag}relay"]).stdout
-        return {item["counter"]["name"]: int(item["counter"]["bytes"])
-                for item in json.loads(out)["nftables"] if "counter" in item}  # fmt: skip
+        return {
+            item["counter"]["name"]: int(item["counter"]["bytes"])
+            for item in json.loads(out)["nftables"]
+            if "counter" in item
+        }
 
     def _counter(self, host: NetnsHost, table: str, name: str) -> dict[str, int]:
         out = host.run(["nft", "-j", "list", "counter", "inet", table, name]).stdout

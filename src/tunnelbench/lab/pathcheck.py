@@ -48,8 +48,11 @@ class PathShare:
 
 def share(before: dict[str, int], after: dict[str, int]) -> PathShare:
     d = {k: max(0, after.get(k, 0) - before.get(k, 0)) for k in COUNTERS}
-    return PathShare(d["c_s"] + d["s_c"], d["c_o"] + d["o_c"] + d["s_o"] + d["o_s"],
-                     {k: d[k] for k in ("c_o", "o_c", "s_o", "o_s")})  # fmt: skip
+    return PathShare(
+        d["c_s"] + d["s_c"],
+        d["c_o"] + d["o_c"] + d["s_o"] + d["o_s"],
+        {k: d[k] for k in ("c_o", "o_c", "s_o", "o_s")},
+    )
 
 
 def verdict(path: str, s: PathShare, client: str = "client", server: str = "server") -> str | None:
@@ -58,13 +61,17 @@ def verdict(path: str, s: PathShare, client: str = "client", server: str = "serv
     if pct is None or s.total < MIN_BYTES or path == "nat":
         return None
     if path == "direct" and pct < DIRECT_MIN_PCT:
-        return (f"path not direct: only {pct:.0f}% of the underlay bytes between {client} and {server} went "
-                f"straight between them; {s.via} B went to or from other hosts ({client} out {s.others['c_o']}, "
-                f"in {s.others['o_c']}; {server} out {s.others['s_o']}, in {s.others['o_s']}): the VPN relayed "
-                f"or routed through another node")  # fmt: skip
+        return (
+            f"path not direct: only {pct:.0f}% of the underlay bytes between {client} and {server} went "
+            f"straight between them; {s.via} B went to or from other hosts ({client} out {s.others['c_o']}, "
+            f"in {s.others['o_c']}; {server} out {s.others['s_o']}, in {s.others['o_s']}): the VPN relayed "
+            f"or routed through another node"
+        )
     if path == "relay" and pct > RELAY_MAX_PCT:
-        return (f"path not relayed: {pct:.0f}% of the underlay bytes between {client} and {server} went straight "
-                f"between them ({s.direct} B) although the scenario's path is relay")  # fmt: skip
+        return (
+            f"path not relayed: {pct:.0f}% of the underlay bytes between {client} and {server} went straight "
+            f"between them ({s.direct} B) although the scenario's path is relay"
+        )
     return None
 
 
@@ -92,8 +99,11 @@ def rules(table: str, client_ip: str, server_ip: str) -> str:
 
 def parse_counters(nft_json: str) -> dict[str, int]:
     """Bytes per counter from `nft -j list table ...`."""
-    return {item["counter"]["name"]: int(item["counter"]["bytes"])
-            for item in json.loads(nft_json)["nftables"] if "counter" in item}  # fmt: skip
+    return {
+        item["counter"]["name"]: int(item["counter"]["bytes"])
+        for item in json.loads(nft_json)["nftables"]
+        if "counter" in item
+    }
 
 
 class PathWatch:

@@ -571,8 +571,17 @@ class SshHost(Host):
         pid, start = _Loop.get().call(self._aspawn(cmd), 40)
         self._starts[pid] = start
         entry = self.journal.process(pid, list(argv), self.name, start) if self.journal else None
-        return SshProcess(self, label, list(argv), pid, Path(str(remote_log)) if remote_log else None,
-                          None, entry, start=start, local_log=local_log)  # fmt: skip
+        return SshProcess(
+            self,
+            label,
+            list(argv),
+            pid,
+            Path(str(remote_log)) if remote_log else None,
+            None,
+            entry,
+            start=start,
+            local_log=local_log,
+        )
 
     def proc_start(self, pid: int) -> int | None:
         st = _remote_stat(self, pid)
@@ -600,8 +609,10 @@ class SshHost(Host):
         then set the final mode and rename into place."""
         p = PurePosixPath(str(path))
         tmp = p.parent / f".{p.name}.tb-tmp"
-        script = (f"umask 077 && mkdir -p {_q(p.parent)} && cat > {_q(tmp)} && chmod {mode:o} {_q(tmp)} "
-                  f"&& mv -f {_q(tmp)} {_q(p)}")  # fmt: skip
+        script = (
+            f"umask 077 && mkdir -p {_q(p.parent)} && cat > {_q(tmp)} && chmod {mode:o} {_q(tmp)} "
+            f"&& mv -f {_q(tmp)} {_q(p)}"
+        )
         self.run(["sh", "-c", script], input=data.encode() if isinstance(data, str) else data, timeout=60)
 
     def read_file(self, path: Path) -> bytes:
@@ -631,8 +642,7 @@ def _kill_script(pid: int, start: int | None, sig: int) -> str:
     """Signal `pid` only if it is still the process started at `start` ticks (PIDs get reused)."""
     if start is None:
         return f"kill -{sig} {pid} 2>/dev/null; true"
-    return (f"s=$({starttime_sh(pid)}) && "
-            f"[ \"$s\" = {start} ] && kill -{sig} {pid} 2>/dev/null; true")  # fmt: skip
+    return f's=$({starttime_sh(pid)}) && [ "$s" = {start} ] && kill -{sig} {pid} 2>/dev/null; true'
 
 
 def _remote_stat(host: SshHost, pid: int) -> ProcStat | None:
@@ -700,8 +710,12 @@ class SshLab:
     path_policies = False
 
     def all_hosts(self) -> list[SshHost]:
-        return [*self.hosts, *([self.router] if self.router else []), *self.relays,
-                *([self.control] if self.control else [])]  # fmt: skip
+        return [
+            *self.hosts,
+            *([self.router] if self.router else []),
+            *self.relays,
+            *([self.control] if self.control else []),
+        ]
 
     def mapping(self) -> str:
         return ", ".join(f"{h.name}={h.inv.name}" for h in self.all_hosts())
@@ -711,8 +725,10 @@ class SshLab:
 
     # -- path policies: not on real networks (Lab.path_policies is False) ---------------------------
     def _no_policies(self, what: str) -> LabError:
-        return LabError(f"{what} needs the namespace lab's path policies; the SSH lab does not filter real "
-                        "networks (run it without --inventory)")  # fmt: skip
+        return LabError(
+            f"{what} needs the namespace lab's path policies; the SSH lab does not filter real "
+            "networks (run it without --inventory)"
+        )
 
     def block_udp_between_peers(self, except_host: Host | None = None) -> None:
         raise self._no_policies("blocking UDP between peers")
@@ -802,11 +818,15 @@ class SshLab:
             try:
                 out[h.name] = json.loads(r.stdout)[0]["dev"]
             except (json.JSONDecodeError, IndexError, KeyError):
-                raise RuntimeError(f"router {self.router.inv.name} has no route to {h.name} ({h.underlay_ip}): "
-                                   f"{r.stderr.strip()}") from None  # fmt: skip
+                raise RuntimeError(
+                    f"router {self.router.inv.name} has no route to {h.name} ({h.underlay_ip}): "
+                    f"{r.stderr.strip()}"
+                ) from None
             if out[h.name] == "lo":
-                raise RuntimeError(f"router {self.router.inv.name}: {h.underlay_ip} is its own address; "
-                                   "the router must be a separate box on the peers' path")  # fmt: skip
+                raise RuntimeError(
+                    f"router {self.router.inv.name}: {h.underlay_ip} is its own address; "
+                    "the router must be a separate box on the peers' path"
+                )
         return out
 
     # -- teardown --------------------------------------------------------------------------------------
@@ -831,8 +851,11 @@ class SshLab:
         problems: list[str] = []
         open_entries = read_open_entries(self.journal.path)
         for h in self.all_hosts():
-            mine = [e for e in open_entries if e.get("backend") == "ssh" and e.get("host") == h.name
-                    and e.get("address") == h.address]  # fmt: skip
+            mine = [
+                e
+                for e in open_entries
+                if e.get("backend") == "ssh" and e.get("host") == h.name and e.get("address") == h.address
+            ]
             try:
                 rep = undo_entries(h, mine, self.journal)
                 problems += rep.problems
@@ -945,8 +968,9 @@ def clean_ssh_entries(
         found = _find_inv(inventory, address, port)
         if len(found) != 1:
             why = "not in" if not found else "ambiguous (several hosts share the address) in"
-            rep.problems.append(f"{name} ({address}:{port or '?'}): {why} inventory {inventory.path}; "
-                                "cannot clean it")  # fmt: skip
+            rep.problems.append(
+                f"{name} ({address}:{port or '?'}): {why} inventory {inventory.path}; cannot clean it"
+            )
             continue
         inv = found[0]
         h = SshHost(name, inv, None, None)

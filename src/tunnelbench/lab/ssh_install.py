@@ -77,8 +77,9 @@ def apt_install(h: SshHost, packages: Sequence[str]) -> tuple[str, str]:
     return "installed", "apt " + " ".join(need)
 
 
-def copy_binaries(h: SshHost, binaries: Sequence[str], local_dir: Path | None, label: str,
-                  arch: str) -> tuple[str, str]:  # fmt: skip
+def copy_binaries(
+    h: SshHost, binaries: Sequence[str], local_dir: Path | None, label: str, arch: str
+) -> tuple[str, str]:
     """Copy the binaries the host does not have on its PATH from `local_dir` (a local build; None: not built
     here) to its bin dir; ("present" | "copied" | "failed", detail)."""
     where = h.which(list(binaries))
@@ -86,8 +87,10 @@ def copy_binaries(h: SshHost, binaries: Sequence[str], local_dir: Path | None, l
     if not missing:
         return "present", ", ".join(f"{p}" for p in where.values())
     if arch != platform.machine():
-        return "failed", (f"{h.name} is {arch}, this machine {platform.machine()}: the local build cannot be "
-                          f"copied; install {', '.join(missing)} there by hand")  # fmt: skip
+        return "failed", (
+            f"{h.name} is {arch}, this machine {platform.machine()}: the local build cannot be "
+            f"copied; install {', '.join(missing)} there by hand"
+        )
     if local_dir is None:
         return "failed", f"not in the local cache: run `tunnelbench install` for it here first ({label})"
     bin_dir = Path(h.bin_dir)

@@ -86,10 +86,14 @@ def check(hosts: Sequence[Host], keys: Iterable[str]) -> None:
             what, path = rest.split(" ", 1)
             bad.setdefault(key_of(path), f"{what} on {host}")
     if bad:
-        why = {"missing": "no such sysctl in the host's network namespace (unknown, or not per namespace)",
-               "readonly": "read-only in the host's network namespace (a global sysctl: set it on the machine)"}  # fmt: skip
-        raise SysctlError("cannot set these sysctls in the lab hosts:\n  " + "\n  ".join(
-            f"{k}: {why[v.split(' ', 1)[0]]} ({v})" for k, v in bad.items()))  # fmt: skip
+        why = {
+            "missing": "no such sysctl in the host's network namespace (unknown, or not per namespace)",
+            "readonly": "read-only in the host's network namespace (a global sysctl: set it on the machine)",
+        }
+        raise SysctlError(
+            "cannot set these sysctls in the lab hosts:\n  "
+            + "\n  ".join(f"{k}: {why[v.split(' ', 1)[0]]} ({v})" for k, v in bad.items())
+        )
 
 
 CC_KEY = "net.ipv4.tcp_congestion_control"

@@ -14,8 +14,21 @@ import json
 
 from tunnelbench.analysis.analyze import RunData, metric_spec
 
-COLUMNS = ("run_id", "vpn", "vpn_version", "profile", "workload", "label", "repetition", "attempt", "host",
-           "metric", "value", "unit", "better")  # fmt: skip
+COLUMNS = (
+    "run_id",
+    "vpn",
+    "vpn_version",
+    "profile",
+    "workload",
+    "label",
+    "repetition",
+    "attempt",
+    "host",
+    "metric",
+    "value",
+    "unit",
+    "better",
+)
 SERIES_COLUMNS = (*COLUMNS[:10], "t", "value", "unit")
 
 
@@ -24,10 +37,23 @@ def metric_rows(run: RunData) -> list[dict]:
     out = []
     for m in run.metrics:
         c = cases[m["case_id"]]
-        out.append({"run_id": run.run_id, "vpn": c.vpn, "vpn_version": run.version(c.vpn), "profile": c.profile,
-                    "workload": c.workload, "label": c.label, "repetition": c.repetition, "attempt": c.attempt,
-                    "host": m["host"], "metric": m["name"], "value": m["value"], "unit": m["unit"],
-                    "better": metric_spec(c.workload, m["name"])[0]})  # fmt: skip
+        out.append(
+            {
+                "run_id": run.run_id,
+                "vpn": c.vpn,
+                "vpn_version": run.version(c.vpn),
+                "profile": c.profile,
+                "workload": c.workload,
+                "label": c.label,
+                "repetition": c.repetition,
+                "attempt": c.attempt,
+                "host": m["host"],
+                "metric": m["name"],
+                "value": m["value"],
+                "unit": m["unit"],
+                "better": metric_spec(c.workload, m["name"])[0],
+            }
+        )
     return out
 
 
@@ -36,9 +62,23 @@ def series_rows(run: RunData) -> list[dict]:
     out = []
     for r in run.store.series(list(ok)):
         c = ok[r["case_id"]]
-        out.append({"run_id": run.run_id, "vpn": c.vpn, "vpn_version": run.version(c.vpn), "profile": c.profile,
-                    "workload": c.workload, "label": c.label, "repetition": c.repetition, "attempt": c.attempt,
-                    "host": r["host"], "metric": r["name"], "t": r["t"], "value": r["value"], "unit": r["unit"]})  # fmt: skip
+        out.append(
+            {
+                "run_id": run.run_id,
+                "vpn": c.vpn,
+                "vpn_version": run.version(c.vpn),
+                "profile": c.profile,
+                "workload": c.workload,
+                "label": c.label,
+                "repetition": c.repetition,
+                "attempt": c.attempt,
+                "host": r["host"],
+                "metric": r["name"],
+                "t": r["t"],
+                "value": r["value"],
+                "unit": r["unit"],
+            }
+        )
     return out
 
 

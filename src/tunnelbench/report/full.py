@@ -70,17 +70,44 @@ def _family_ctx(f: Family) -> dict:
         g = f.groups[v]
         d = g.desc
         assert d is not None
-        rows.append({"rank": rank, "variant": v, "tier": t.tier[v] if t else 1, "n": d.n,
-                     "median": num(d.median, f.unit), "ci": ci(d.ci_lo, d.ci_hi, f.unit),
-                     "mean": num(d.mean, f.unit), "cv": "–" if math.isnan(d.cv) else f"{100 * d.cv:.1f}%",
-                     "ratio": ratio_txt(g.ratio)})  # fmt: skip
-    pairs = [{"a": p.a, "b": p.b, "rel": pct(p.rel_median_diff), "delta": f"{p.cliffs_delta:+.2f}",
-              "mag": cliffs_magnitude(p.cliffs_delta), "p": pval(p.p), "p_holm": pval(p.p_holm),
-              "sig": p.significant} for p in f.pairs]  # fmt: skip
-    return {"profile": f.profile, "label": f.label, "metric": f.metric, "unit": f.unit, "better": f.better,
-            "rows": rows, "pairs": pairs, "underpowered": f.underpowered,
-            "tiers": " > ".join("{" + ", ".join(gr) + "}" for gr in t.groups()) if t else "",
-            "plot": plots.ranking(f)}  # fmt: skip
+        rows.append(
+            {
+                "rank": rank,
+                "variant": v,
+                "tier": t.tier[v] if t else 1,
+                "n": d.n,
+                "median": num(d.median, f.unit),
+                "ci": ci(d.ci_lo, d.ci_hi, f.unit),
+                "mean": num(d.mean, f.unit),
+                "cv": "–" if math.isnan(d.cv) else f"{100 * d.cv:.1f}%",
+                "ratio": ratio_txt(g.ratio),
+            }
+        )
+    pairs = [
+        {
+            "a": p.a,
+            "b": p.b,
+            "rel": pct(p.rel_median_diff),
+            "delta": f"{p.cliffs_delta:+.2f}",
+            "mag": cliffs_magnitude(p.cliffs_delta),
+            "p": pval(p.p),
+            "p_holm": pval(p.p_holm),
+            "sig": p.significant,
+        }
+        for p in f.pairs
+    ]
+    return {
+        "profile": f.profile,
+        "label": f.label,
+        "metric": f.metric,
+        "unit": f.unit,
+        "better": f.better,
+        "rows": rows,
+        "pairs": pairs,
+        "underpowered": f.underpowered,
+        "tiers": " > ".join("{" + ", ".join(gr) + "}" for gr in t.groups()) if t else "",
+        "plot": plots.ranking(f),
+    }
 
 
 def _series_by_variant(a: Analysis, profile: str, label: str, name: str):
@@ -88,8 +115,14 @@ def _series_by_variant(a: Analysis, profile: str, label: str, name: str):
     out: dict[str, list[list[tuple[float, float]]]] = defaultdict(list)
     for v in a.variants:
         run = a.run_of(v)
-        ids = [c.id for c in run.cases if c.status == "ok" and c.profile == profile and c.label == label
-               and a.variant_of[(run.run_id, c.vpn)] == v]  # fmt: skip
+        ids = [
+            c.id
+            for c in run.cases
+            if c.status == "ok"
+            and c.profile == profile
+            and c.label == label
+            and a.variant_of[(run.run_id, c.vpn)] == v
+        ]
         if not ids:
             continue
         rows = [r for r in run.series(ids, name) if r["host"] is None or name == "rtt_ms"]
@@ -191,8 +224,17 @@ def _per_peer_plots(a: Analysis, profile: str, label: str) -> list[str]:
     out = []
     for v in a.variants:
         run = a.run_of(v)
-        case = next((c for c in sorted(run.cases, key=lambda c: (c.repetition, c.id)) if c.status == "ok"
-                     and c.profile == profile and c.label == label and a.variant_of[(run.run_id, c.vpn)] == v), None)  # fmt: skip
+        case = next(
+            (
+                c
+                for c in sorted(run.cases, key=lambda c: (c.repetition, c.id))
+                if c.status == "ok"
+                and c.profile == profile
+                and c.label == label
+                and a.variant_of[(run.run_id, c.vpn)] == v
+            ),
+            None,
+        )
         if case is None:
             continue
         streams: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -202,8 +244,9 @@ def _per_peer_plots(a: Analysis, profile: str, label: str) -> list[str]:
                     streams[d][r["host"]].append((r["t"], r["value"]))
         jain = [m["value"] for m in run.metrics if m["case_id"] == case.id and m["name"] == "stream_fairness"]
         fair = f"Jain fairness {jain[0]:.3f}" if jain else "fairness not stored"
-        svg = plots.per_peer(streams, f"{v} · {label} · {profile} · repetition {case.repetition}: per-peer "
-                             f"goodput ({fair})")  # fmt: skip
+        svg = plots.per_peer(
+            streams, f"{v} · {label} · {profile} · repetition {case.repetition}: per-peer goodput ({fair})"
+        )
         if svg:
             out.append(svg)
     return out
@@ -223,8 +266,14 @@ def _rss_lines(a: Analysis, profile: str) -> plots.RssLines:
 def _features(a: Analysis) -> list[dict]:
     """Feature records a driver may expose: a `features` dict on the driver class, in the stored VPN
     settings, or environment keys `features.VPN...`. Shows whatever exists."""
-    return [{"variant": f["variant"], "features": {k: _jsonish(x) for k, x in sorted(f["raw"].items())},
-             "settings": f["settings"]} for f in _feature_records(a)]  # fmt: skip
+    return [
+        {
+            "variant": f["variant"],
+            "features": {k: _jsonish(x) for k, x in sorted(f["raw"].items())},
+            "settings": f["settings"],
+        }
+        for f in _feature_records(a)
+    ]
 
 
 def _nat_matrix(a: Analysis) -> dict | None:
@@ -265,8 +314,13 @@ def _feature_records(a: Analysis) -> list[dict]:
             for k, val in r.env.items():
                 if k.startswith(f"features.{v['name']}."):
                     feats[k.split(".", 2)[2]] = val
-            out.append({"variant": a.variant_of.get((r.run_id, v["name"]), v["name"]), "raw": feats,
-                        "settings": {k: _jsonish(x) for k, x in settings.items() if k != "features"}})  # fmt: skip
+            out.append(
+                {
+                    "variant": a.variant_of.get((r.run_id, v["name"]), v["name"]),
+                    "raw": feats,
+                    "settings": {k: _jsonish(x) for k, x in settings.items() if k != "features"},
+                }
+            )
     return out
 
 
@@ -287,10 +341,18 @@ def _calibration(r: RunData) -> dict:
         if k == "calibration.base":
             base = d
         elif isinstance(d, dict) and isinstance(d.get("checks"), list):
-            profiles.append({"name": k.split(".", 1)[1], "summary": d.get("summary", ""),
-                             "backend": d.get("backend", ""), "ok": d.get("ok"),
-                             "checks": [{**c, "configured": num(c.get("configured")),
-                                         "measured": num(c.get("measured"))} for c in d["checks"]]})  # fmt: skip
+            profiles.append(
+                {
+                    "name": k.split(".", 1)[1],
+                    "summary": d.get("summary", ""),
+                    "backend": d.get("backend", ""),
+                    "ok": d.get("ok"),
+                    "checks": [
+                        {**c, "configured": num(c.get("configured")), "measured": num(c.get("measured"))}
+                        for c in d["checks"]
+                    ],
+                }
+            )
         else:
             profiles.append(
                 {"name": k.split(".", 1)[1], "summary": v, "backend": "", "ok": None, "checks": []}
@@ -316,10 +378,20 @@ def _failures(r: RunData, a: Analysis) -> list[dict]:
             for name in ("diagnostics.txt", "dmesg.txt"):  # the case's pcap and kernel log (diagnostics/)
                 if (d / name).is_file() and (d / name).stat().st_size:
                     logs.append({"name": name, "text": tail(d / name)})
-        out.append({"variant": a.variant_of.get((r.run_id, c.vpn), c.vpn), "profile": c.profile,
-                    "label": c.label, "rep": c.repetition, "attempt": c.attempt + 1, "status": c.status,
-                    "error": c.error or "", "error_txt": error_txt, "logs": logs,
-                    "dir": str(d) if d and str(d) not in ("", ".") else ""})  # fmt: skip
+        out.append(
+            {
+                "variant": a.variant_of.get((r.run_id, c.vpn), c.vpn),
+                "profile": c.profile,
+                "label": c.label,
+                "rep": c.repetition,
+                "attempt": c.attempt + 1,
+                "status": c.status,
+                "error": c.error or "",
+                "error_txt": error_txt,
+                "logs": logs,
+                "dir": str(d) if d and str(d) not in ("", ".") else "",
+            }
+        )
     return out
 
 
@@ -329,10 +401,20 @@ def _emulator(r: RunData) -> dict:
     for vpn, t in f.taxes.items():
         for mode, c in t.items():
             if isinstance(c, dict):
-                taxes.append({"vpn": vpn, "mode": mode, "off": num(statistics.median(c["off_mbps"])),
-                              "on": num(statistics.median(c["on_mbps"])), "tax": f"{c['tax_pct']:+.1f}%",
-                              "flagged": c["tax_pct"] > 10, "n": len(c["off_mbps"]),
-                              "cpu": num(statistics.median(c["engine_cpu_pct"])) if c.get("engine_cpu_pct") else "–"})  # fmt: skip
+                taxes.append(
+                    {
+                        "vpn": vpn,
+                        "mode": mode,
+                        "off": num(statistics.median(c["off_mbps"])),
+                        "on": num(statistics.median(c["on_mbps"])),
+                        "tax": f"{c['tax_pct']:+.1f}%",
+                        "flagged": c["tax_pct"] > 10,
+                        "n": len(c["off_mbps"]),
+                        "cpu": num(statistics.median(c["engine_cpu_pct"]))
+                        if c.get("engine_cpu_pct")
+                        else "–",
+                    }
+                )
     return {"lines": facts_lines(f), "taxes": taxes, "any": bool(f.placement or f.profiles or f.drift.points)}
 
 
@@ -360,16 +442,28 @@ def _rounds(a: Analysis) -> list[str]:
 def build_context(a: Analysis) -> dict:
     runs = []
     for r in a.runs:
-        runs.append({"id": r.run_id, "scenario": r.scenario_name, "status": r.run["status"],
-                     "started": _ts(r.run["started"]), "wall": r.phases.get("wall", 0.0),
-                     "measure": r.phases.get("measure", 0.0), "version": r.run["tunnelbench_version"],
-                     "vpns": [{**v, "variant": a.variant_of.get((r.run_id, v["name"]), v["name"])}
-                              for v in r.vpns],
-                     "env": sorted((k, v) for k, v in r.env.items() if not k.startswith("calibration.")),
-                     "calibration": _calibration(r), "failures": _failures(r, a),
-                     "phases": sorted((k, v) for k, v in r.phases.items() if k != "wall"),
-                     "scenario_text": r.run["scenario"], "emulator": _emulator(r),
-                     "order": r.env.get("run.order", "block"), "seed": r.env.get("run.seed")})  # fmt: skip
+        runs.append(
+            {
+                "id": r.run_id,
+                "scenario": r.scenario_name,
+                "status": r.run["status"],
+                "started": _ts(r.run["started"]),
+                "wall": r.phases.get("wall", 0.0),
+                "measure": r.phases.get("measure", 0.0),
+                "version": r.run["tunnelbench_version"],
+                "vpns": [
+                    {**v, "variant": a.variant_of.get((r.run_id, v["name"]), v["name"])} for v in r.vpns
+                ],
+                "env": sorted((k, v) for k, v in r.env.items() if not k.startswith("calibration.")),
+                "calibration": _calibration(r),
+                "failures": _failures(r, a),
+                "phases": sorted((k, v) for k, v in r.phases.items() if k != "wall"),
+                "scenario_text": r.run["scenario"],
+                "emulator": _emulator(r),
+                "order": r.env.get("run.order", "block"),
+                "seed": r.env.get("run.seed"),
+            }
+        )
     headline = a.headline_families()
     overview = [_family_ctx(f) for f in headline if f.better != "none" or len(f.groups) > 1]
     by_profile: dict[str, list[dict]] = defaultdict(list)
@@ -403,8 +497,9 @@ def build_context(a: Analysis) -> dict:
         for wl in ("tcp", "udp"):
             for lb in sorted(labels_of.get(wl, ())):
                 s = _series_by_variant(a, p, lb, "goodput_mbps")
-                svg = plots.timeseries(a, s, "goodput_mbps", "Mbit/s",
-                                       f"throughput over time · {lb} · {p} (iperf3 intervals)")  # fmt: skip
+                svg = plots.timeseries(
+                    a, s, "goodput_mbps", "Mbit/s", f"throughput over time · {lb} · {p} (iperf3 intervals)"
+                )
                 if svg:
                     tseries.append(svg)
         for lb in sorted(labels_of.get("multihost", ())):
@@ -421,40 +516,106 @@ def build_context(a: Analysis) -> dict:
         for v, g in f.groups.items():
             d = g.desc
             assert d is not None
-            stats_rows.append({"variant": v, "profile": f.profile, "label": f.label, "metric": f.metric,
-                               "unit": f.unit, "better": f.better, "n": d.n, "mean": num(d.mean, f.unit),
-                               "median": num(d.median, f.unit), "sd": num(d.sd, f.unit),
-                               "cv": "–" if math.isnan(d.cv) else f"{100 * d.cv:.1f}%",
-                               "p5": num(d.pct[5], f.unit), "p25": num(d.pct[25], f.unit),
-                               "p75": num(d.pct[75], f.unit), "p95": num(d.pct[95], f.unit),
-                               "ci": ci(d.ci_lo, d.ci_hi, f.unit), "mean_ci": ci(d.mean_ci_lo, d.mean_ci_hi, f.unit),
-                               "ratio": ratio_txt(g.ratio), "headline": is_headline(f.workload, f.metric)})  # fmt: skip
-    usage = [{"variant": u.variant, "profile": u.profile, "label": u.label,
-              "cpu_client": f"{num(u.cpu_client.median)} {ci(u.cpu_client.ci_lo, u.cpu_client.ci_hi)}" if u.cpu_client else "–",
-              "cpu_server": f"{num(u.cpu_server.median)} {ci(u.cpu_server.ci_lo, u.cpu_server.ci_hi)}" if u.cpu_server else "–",
-              "rss_client": num(u.rss_client_mb), "rss_server": num(u.rss_server_mb)} for u in a.usage]  # fmt: skip
-    derived = lambda ds: [{"variant": d.variant, "profile": d.profile, "label": d.label,  # noqa: E731
-                           "value": num(d.value), "ci": ci(d.lo, d.hi), "n": d.n, "note": d.note} for d in ds]  # fmt: skip
+            stats_rows.append(
+                {
+                    "variant": v,
+                    "profile": f.profile,
+                    "label": f.label,
+                    "metric": f.metric,
+                    "unit": f.unit,
+                    "better": f.better,
+                    "n": d.n,
+                    "mean": num(d.mean, f.unit),
+                    "median": num(d.median, f.unit),
+                    "sd": num(d.sd, f.unit),
+                    "cv": "–" if math.isnan(d.cv) else f"{100 * d.cv:.1f}%",
+                    "p5": num(d.pct[5], f.unit),
+                    "p25": num(d.pct[25], f.unit),
+                    "p75": num(d.pct[75], f.unit),
+                    "p95": num(d.pct[95], f.unit),
+                    "ci": ci(d.ci_lo, d.ci_hi, f.unit),
+                    "mean_ci": ci(d.mean_ci_lo, d.mean_ci_hi, f.unit),
+                    "ratio": ratio_txt(g.ratio),
+                    "headline": is_headline(f.workload, f.metric),
+                }
+            )
+    usage = [
+        {
+            "variant": u.variant,
+            "profile": u.profile,
+            "label": u.label,
+            "cpu_client": f"{num(u.cpu_client.median)} {ci(u.cpu_client.ci_lo, u.cpu_client.ci_hi)}"
+            if u.cpu_client
+            else "–",
+            "cpu_server": f"{num(u.cpu_server.median)} {ci(u.cpu_server.ci_lo, u.cpu_server.ci_hi)}"
+            if u.cpu_server
+            else "–",
+            "rss_client": num(u.rss_client_mb),
+            "rss_server": num(u.rss_server_mb),
+        }
+        for u in a.usage
+    ]
+
+    def derived(ds):
+        return [
+            {
+                "variant": d.variant,
+                "profile": d.profile,
+                "label": d.label,
+                "value": num(d.value),
+                "ci": ci(d.lo, d.hi),
+                "n": d.n,
+                "note": d.note,
+            }
+            for d in ds
+        ]
+
     n_min = min((g.desc.n for g in a.groups.values() if g.desc), default=0)
     return {
         "headline": headline_ctx(a),
         "title": "tunnelbench " + (a.runs[0].run_id if len(a.runs) == 1 else f"{len(a.runs)} runs combined"),
-        "security": _security(a), "security_columns": SECURITY_COLUMNS,
-        "runs": runs, "variants": a.variants, "profiles": a.profiles, "by_profile": dict(by_profile),
-        "any_underpowered": any(f["underpowered"] for f in overview), "alpha": ALPHA, "n_min": n_min,
-        "heatmaps": heatmaps, "scatter": scatter, "cdfs": cdfs, "tseries": tseries, "cpu": cpu,
+        "security": _security(a),
+        "security_columns": SECURITY_COLUMNS,
+        "runs": runs,
+        "variants": a.variants,
+        "profiles": a.profiles,
+        "by_profile": dict(by_profile),
+        "any_underpowered": any(f["underpowered"] for f in overview),
+        "alpha": ALPHA,
+        "n_min": n_min,
+        "heatmaps": heatmaps,
+        "scatter": scatter,
+        "cdfs": cdfs,
+        "tseries": tseries,
+        "cpu": cpu,
         "clients": [svg for p in a.profiles for svg in [_clients_curve(a, p)] if svg]
         + [svg for svg in [plots.degradation(degradation_points(a))] if svg],
-        "usage": usage, "scaling": derived(a.scaling), "efficiency": derived(a.efficiency),
-        "stats_rows": stats_rows, "features": _features(a), "flamegraphs": _flamegraphs(a), "nat_matrix": _nat_matrix(a), "rounds": _rounds(a),
+        "usage": usage,
+        "scaling": derived(a.scaling),
+        "efficiency": derived(a.efficiency),
+        "stats_rows": stats_rows,
+        "features": _features(a),
+        "flamegraphs": _flamegraphs(a),
+        "nat_matrix": _nat_matrix(a),
+        "rounds": _rounds(a),
         "generated": _ts(dt.datetime.now(dt.UTC).timestamp()),
-    }  # fmt: skip
+    }
 
 
 def _flamegraphs(a: Analysis) -> list[dict]:
-    return [{"variant": fg.variant, "profile": fg.profile, "label": fg.label, "cases": fg.cases,
-             "samples": fg.samples, "uri": fg.data_uri(), "file": str(fg.svg or fg.folded), "why": fg.why}
-            for fg in render_flamegraphs(a)]  # fmt: skip
+    return [
+        {
+            "variant": fg.variant,
+            "profile": fg.profile,
+            "label": fg.label,
+            "cases": fg.cases,
+            "samples": fg.samples,
+            "uri": fg.data_uri(),
+            "file": str(fg.svg or fg.folded),
+            "why": fg.why,
+        }
+        for fg in render_flamegraphs(a)
+    ]
 
 
 def headline_ctx(a: Analysis) -> dict:
@@ -462,10 +623,26 @@ def headline_ctx(a: Analysis) -> dict:
     h = build_headline(a)
     tables = []
     for t in h.tables:
-        tables.append({"profile": t.profile, "columns": [c.title.split("\n") for c in t.columns],
-                       "rows": [{"variant": r.variant, "version": r.version, "baseline": r.baseline,
-                                 "cells": [(r.cells[c.label].text, r.cells[c.label].tier) if c.label in r.cells
-                                           else ("–", None) for c in t.columns]} for r in t.rows]})  # fmt: skip
+        tables.append(
+            {
+                "profile": t.profile,
+                "columns": [c.title.split("\n") for c in t.columns],
+                "rows": [
+                    {
+                        "variant": r.variant,
+                        "version": r.version,
+                        "baseline": r.baseline,
+                        "cells": [
+                            (r.cells[c.label].text, r.cells[c.label].tier)
+                            if c.label in r.cells
+                            else ("–", None)
+                            for c in t.columns
+                        ],
+                    }
+                    for r in t.rows
+                ],
+            }
+        )
     return {"tables": tables, "findings": h.findings, "caption": CAPTION}
 
 
@@ -505,14 +682,20 @@ def render_markdown(a: Analysis) -> str:
     lines = []
     for r in a.runs:
         vers = ", ".join(f"{v['name']} {v['version'] or ''}".strip() for v in r.vpns)
-        lines.append(f"**tunnelbench run `{r.run_id}`** — scenario `{r.scenario_name}`, status {r.run['status']}, "
-                     f"{_ts(r.run['started'])}; {vers}; kernel {r.env.get('kernel', '?')}, "
-                     f"{r.env.get('cpu_count', '?')} CPUs ({r.env.get('cpu_model', '?')})")  # fmt: skip
+        lines.append(
+            f"**tunnelbench run `{r.run_id}`** — scenario `{r.scenario_name}`, status {r.run['status']}, "
+            f"{_ts(r.run['started'])}; {vers}; kernel {r.env.get('kernel', '?')}, "
+            f"{r.env.get('cpu_count', '?')} CPUs ({r.env.get('cpu_model', '?')})"
+        )
     hd = headline_ctx(a)
     for t in hd["tables"]:
-        lines += ["", f"**Headline** (profile `{t['profile']}`)", "",
-                  "| VPN | " + " | ".join(" ".join(c) for c in t["columns"]) + " |",
-                  "|---|" + "---:|" * len(t["columns"])]  # fmt: skip
+        lines += [
+            "",
+            f"**Headline** (profile `{t['profile']}`)",
+            "",
+            "| VPN | " + " | ".join(" ".join(c) for c in t["columns"]) + " |",
+            "|---|" + "---:|" * len(t["columns"]),
+        ]
         for r in t["rows"]:
             name = (
                 r["variant"]
@@ -523,13 +706,19 @@ def render_markdown(a: Analysis) -> str:
     if hd["tables"]:
         lines += ["", hd["caption"], ""] + [f"- {text}" for text, _ in hd["findings"]]
     lines.append("")
-    lines.append(f"Median over repetitions with bootstrap 95% CI; × internal = ratio of medians to the no-VPN "
-                 f"baseline with CI; tiers split only where every pair across the cut differs "
-                 f"(Mann-Whitney U, Holm-corrected, α = {ALPHA}).")  # fmt: skip
+    lines.append(
+        f"Median over repetitions with bootstrap 95% CI; × internal = ratio of medians to the no-VPN "
+        f"baseline with CI; tiers split only where every pair across the cut differs "
+        f"(Mann-Whitney U, Holm-corrected, α = {ALPHA})."
+    )
     for p in a.profiles:
-        lines += ["", f"### Profile `{p}`", "",
-                  "| VPN | workload | metric | median [95% CI] | n | × internal [95% CI] | tier |",
-                  "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            f"### Profile `{p}`",
+            "",
+            "| VPN | workload | metric | median [95% CI] | n | × internal [95% CI] | tier |",
+            "|---|---|---|---:|---:|---:|---:|",
+        ]
         for f in a.headline_families():
             if f.profile != p:
                 continue
@@ -539,19 +728,34 @@ def render_markdown(a: Analysis) -> str:
                 d = g.desc
                 assert d is not None
                 tier = str(f.tiering.tier[v]) if f.tiering and f.better != "none" else ""
-                lines.append(f"| {v} | {f.label} | {f.metric} [{f.unit}] | {num(d.median, f.unit)} "
-                             f"{ci(d.ci_lo, d.ci_hi, f.unit)} | {d.n} | {ratio_txt(g.ratio)} | {tier} |")  # fmt: skip
+                lines.append(
+                    f"| {v} | {f.label} | {f.metric} [{f.unit}] | {num(d.median, f.unit)} "
+                    f"{ci(d.ci_lo, d.ci_hi, f.unit)} | {d.n} | {ratio_txt(g.ratio)} | {tier} |"
+                )
         under = [f"{f.label}/{f.metric}" for f in a.headline_families() if f.profile == p and f.underpowered]
         if under:
-            lines += ["", f"> Too few repetitions for any significant difference in: {', '.join(under)} "
-                          "(one tier each; use ≥ 5 repetitions for 2 VPNs, more for more VPNs)."]  # fmt: skip
+            lines += [
+                "",
+                f"> Too few repetitions for any significant difference in: {', '.join(under)} "
+                "(one tier each; use ≥ 5 repetitions for 2 VPNs, more for more VPNs).",
+            ]
     if a.scaling:
-        lines += ["", "Parallel scaling (goodput N streams / 1 stream): " + "; ".join(
-            f"{d.variant} {d.label} @ {d.profile}: {d.value:.2f} [{d.lo:.2f}, {d.hi:.2f}]" for d in a.scaling)]  # fmt: skip
+        lines += [
+            "",
+            "Parallel scaling (goodput N streams / 1 stream): "
+            + "; ".join(
+                f"{d.variant} {d.label} @ {d.profile}: {d.value:.2f} [{d.lo:.2f}, {d.hi:.2f}]"
+                for d in a.scaling
+            ),
+        ]
     if a.efficiency:
-        lines += ["", "CPU efficiency (Mbit/s per daemon CPU-core, client + server; multihost: all hosts): "
-                  + "; ".join(
-            f"{d.variant} {d.label} @ {d.profile}: {num(d.value)} {ci(d.lo, d.hi)}" for d in a.efficiency)]  # fmt: skip
+        lines += [
+            "",
+            "CPU efficiency (Mbit/s per daemon CPU-core, client + server; multihost: all hosts): "
+            + "; ".join(
+                f"{d.variant} {d.label} @ {d.profile}: {num(d.value)} {ci(d.lo, d.hi)}" for d in a.efficiency
+            ),
+        ]
     for r in a.runs:
         facts = facts_lines(emulator_facts(r.env, r.metrics))
         if facts:
@@ -562,8 +766,13 @@ def render_markdown(a: Analysis) -> str:
             ]
             lines += [f"- {x.strip()}" for x in facts]
     for sec in _security(a):
-        lines += ["", f"### Security (run `{sec['run']}`)", "",
-                  "| VPN | version | " + " | ".join(SECURITY_COLUMNS) + " |", "|---|---|" + "---|" * len(SECURITY_COLUMNS)]  # fmt: skip
+        lines += [
+            "",
+            f"### Security (run `{sec['run']}`)",
+            "",
+            "| VPN | version | " + " | ".join(SECURITY_COLUMNS) + " |",
+            "|---|---|" + "---|" * len(SECURITY_COLUMNS),
+        ]
         for row in sec["rows"]:
             cells = [f"{v} ({e})" if e else v for v, e in row["cells"].values()]
             lines.append(f"| {row['variant']} | {row['version']} | " + " | ".join(cells) + " |")
@@ -578,6 +787,8 @@ def render_markdown(a: Analysis) -> str:
     if fails:
         lines += ["", f"{len(fails)} case(s) failed or were skipped:"]
         for r, c in fails[:20]:
-            lines.append(f"- {a.variant_of.get((r.run_id, c.vpn), c.vpn)} · {c.profile} · {c.label} rep "
-                         f"{c.repetition}: {c.status}: {(c.error or '').splitlines()[0][:200] if c.error else ''}")  # fmt: skip
+            lines.append(
+                f"- {a.variant_of.get((r.run_id, c.vpn), c.vpn)} · {c.profile} · {c.label} rep "
+                f"{c.repetition}: {c.status}: {(c.error or '').splitlines()[0][:200] if c.error else ''}"
+            )
     return "\n".join(lines) + "\n"

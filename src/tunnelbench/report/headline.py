@@ -137,8 +137,10 @@ def build(a: Analysis) -> Headline:
             continue
         variants = [v for v in a.variants if any(v in c.family.groups for c in cols)]
         # the baselines: internal, and internal@mtuNNNN at another underlay MTU (rows, never contenders)
-        base = sorted((v for v in variants if v.split(" ")[0].split("@")[0] == BASELINE),
-                      key=lambda v: v.split(" ")[0] != BASELINE)  # fmt: skip
+        base = sorted(
+            (v for v in variants if v.split(" ")[0].split("@")[0] == BASELINE),
+            key=lambda v: v.split(" ")[0] != BASELINE,
+        )
         others = sorted((v for v in variants if v not in base), key=lambda v: _sort_key(cols[0], v))
         for c in cols:
             vpns = {v: g.values for v, g in c.family.groups.items() if v not in base and g.values}
@@ -162,8 +164,13 @@ def build(a: Analysis) -> Headline:
             n = min(
                 c.family.groups[v].desc.n for c in cols for v in c.family.groups if c.family.groups[v].desc
             )  # type: ignore[union-attr]
-            h.findings.append((f"{profile}: underpowered (n = {n} per VPN: no pair can reach p < {ALPHA} after "
-                               f"Holm): {', '.join(under)}; use more repetitions", "warn"))  # fmt: skip
+            h.findings.append(
+                (
+                    f"{profile}: underpowered (n = {n} per VPN: no pair can reach p < {ALPHA} after "
+                    f"Holm): {', '.join(under)}; use more repetitions",
+                    "warn",
+                )
+            )
     h.findings += _problems(a)
     return h
 
@@ -208,9 +215,14 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
             resumed = []
         for x in resumed:  # measured across processes: the reader should know it was interrupted
             at = dt.datetime.fromtimestamp(x.get("at", 0), dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-            out.append((f"run {r.run_id} was resumed at {at} after it ended {x.get('previous_status')}: "
-                        f"{x.get('cases_ok')} finished case(s) kept, {len(x.get('discarded') or [])} "
-                        "unfinished one(s) measured again", "warn"))  # fmt: skip
+            out.append(
+                (
+                    f"run {r.run_id} was resumed at {at} after it ended {x.get('previous_status')}: "
+                    f"{x.get('cases_ok')} finished case(s) kept, {len(x.get('discarded') or [])} "
+                    "unfinished one(s) measured again",
+                    "warn",
+                )
+            )
         failed: dict[tuple[str, str, str], int] = {}
         for c in r.cases:
             if c.status in ("failed", "interrupted", "error"):
@@ -229,8 +241,12 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
             except (TypeError, ValueError):
                 continue
             if isinstance(cal, dict) and cal.get("ok") is False:
-                bad = "; ".join(f"{x.get('quantity')} {num(x.get('measured'))} vs {num(x.get('configured'))} "
-                                f"{x.get('unit', '')}".rstrip() for x in cal.get("checks", []) if x.get("ok") is False)  # fmt: skip
+                bad = "; ".join(
+                    f"{x.get('quantity')} {num(x.get('measured'))} vs {num(x.get('configured'))} "
+                    f"{x.get('unit', '')}".rstrip()
+                    for x in cal.get("checks", [])
+                    if x.get("ok") is False
+                )
                 out.append((f"calibration of profile {cal.get('profile')} OUT OF TOLERANCE: {bad}", "bad"))
         out += _host_drops(a, r)
         out += _path_changes(a, r)
@@ -249,8 +265,15 @@ def _path_changes(a: Analysis, r) -> list[tuple[str, str]]:
         g = groups.setdefault((a.variant_of.get((r.run_id, c.vpn), c.vpn), c.profile, c.label), [0, 0])
         g[0] += m["value"] > 0
         g[1] += 1
-    return [(f"{v} {lb} @ {p}: the path switched between direct and relayed within {n} of {total} case(s) "
-             "(series path_direct_pct per case)", "warn") for (v, p, lb), (n, total) in groups.items() if n]  # fmt: skip
+    return [
+        (
+            f"{v} {lb} @ {p}: the path switched between direct and relayed within {n} of {total} case(s) "
+            "(series path_direct_pct per case)",
+            "warn",
+        )
+        for (v, p, lb), (n, total) in groups.items()
+        if n
+    ]
 
 
 HOST_DROP_SHARE = 0.5  # flag a loss when drops on the end hosts explain at least this share of it
@@ -283,15 +306,21 @@ def _host_drops(a: Analysis, r) -> list[tuple[str, str]]:
         # it finds it, and its probes' loss is judged probe by probe
         if c.workload == "udp_ceiling":
             continue
-        drops = {(kind, h): ms[(name, h)] for h in dict.fromkeys((c.client, c.server))
-                 for kind, name in HOST_DROPS.items() if (name, h) in ms}  # fmt: skip
+        drops = {
+            (kind, h): ms[(name, h)]
+            for h in dict.fromkeys((c.client, c.server))
+            for kind, name in HOST_DROPS.items()
+            if (name, h) in ms
+        }
         if not drops:
             continue  # counters not sampled (an older run, or the sample failed)
         lost = ms.get(("udp_lost_packets", None))
         if lost is None and ("udp_loss_pct", None) in ms and ("udp_packets", None) in ms:
             lost = ms[("udp_loss_pct", None)] / 100 * ms[("udp_packets", None)]
-        g = groups.setdefault((a.variant_of.get((r.run_id, c.vpn), c.vpn), c.profile, c.label),
-                              {"lost": 0.0, "counted": False, "drops": {}})  # fmt: skip
+        g = groups.setdefault(
+            (a.variant_of.get((r.run_id, c.vpn), c.vpn), c.profile, c.label),
+            {"lost": 0.0, "counted": False, "drops": {}},
+        )
         if lost is not None:
             g["lost"] += lost
             g["counted"] = True
@@ -326,6 +355,11 @@ def _host_drops(a: Analysis, r) -> list[tuple[str, str]]:
                 each = "; ".join(text for _, _, text in parts)
                 out.append((f"{head} on the hosts, not by the path: {each}", "warn"))
     if uncounted:
-        out.append(("full UDP socket buffers dropped datagrams in workloads without a loss count (a VPN's own "
-                    "socket under TCP load: retransmissions, not loss): " + "; ".join(uncounted), "warn"))  # fmt: skip
+        out.append(
+            (
+                "full UDP socket buffers dropped datagrams in workloads without a loss count (a VPN's own "
+                "socket under TCP load: retransmissions, not loss): " + "; ".join(uncounted),
+                "warn",
+            )
+        )
     return out

@@ -204,9 +204,13 @@ def _wanted(metric: str, workload: str, metrics: list[str] | None) -> bool:
     return metric in metrics if metrics else is_headline(workload, metric)
 
 
-def build_history(runs: list[RunData], vpns: list[str] | None = None, metrics: list[str] | None = None,
-                  threshold_pct: float = DEFAULT_THRESHOLD_PCT,
-                  skipped: list[tuple[Path, str]] | None = None) -> History:  # fmt: skip
+def build_history(
+    runs: list[RunData],
+    vpns: list[str] | None = None,
+    metrics: list[str] | None = None,
+    threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+    skipped: list[tuple[Path, str]] | None = None,
+) -> History:
     """Trends of the headline metrics (or `metrics`) of every VPN (or `vpns`) over `runs` (oldest first), and
     the changes compare flags between each group's consecutive runs (with `metrics` as compare --metric)."""
     runs = sorted(runs, key=lambda r: (r.run["started"] or 0.0, r.run_id))
@@ -225,8 +229,18 @@ def build_history(runs: list[RunData], vpns: list[str] | None = None, metrics: l
                 better, _ = metric_spec(workload, metric)
                 t = trends[(profile, label, metric)] = Trend(profile, label, workload, metric, unit, better)
             d = describe(vals)
-            t.series.setdefault(vpn, []).append(Point(r.run_id, r.run["started"] or 0.0, r.version(vpn), d.n,
-                                                      d.median, d.ci_lo, d.ci_hi, list(vals)))  # fmt: skip
+            t.series.setdefault(vpn, []).append(
+                Point(
+                    r.run_id,
+                    r.run["started"] or 0.0,
+                    r.version(vpn),
+                    d.n,
+                    d.median,
+                    d.ci_lo,
+                    d.ci_hi,
+                    list(vals),
+                )
+            )
             if vpn not in vpn_seen:
                 vpn_seen.append(vpn)
     # consecutive runs of each (VPN, profile, label): compare PREVIOUS RUN as compare does
@@ -259,9 +273,17 @@ def build_history(runs: list[RunData], vpns: list[str] | None = None, metrics: l
     rank = {v: i for i, v in enumerate(vpn_seen)}
     for t in tlist:
         t.series = dict(sorted(t.series.items(), key=lambda kv: rank[kv[0]]))
-    return History(runs=[_run_info(r) for r in runs], skipped=list(skipped or []), trends=tlist, flags=flags,
-                   vpns=vpn_seen, threshold_pct=threshold_pct, vpn_filter=vpns, metric_filter=metrics,
-                   comparisons=cmp_cache)  # fmt: skip
+    return History(
+        runs=[_run_info(r) for r in runs],
+        skipped=list(skipped or []),
+        trends=tlist,
+        flags=flags,
+        vpns=vpn_seen,
+        threshold_pct=threshold_pct,
+        vpn_filter=vpns,
+        metric_filter=metrics,
+        comparisons=cmp_cache,
+    )
 
 
 def _vpn_order(runs: list[RunData], names: list[str]) -> list[str]:
@@ -296,8 +318,14 @@ def _trend_order(keys: list[tuple[str, str, str]], metrics: list[str] | None):
     return key
 
 
-def _apply(cmp: Comparison, group: tuple[str, str, str], trends: dict[tuple[str, str, str], Trend],
-           flags: list[Flag], by_id: dict[str, RunData], metrics: list[str] | None) -> None:  # fmt: skip
+def _apply(
+    cmp: Comparison,
+    group: tuple[str, str, str],
+    trends: dict[tuple[str, str, str], Trend],
+    flags: list[Flag],
+    by_id: dict[str, RunData],
+    metrics: list[str] | None,
+) -> None:
     """Put compare's verdicts for this group on the later run's points, and its flags in the list."""
     vpn, profile, label = group
     a, b = by_id[cmp.run_a], by_id[cmp.run_b]
@@ -311,17 +339,49 @@ def _apply(cmp: Comparison, group: tuple[str, str, str], trends: dict[tuple[str,
             if p.run_id == cmp.run_b:
                 p.prev_run, p.change_pct, p.verdict = cmp.run_a, c.change_pct, c.verdict
         if c.verdict in FLAG_VERDICTS:
-            flags.append(Flag(vpn, profile, label, c.metric, c.unit, cmp.run_a, cmp.run_b, a.version(vpn),
-                              b.version(vpn), c.verdict, c))  # fmt: skip
+            flags.append(
+                Flag(
+                    vpn,
+                    profile,
+                    label,
+                    c.metric,
+                    c.unit,
+                    cmp.run_a,
+                    cmp.run_b,
+                    a.version(vpn),
+                    b.version(vpn),
+                    c.verdict,
+                    c,
+                )
+            )
     if group in cmp.failed_b:
-        flags.append(Flag(vpn, profile, label, "", "", cmp.run_a, cmp.run_b, a.version(vpn), b.version(vpn),
-                          "FAILED: every attempt failed"))  # fmt: skip
+        flags.append(
+            Flag(
+                vpn,
+                profile,
+                label,
+                "",
+                "",
+                cmp.run_a,
+                cmp.run_b,
+                a.version(vpn),
+                b.version(vpn),
+                "FAILED: every attempt failed",
+            )
+        )
 
 
 def _run_info(r: RunData) -> RunInfo:
-    return RunInfo(r.run_id, r.run_dir, r.run["started"] or 0.0, r.run["status"] or "", r.scenario_name,
-                   {v["name"]: v["version"] for v in r.vpns}, sum(c.status == "ok" for c in r.cases),
-                   len(r.cases))  # fmt: skip
+    return RunInfo(
+        r.run_id,
+        r.run_dir,
+        r.run["started"] or 0.0,
+        r.run["status"] or "",
+        r.scenario_name,
+        {v["name"]: v["version"] for v in r.vpns},
+        sum(c.status == "ok" for c in r.cases),
+        len(r.cases),
+    )
 
 
 # -- terminal ----------------------------------------------------------------------------------------------
@@ -375,8 +435,14 @@ def history_tables(h: History) -> list[Table]:
                 prev_txt += f" (run {q.run_id.rsplit('-', 1)[-1]})"
             change = "–" if p.change_pct is None or math.isnan(p.change_pct) else f"{p.change_pct:+.1f}%"
             style = {"REGRESSION": "bold red", "improvement": "green"}.get(p.verdict, "dim")
-            t.add_row(Text(wl), Text(f"{tr.metric} [{tr.unit}]"), Text(prev_txt), Text(num(p.median, tr.unit)),
-                      Text(change), Text(p.verdict or "–", style=style))  # fmt: skip
+            t.add_row(
+                Text(wl),
+                Text(f"{tr.metric} [{tr.unit}]"),
+                Text(prev_txt),
+                Text(num(p.median, tr.unit)),
+                Text(change),
+                Text(p.verdict or "–", style=style),
+            )
         tables.append(t)
     return tables
 
@@ -388,10 +454,14 @@ def print_history(h: History, console: Console) -> None:
     for t in tables:
         console.print(t)
     n = sum(f.verdict == "REGRESSION" for f in h.flags)
-    console.print(Text(f"{len(h.runs)} runs: {n} regression(s), {sum(f.verdict == 'improvement' for f in h.flags)} "
-                       f"improvement(s), {sum(f.verdict.startswith('FAILED') for f in h.flags)} workload(s) that "
-                       f"stopped succeeding\n(each run of a VPN vs its previous run, as compare does; threshold "
-                       f"{h.threshold_pct:g}%)"))  # fmt: skip
+    console.print(
+        Text(
+            f"{len(h.runs)} runs: {n} regression(s), {sum(f.verdict == 'improvement' for f in h.flags)} "
+            f"improvement(s), {sum(f.verdict.startswith('FAILED') for f in h.flags)} workload(s) that "
+            f"stopped succeeding\n(each run of a VPN vs its previous run, as compare does; threshold "
+            f"{h.threshold_pct:g}%)"
+        )
+    )
 
 
 # -- HTML --------------------------------------------------------------------------------------------------
@@ -433,8 +503,10 @@ def _marker(shape: str, x: float, y: float, color: str, r: float = 4.5) -> str:
     if shape in ("triangle", "triangle-down"):
         s = 1 if shape == "triangle" else -1
         r *= 1.2
-        return (f'<path d="M{x:.1f},{y - s * r:.1f}L{x + r:.1f},{y + s * r * 0.8:.1f}L{x - r:.1f},'
-                f'{y + s * r * 0.8:.1f}Z" {common}/>')  # fmt: skip
+        return (
+            f'<path d="M{x:.1f},{y - s * r:.1f}L{x + r:.1f},{y + s * r * 0.8:.1f}L{x - r:.1f},'
+            f'{y + s * r * 0.8:.1f}Z" {common}/>'
+        )
     return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" {common}/>'
 
 
@@ -478,15 +550,19 @@ def trend_svg(
 
     e = escape
     title = f"{t.label} · {t.metric} [{t.unit}] · {t.profile}"
-    o = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" class="plot trend-plot" viewBox="0 0 {w} {h}" '
-         f'width="{w}" height="{h}" aria-label="{e(title)}: median per run with 95% CI, one line per VPN">',
-         f"<title>{e(title)}</title>",
-         f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fff" stroke="#d5dae0"/>']  # fmt: skip
+    o = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" class="plot trend-plot" viewBox="0 0 {w} {h}" '
+        f'width="{w}" height="{h}" aria-label="{e(title)}: median per run with 95% CI, one line per VPN">',
+        f"<title>{e(title)}</title>",
+        f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fff" stroke="#d5dae0"/>',
+    ]
     for v in ticks:
         y = Y(v)
         o.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e8ec"/>')
-        o.append(f'<text x="{ml - 6}" y="{y + 3:.1f}" text-anchor="end" font-size="10" fill="#333">'
-                 f"{_tick_txt(v, step)}</text>")  # fmt: skip
+        o.append(
+            f'<text x="{ml - 6}" y="{y + 3:.1f}" text-anchor="end" font-size="10" fill="#333">'
+            f"{_tick_txt(v, step)}</text>"
+        )
     every = max(1, math.ceil(len(rids) / 14))
     fmt = "%m-%d %H:%M"
     if len({_ts(run_started.get(r), fmt) for r in rids}) < len(rids):
@@ -494,19 +570,27 @@ def trend_svg(
     for rid in rids[::every]:
         x = ml + (xi[rid] + 0.5) * pw / max(1, len(rids))
         o.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{mt + ph}" y2="{mt + ph + 4}" stroke="#888"/>')
-        o.append(f'<text x="{x:.1f}" y="{mt + ph + 14}" font-size="9.5" fill="#333" text-anchor="end" '
-                 f'transform="rotate(-35 {x:.1f} {mt + ph + 14})">{e(_ts(run_started.get(rid), fmt))}'
-                 f"<title>{e(rid)}</title></text>")  # fmt: skip
+        o.append(
+            f'<text x="{x:.1f}" y="{mt + ph + 14}" font-size="9.5" fill="#333" text-anchor="end" '
+            f'transform="rotate(-35 {x:.1f} {mt + ph + 14})">{e(_ts(run_started.get(rid), fmt))}'
+            f"<title>{e(rid)}</title></text>"
+        )
     arrow = {"higher": " (higher is better ↑)", "lower": " (lower is better ↓)"}.get(t.better, "")
-    o.append(f'<text x="14" y="{mt + ph / 2:.1f}" font-size="10.5" text-anchor="middle" fill="#222" '
-             f'transform="rotate(-90 14 {mt + ph / 2:.1f})">{e(t.metric)} [{e(t.unit)}]{e(arrow)}</text>')  # fmt: skip
-    o.append(f'<text x="{ml + pw / 2:.1f}" y="{h - 6}" font-size="10.5" text-anchor="middle" fill="#222">'
-             "run start (UTC), oldest left</text>")  # fmt: skip
+    o.append(
+        f'<text x="14" y="{mt + ph / 2:.1f}" font-size="10.5" text-anchor="middle" fill="#222" '
+        f'transform="rotate(-90 14 {mt + ph / 2:.1f})">{e(t.metric)} [{e(t.unit)}]{e(arrow)}</text>'
+    )
+    o.append(
+        f'<text x="{ml + pw / 2:.1f}" y="{h - 6}" font-size="10.5" text-anchor="middle" fill="#222">'
+        "run start (UTC), oldest left</text>"
+    )
     # legend
     for vpn, lx, row in legend:
         ly = 16 + 16 * row
-        o.append(f'<line x1="{lx:.1f}" x2="{lx + 16:.1f}" y1="{ly}" y2="{ly}" stroke="{colors[vpn]}" '
-                 f'stroke-width="2.2"/><text x="{lx + 20:.1f}" y="{ly + 4}" font-size="10.5" fill="#222">{e(vpn)}</text>')  # fmt: skip
+        o.append(
+            f'<line x1="{lx:.1f}" x2="{lx + 16:.1f}" y1="{ly}" y2="{ly}" stroke="{colors[vpn]}" '
+            f'stroke-width="2.2"/><text x="{lx + 20:.1f}" y="{ly + 4}" font-size="10.5" fill="#222">{e(vpn)}</text>'
+        )
     for j, (vpn, pts) in enumerate(t.series.items()):
         c = colors[vpn]
         ok = [p for p in pts if math.isfinite(p.median)]
@@ -523,24 +607,34 @@ def trend_svg(
                 versions.append(p.version)
             shape = SHAPES[versions.index(p.version) % len(SHAPES)]
             x, y = X(p.run_id, j), Y(p.median)
-            tip = (f"{vpn} {p.version or ''} · run {p.run_id} ({_ts(p.started)})\nmedian {num(p.median, t.unit)} "
-                   f"{t.unit}, 95% CI [{num(p.ci_lo, t.unit)}, {num(p.ci_hi, t.unit)}], n = {p.n}")  # fmt: skip
+            tip = (
+                f"{vpn} {p.version or ''} · run {p.run_id} ({_ts(p.started)})\nmedian {num(p.median, t.unit)} "
+                f"{t.unit}, 95% CI [{num(p.ci_lo, t.unit)}, {num(p.ci_hi, t.unit)}], n = {p.n}"
+            )
             if p.prev_run:
                 tip += f"\nvs run {p.prev_run}: {_pct(p.change_pct)}, {p.verdict}"
-            o.append(f'<g class="point" data-run="{e(p.run_id)}" data-version="{e(p.version or "")}" '
-                     f'data-median="{p.median!r}" data-ci-lo="{p.ci_lo!r}" data-ci-hi="{p.ci_hi!r}" data-n="{p.n}" '
-                     f'data-flag="{p.flag}"><title>{e(tip)}</title>')  # fmt: skip
+            o.append(
+                f'<g class="point" data-run="{e(p.run_id)}" data-version="{e(p.version or "")}" '
+                f'data-median="{p.median!r}" data-ci-lo="{p.ci_lo!r}" data-ci-hi="{p.ci_hi!r}" data-n="{p.n}" '
+                f'data-flag="{p.flag}"><title>{e(tip)}</title>'
+            )
             if math.isfinite(p.ci_lo) and math.isfinite(p.ci_hi):
-                o.append(f'<path class="ci" d="M{x:.1f},{Y(p.ci_lo):.1f}V{Y(p.ci_hi):.1f}M{x - 3:.1f},{Y(p.ci_lo):.1f}'
-                         f'h6M{x - 3:.1f},{Y(p.ci_hi):.1f}h6" stroke="#333" stroke-width="1" fill="none"/>')  # fmt: skip
+                o.append(
+                    f'<path class="ci" d="M{x:.1f},{Y(p.ci_lo):.1f}V{Y(p.ci_hi):.1f}M{x - 3:.1f},{Y(p.ci_lo):.1f}'
+                    f'h6M{x - 3:.1f},{Y(p.ci_hi):.1f}h6" stroke="#333" stroke-width="1" fill="none"/>'
+                )
             if p.flag:
                 ring = "#b3261e" if p.flag == "regression" else "#1b7837"
-                o.append(f'<circle class="flag {p.flag}" cx="{x:.1f}" cy="{y:.1f}" r="9" fill="none" '
-                         f'stroke="{ring}" stroke-width="2.4"/>')  # fmt: skip
+                o.append(
+                    f'<circle class="flag {p.flag}" cx="{x:.1f}" cy="{y:.1f}" r="9" fill="none" '
+                    f'stroke="{ring}" stroke-width="2.4"/>'
+                )
             o.append(_marker(shape, x, y, c))
             if p.version != last_version and p.version:
-                o.append(f'<text class="version" x="{x + 6:.1f}" y="{y - 8:.1f}" font-size="9" fill="{c}">'
-                         f"{e(_short_version(p.version))}</text>")  # fmt: skip
+                o.append(
+                    f'<text class="version" x="{x + 6:.1f}" y="{y - 8:.1f}" font-size="9" fill="{c}">'
+                    f"{e(_short_version(p.version))}</text>"
+                )
             last_version = p.version
             o.append("</g>")
         o.append("</g>")
@@ -567,33 +661,84 @@ def build_context(h: History) -> dict:
         rows = []
         for vpn, pts in t.series.items():
             for p in pts:
-                rows.append({"vpn": vpn, "version": p.version or "", "run": p.run_id, "started": _ts(p.started),
-                             "median": num(p.median, t.unit), "ci": f"[{num(p.ci_lo, t.unit)}, {num(p.ci_hi, t.unit)}]",
-                             "n": p.n, "change": _pct(p.change_pct),
-                             "verdict": p.verdict, "flag": p.flag})  # fmt: skip
-        by_profile[t.profile].append({"profile": t.profile, "label": t.label, "workload": t.workload,
-                                      "metric": t.metric, "unit": t.unit, "better": t.better,
-                                      "vpns": list(t.series), "svg": trend_svg(t, colors, run_order, started),
-                                      "rows": rows})  # fmt: skip
+                rows.append(
+                    {
+                        "vpn": vpn,
+                        "version": p.version or "",
+                        "run": p.run_id,
+                        "started": _ts(p.started),
+                        "median": num(p.median, t.unit),
+                        "ci": f"[{num(p.ci_lo, t.unit)}, {num(p.ci_hi, t.unit)}]",
+                        "n": p.n,
+                        "change": _pct(p.change_pct),
+                        "verdict": p.verdict,
+                        "flag": p.flag,
+                    }
+                )
+        by_profile[t.profile].append(
+            {
+                "profile": t.profile,
+                "label": t.label,
+                "workload": t.workload,
+                "metric": t.metric,
+                "unit": t.unit,
+                "better": t.better,
+                "vpns": list(t.series),
+                "svg": trend_svg(t, colors, run_order, started),
+                "rows": rows,
+            }
+        )
     flags = []
     for f in h.flags:
         c = f.change
-        flags.append({"vpn": f.vpn, "profile": f.profile, "label": f.label, "metric": f.metric, "unit": f.unit,
-                      "run_a": f.run_a, "run_b": f.run_b, "version_a": f.version_a or "", "version_b": f.version_b or "",
-                      "median_a": num(c.median_a, c.unit) if c else "", "median_b": num(c.median_b, c.unit) if c else "",
-                      "change": f"{c.change_pct:+.1f}% [{c.ci_lo_pct:+.1f}, {c.ci_hi_pct:+.1f}]" if c else "",
-                      "p_holm": f"{c.p_holm:.2g}" if c and math.isfinite(c.p_holm) else "",
-                      "n": f"{c.n_a} / {c.n_b}" if c else "", "verdict": f.verdict,
-                      "tone": "ok" if f.verdict == "improvement" else "bad"})  # fmt: skip
-    runs = [{"id": r.run_id, "started": _ts(r.started), "status": r.status, "scenario": r.scenario,
-             "vpns": [f"{k} {_short_version(v)}".strip() for k, v in r.versions.items()],
-             "cases": f"{r.ok_cases} / {r.cases}", "dir": str(r.run_dir)} for r in h.runs]  # fmt: skip
+        flags.append(
+            {
+                "vpn": f.vpn,
+                "profile": f.profile,
+                "label": f.label,
+                "metric": f.metric,
+                "unit": f.unit,
+                "run_a": f.run_a,
+                "run_b": f.run_b,
+                "version_a": f.version_a or "",
+                "version_b": f.version_b or "",
+                "median_a": num(c.median_a, c.unit) if c else "",
+                "median_b": num(c.median_b, c.unit) if c else "",
+                "change": f"{c.change_pct:+.1f}% [{c.ci_lo_pct:+.1f}, {c.ci_hi_pct:+.1f}]" if c else "",
+                "p_holm": f"{c.p_holm:.2g}" if c and math.isfinite(c.p_holm) else "",
+                "n": f"{c.n_a} / {c.n_b}" if c else "",
+                "verdict": f.verdict,
+                "tone": "ok" if f.verdict == "improvement" else "bad",
+            }
+        )
+    runs = [
+        {
+            "id": r.run_id,
+            "started": _ts(r.started),
+            "status": r.status,
+            "scenario": r.scenario,
+            "vpns": [f"{k} {_short_version(v)}".strip() for k, v in r.versions.items()],
+            "cases": f"{r.ok_cases} / {r.cases}",
+            "dir": str(r.run_dir),
+        }
+        for r in h.runs
+    ]
     first, last = (h.runs[0].started, h.runs[-1].started) if h.runs else (None, None)
-    return {"title": "tunnelbench history", "runs": runs, "skipped": [(str(d), why) for d, why in h.skipped],
-            "by_profile": dict(by_profile), "n_trends": len(h.trends), "flags": flags, "vpns": h.vpns,
-            "first": _ts(first), "last": _ts(last), "threshold": h.threshold_pct,
-            "vpn_filter": h.vpn_filter, "metric_filter": h.metric_filter,
-            "generated": _ts(dt.datetime.now(dt.UTC).timestamp())}  # fmt: skip
+    return {
+        "title": "tunnelbench history",
+        "runs": runs,
+        "skipped": [(str(d), why) for d, why in h.skipped],
+        "by_profile": dict(by_profile),
+        "n_trends": len(h.trends),
+        "flags": flags,
+        "vpns": h.vpns,
+        "first": _ts(first),
+        "last": _ts(last),
+        "threshold": h.threshold_pct,
+        "vpn_filter": h.vpn_filter,
+        "metric_filter": h.metric_filter,
+        "generated": _ts(dt.datetime.now(dt.UTC).timestamp()),
+    }
 
 
 def render_history(h: History) -> str:

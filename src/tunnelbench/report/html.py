@@ -26,10 +26,22 @@ def render_html(store: Store, run_id: str, summary: Summary) -> str:
         cpu = "–"
         if r.cpu_client or r.cpu_server:
             cpu = f"{num(r.cpu_client.median if r.cpu_client else None)} / {num(r.cpu_server.median if r.cpu_server else None)}"
-        rows.append({"vpn": r.vpn, "profile": r.profile, "label": r.label, "metric": r.metric, "unit": r.unit,
-                     "median": num(r.stat.median, r.unit), "spread": spread(r.stat.lo, r.stat.hi, r.unit),
-                     "n": r.stat.n, "ratio": num(r.ratio) if r.ratio is not None else "", "cpu": cpu,
-                     "rss": num(r.rss_max_mb), "sep": last is not None and r.vpn != last})  # fmt: skip
+        rows.append(
+            {
+                "vpn": r.vpn,
+                "profile": r.profile,
+                "label": r.label,
+                "metric": r.metric,
+                "unit": r.unit,
+                "median": num(r.stat.median, r.unit),
+                "spread": spread(r.stat.lo, r.stat.hi, r.unit),
+                "n": r.stat.n,
+                "ratio": num(r.ratio) if r.ratio is not None else "",
+                "cpu": cpu,
+                "rss": num(r.rss_max_mb),
+                "sep": last is not None and r.vpn != last,
+            }
+        )
         last = r.vpn
     bad = [c for c in store.cases(run_id) if c.status != "ok"]
     phases = store.phases(run_id)
@@ -38,11 +50,16 @@ def render_html(store: Store, run_id: str, summary: Summary) -> str:
     except tomllib.TOMLDecodeError:
         name = ""
     return env.get_template("run.html").render(
-        run=run, rows=rows, vpns=store.vpns(run_id), bad_cases=bad, phases=phases,
+        run=run,
+        rows=rows,
+        vpns=store.vpns(run_id),
+        bad_cases=bad,
+        phases=phases,
         phase_rows=sorted((k, v) for k, v in phases.items() if k != "wall"),
-        env=sorted(store.env(run_id).items()), scenario_name=name,
+        env=sorted(store.env(run_id).items()),
+        scenario_name=name,
         started=dt.datetime.fromtimestamp(run["started"], dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-    )  # fmt: skip
+    )
 
 
 def write_html(store: Store, run_id: str, summary: Summary, path: Path) -> Path:

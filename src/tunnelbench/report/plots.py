@@ -20,18 +20,20 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from tunnelbench.analysis.analyze import Analysis, Family  # noqa: E402
 
-plt.rcParams.update({
-    "svg.fonttype": "none",  # text stays text: crisp, searchable, small
-    "svg.hashsalt": "tunnelbench",  # deterministic ids
-    "font.family": "sans-serif",
-    "font.sans-serif": ["DejaVu Sans", "Liberation Sans", "Arial"],
-    "font.size": 9,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "figure.dpi": 96,
-})  # fmt: skip
+plt.rcParams.update(
+    {
+        "svg.fonttype": "none",  # text stays text: crisp, searchable, small
+        "svg.hashsalt": "tunnelbench",  # deterministic ids
+        "font.family": "sans-serif",
+        "font.sans-serif": ["DejaVu Sans", "Liberation Sans", "Arial"],
+        "font.size": 9,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "figure.dpi": 96,
+    }
+)
 
 TIER_COLORS = ["#1b7837", "#5aae61", "#a6dba0", "#c2a5cf", "#9970ab", "#762a83"]
 PALETTE = list(plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]
@@ -75,8 +77,18 @@ def ranking(f: Family) -> str:
         c = TIER_COLORS[(tier - 1) % len(TIER_COLORS)] if f.better != "none" else "#4477aa"
         y = n - 1 - i
         ax.plot(g.values, [y] * len(g.values), "|", color="#888", ms=10, zorder=1)
-        ax.errorbar([d.median], [y], xerr=[[max(0.0, d.median - d.ci_lo)], [max(0.0, d.ci_hi - d.median)]],
-                    fmt="o", color=c, ecolor="#333", capsize=3, ms=7, mec="#222", zorder=2)  # fmt: skip
+        ax.errorbar(
+            [d.median],
+            [y],
+            xerr=[[max(0.0, d.median - d.ci_lo)], [max(0.0, d.ci_hi - d.median)]],
+            fmt="o",
+            color=c,
+            ecolor="#333",
+            capsize=3,
+            ms=7,
+            mec="#222",
+            zorder=2,
+        )
         allv += list(g.values) + [d.ci_lo, d.ci_hi]
     finite = [x for x in allv if np.isfinite(x)]
     if finite and min(finite) > 0 and max(finite) / min(finite) > 30:
@@ -89,8 +101,12 @@ def ranking(f: Family) -> str:
     log = " (log scale)" if ax.get_xscale() == "log" else ""
     ax.set_xlabel(axis_label(f.metric, f.unit) + log + arrow)
     ax.set_ylim(-0.7, n - 0.3)
-    ax.set_title("● median, bar = 95% CI, | = each repetition" + (", colour = tier" if f.better != "none" else ""),
-                 fontsize=7, loc="left", color="#555")  # fmt: skip
+    ax.set_title(
+        "● median, bar = 95% CI, | = each repetition" + (", colour = tier" if f.better != "none" else ""),
+        fontsize=7,
+        loc="left",
+        color="#555",
+    )
     return to_svg(fig)
 
 
@@ -118,8 +134,13 @@ def heatmap(a: Analysis, label: str, metric: str) -> str | None:
                     rel[i, j] = best / vals[v] if vals[v] else (1.0 if best == 0 else np.nan)
     cmap = LinearSegmentedColormap.from_list("tb", ["#d73027", "#fee08b", "#1a9850"])
     fig, ax = plt.subplots(figsize=(1.3 * len(profiles) + 2.6, 0.42 * len(variants) + 1.3))
-    im = ax.imshow(np.nan_to_num(rel, nan=0.0) if better != "none" else np.zeros_like(med), cmap=cmap,
-                   vmin=0, vmax=1, aspect="auto")  # fmt: skip
+    im = ax.imshow(
+        np.nan_to_num(rel, nan=0.0) if better != "none" else np.zeros_like(med),
+        cmap=cmap,
+        vmin=0,
+        vmax=1,
+        aspect="auto",
+    )
     ax.grid(False)
     for i, j in itertools.product(range(len(variants)), range(len(profiles))):
         txt = "–" if math.isnan(med[i, j]) else _short(med[i, j])
@@ -154,8 +175,9 @@ def _short(v: float) -> str:
     return f"{v:.1e}"
 
 
-def latency_vs_throughput(a: Analysis, tput_label: str = "tcp", lat_label: str = "ping",
-                          lat_metric: str = "rtt_p50_ms") -> str | None:  # fmt: skip
+def latency_vs_throughput(
+    a: Analysis, tput_label: str = "tcp", lat_label: str = "ping", lat_metric: str = "rtt_p50_ms"
+) -> str | None:
     """One point per variant and profile: goodput median (x) vs RTT median (y), both with 95% CIs."""
     colors = variant_colors(a.variants)
     markers = dict(zip(a.profiles, "osD^v<>ph*", strict=False))
@@ -168,11 +190,18 @@ def latency_vs_throughput(a: Analysis, tput_label: str = "tcp", lat_label: str =
             if not (gx and gy and gx.desc and gy.desc):
                 continue
             dx, dy = gx.desc, gy.desc
-            ax.errorbar([dx.median], [dy.median],
-                        xerr=[[max(0, dx.median - dx.ci_lo)], [max(0, dx.ci_hi - dx.median)]],
-                        yerr=[[max(0, dy.median - dy.ci_lo)], [max(0, dy.ci_hi - dy.median)]],
-                        fmt=markers.get(p, "o"), color=colors[v], ms=8, capsize=3, mec="#333",
-                        label=f"{v}" + (f" @ {p}" if len(a.profiles) > 1 else ""))  # fmt: skip
+            ax.errorbar(
+                [dx.median],
+                [dy.median],
+                xerr=[[max(0, dx.median - dx.ci_lo)], [max(0, dx.ci_hi - dx.median)]],
+                yerr=[[max(0, dy.median - dy.ci_lo)], [max(0, dy.ci_hi - dy.median)]],
+                fmt=markers.get(p, "o"),
+                color=colors[v],
+                ms=8,
+                capsize=3,
+                mec="#333",
+                label=f"{v}" + (f" @ {p}" if len(a.profiles) > 1 else ""),
+            )
             drawn += 1
     if not drawn:
         plt.close(fig)
@@ -186,8 +215,9 @@ def latency_vs_throughput(a: Analysis, tput_label: str = "tcp", lat_label: str =
     return to_svg(fig)
 
 
-def cdf(a: Analysis, profile: str, series: dict[str, list[float]], metric: str, unit: str,
-        title: str) -> str | None:  # fmt: skip
+def cdf(
+    a: Analysis, profile: str, series: dict[str, list[float]], metric: str, unit: str, title: str
+) -> str | None:
     """Empirical CDF of pooled per-packet samples (e.g. every echo RTT of every repetition) per variant."""
     colors = variant_colors(a.variants)
     fig, ax = plt.subplots(figsize=(6.2, 3.6))
@@ -225,8 +255,9 @@ def histogram_shares(
     return edges, {v: np.histogram(x, bins=edges)[0] / x.size for v, x in pos.items()}
 
 
-def histogram(a: Analysis, series: dict[str, list[float]], metric: str, unit: str, title: str,
-              bins: int = 40) -> str | None:  # fmt: skip
+def histogram(
+    a: Analysis, series: dict[str, list[float]], metric: str, unit: str, title: str, bins: int = 40
+) -> str | None:
     """The same pooled samples as cdf(), as a histogram (a second mode, e.g. a VPN's periodic stall, shows
     as its own hump where a CDF only bends)."""
     edges, shares = histogram_shares(series, bins)
@@ -246,8 +277,9 @@ def histogram(a: Analysis, series: dict[str, list[float]], metric: str, unit: st
     return to_svg(fig)
 
 
-def timeseries(a: Analysis, series: dict[str, list[list[tuple[float, float]]]], metric: str, unit: str,
-               title: str) -> str | None:  # fmt: skip
+def timeseries(
+    a: Analysis, series: dict[str, list[list[tuple[float, float]]]], metric: str, unit: str, title: str
+) -> str | None:
     """One thin line per repetition, one colour per variant."""
     colors = variant_colors(a.variants)
     fig, ax = plt.subplots(figsize=(6.2, 3.4))
@@ -257,8 +289,16 @@ def timeseries(a: Analysis, series: dict[str, list[list[tuple[float, float]]]], 
             if not pts:
                 continue
             t, y = zip(*pts, strict=True)
-            ax.plot(t, y, color=colors[v], lw=1.2, alpha=0.8, marker=".", ms=3,
-                    label=f"{v} ({len(series[v])} runs)" if k == 0 else None)  # fmt: skip
+            ax.plot(
+                t,
+                y,
+                color=colors[v],
+                lw=1.2,
+                alpha=0.8,
+                marker=".",
+                ms=3,
+                label=f"{v} ({len(series[v])} runs)" if k == 0 else None,
+            )
             drawn += 1
     if not drawn:
         plt.close(fig)
@@ -282,8 +322,11 @@ def clients_curve(curves: dict[str, dict[int, dict[str, list[float]]]], title: s
         ns = sorted(per_n)
         resp = [n for n in ns if per_n[n].get("p50")]
         if resp:
-            med = {q: [float(np.median(per_n[n][q])) for n in resp] for q in ("p25", "p50", "p75") if all(
-                per_n[n].get(q) for n in resp)}  # fmt: skip
+            med = {
+                q: [float(np.median(per_n[n][q])) for n in resp]
+                for q in ("p25", "p50", "p75")
+                if all(per_n[n].get(q) for n in resp)
+            }
             a1.plot(resp, med["p50"], color=colors[v], marker="o", ms=3, label=v)
             if "p25" in med and "p75" in med:
                 a1.fill_between(resp, med["p25"], med["p75"], color=colors[v], alpha=0.2, lw=0)
@@ -320,8 +363,14 @@ def degradation(axes: dict[str, dict[str, dict[float, dict[str, list[float]]]]])
     for col, (axis, vs) in enumerate(axes.items()):
         for v, pts in vs.items():
             xs = sorted(pts)
-            grid[0][col].plot(xs, [float(np.median(pts[x]["fail"])) if pts[x]["fail"] else np.nan for x in xs],
-                              color=colors[v], marker="o", ms=3, label=v)  # fmt: skip
+            grid[0][col].plot(
+                xs,
+                [float(np.median(pts[x]["fail"])) if pts[x]["fail"] else np.nan for x in xs],
+                color=colors[v],
+                marker="o",
+                ms=3,
+                label=v,
+            )
             ok = [x for x in xs if pts[x]["p50"]]
             grid[1][col].plot(
                 ok, [float(np.median(pts[x]["p50"])) for x in ok], color=colors[v], marker="o", ms=3
@@ -354,8 +403,11 @@ def per_peer(streams: dict[str, dict[str, list[tuple[float, float]]]], title: st
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("time since the start of the transfer [s]")
-        ax.set_title({"tx": "from the one host to each peer", "rx": "from each peer into the one host"}[d],
-                     fontsize=8, loc="left")  # fmt: skip
+        ax.set_title(
+            {"tx": "from the one host to each peer", "rx": "from each peer into the one host"}[d],
+            fontsize=8,
+            loc="left",
+        )
         ax.legend(fontsize=6, loc="best", ncol=2)
     axes[0][0].set_ylabel(axis_label("goodput_mbps", "Mbit/s"))
     fig.suptitle(title, fontsize=9, x=0.01, ha="left")
@@ -382,8 +434,14 @@ def rounds(a: Analysis, per_round: dict[str, dict[int, float]], drift: list[floa
         drawn += 1
     if len(drift) >= 2:
         med = float(np.median(drift))
-        ax.plot(range(1, len(drift) + 1), [d / med for d in drift], color="black", ls="--", lw=1.2,
-                label="drift reference (raw TCP)")  # fmt: skip
+        ax.plot(
+            range(1, len(drift) + 1),
+            [d / med for d in drift],
+            color="black",
+            ls="--",
+            lw=1.2,
+            label="drift reference (raw TCP)",
+        )
     if not drawn:
         plt.close(fig)
         return None
@@ -405,8 +463,12 @@ def cpu_memory(a: Analysis, profile: str) -> str | None:
     variants = [v for v in a.variants if any(u.variant == v for u in us)]
     by = {(u.variant, u.label): u for u in us}
     colors = variant_colors(a.variants)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.6, 0.5 * len(labels) * max(1, len(variants)) / 2 + 2.2),
-                                   gridspec_kw={"width_ratios": [2, 1]})  # fmt: skip
+    fig, (ax1, ax2) = plt.subplots(
+        1,
+        2,
+        figsize=(9.6, 0.5 * len(labels) * max(1, len(variants)) / 2 + 2.2),
+        gridspec_kw={"width_ratios": [2, 1]},
+    )
     h = 0.8 / max(1, len(variants))
     for i, v in enumerate(variants):
         ys, cpu, err_lo, err_hi, rss = [], [], [], [], []
@@ -483,8 +545,9 @@ def memory_over_time(a: Analysis, profile: str, lines: RssLines) -> str | None:
     colors = variant_colors(a.variants)
     ncol = min(3, len(labels))
     nrow = math.ceil(len(labels) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol + 0.4, 2.5 * nrow + 0.9), squeeze=False,
-                             sharey=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        nrow, ncol, figsize=(3.3 * ncol + 0.4, 2.5 * nrow + 0.9), squeeze=False, sharey=True
+    )
     roles, variants = set(), []
     for ax, lb in zip(axes.flat, labels, strict=False):
         for v in a.variants:
@@ -506,7 +569,11 @@ def memory_over_time(a: Analysis, profile: str, lines: RssLines) -> str | None:
     handles = [plt.Line2D([], [], color=colors[v], lw=2, label=v) for v in variants]
     handles += [plt.Line2D([], [], color="#444", ls=ROLE_STYLE[r], label=r) for r in ROLE_STYLE if r in roles]
     fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=min(6, len(handles)), frameon=False)
-    fig.suptitle(f"memory over time of the VPN daemons · {profile} (one line per repetition and host)",
-                 fontsize=9, x=0.01, ha="left")  # fmt: skip
+    fig.suptitle(
+        f"memory over time of the VPN daemons · {profile} (one line per repetition and host)",
+        fontsize=9,
+        x=0.01,
+        ha="left",
+    )
     fig.tight_layout(rect=(0, 0.08 if nrow == 1 else 0.05, 1, 1))
     return to_svg(fig)

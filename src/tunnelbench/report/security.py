@@ -116,8 +116,10 @@ def _acl(run: RunData, got: dict, errors: list[str], unsupported: bool) -> tuple
     if got.get("acl_enforced"):
         vals = got["acl_enforced"]
         bad = [d for x, d in vals if x != 1]
-        blocked, allowed = (min((x for x, _ in got.get(k, [])), default=float("nan"))
-                            for k in ("acl_denied_blocked", "acl_allowed_ok"))  # fmt: skip
+        blocked, allowed = (
+            min((x for x, _ in got.get(k, [])), default=float("nan"))
+            for k in ("acl_denied_blocked", "acl_allowed_ok")
+        )
         ev = f"denied flows blocked {blocked:.0%}, allowed flows ok {allowed:.0%} (worst case)"
         ev += f"; {_rel(run, (bad or [d for _, d in vals])[0])}/acl.json"
         n = len(vals)

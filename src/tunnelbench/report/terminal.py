@@ -51,9 +51,17 @@ def summary_table(summary: Summary, order: list[str], versions: dict[str, str]) 
         last_vpn = (r.vpn, r.profile)
         fails = summary.failures.get((r.vpn, r.profile, r.label))
         label = r.label + (f" [red]({fails} failed)[/]" if fails else "")
-        t.add_row(vpn_cell, label, r.metric, num(r.stat.median, r.unit),
-                  spread(r.stat.lo, r.stat.hi, r.unit), str(r.stat.n),
-                  num(r.ratio) if r.ratio is not None else "", cpu, num(r.rss_max_mb))  # fmt: skip
+        t.add_row(
+            vpn_cell,
+            label,
+            r.metric,
+            num(r.stat.median, r.unit),
+            spread(r.stat.lo, r.stat.hi, r.unit),
+            str(r.stat.n),
+            num(r.ratio) if r.ratio is not None else "",
+            cpu,
+            num(r.rss_max_mb),
+        )
     return t
 
 
@@ -113,21 +121,34 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console,
     wall = ph.get("wall")
     if wall:
         measure = ph.get("measure", 0.0)
-        other = ", ".join(f"{k} {v:.0f} s" for k, v in sorted(ph.items(), key=lambda kv: -kv[1])
-                          if k not in ("wall", "measure") and v >= 0.5)  # fmt: skip
+        other = ", ".join(
+            f"{k} {v:.0f} s"
+            for k, v in sorted(ph.items(), key=lambda kv: -kv[1])
+            if k not in ("wall", "measure") and v >= 0.5
+        )
         console.print(f"wall {wall:.0f} s; measuring {measure:.0f} s ({100 * measure / wall:.0f}%); {other}")
     env = store.env(run_id)
-    cals = [json.loads(raw) for key, raw in sorted(env.items())
-            if key.startswith("calibration.") and key != "calibration.base"]  # fmt: skip
+    cals = [
+        json.loads(raw)
+        for key, raw in sorted(env.items())
+        if key.startswith("calibration.") and key != "calibration.base"
+    ]
     good = [c for c in cals if c.get("ok")]
     if good:
-        console.print(Text(f"calibration: {', '.join(str(c.get('profile')) for c in good)} within tolerance "
-                           f"({good[0].get('backend')})", style="green"))  # fmt: skip
+        console.print(
+            Text(
+                f"calibration: {', '.join(str(c.get('profile')) for c in good)} within tolerance "
+                f"({good[0].get('backend')})",
+                style="green",
+            )
+        )
     tot = store.metric_totals(run_id, ("engine_overflow_drops", "engine_kernel_drops", "engine_realtime"))
     queue, kernel = (tot.get(n, (0.0, 0))[0] for n in ("engine_overflow_drops", "engine_kernel_drops"))
     if queue or kernel:
-        console.print(f"[bold red]the impairment engine dropped packets the profiles did not ask for "
-                      f"(its queue {queue:.0f}, the kernel's {kernel:.0f}): the emulator was a bottleneck[/]")  # fmt: skip
+        console.print(
+            f"[bold red]the impairment engine dropped packets the profiles did not ask for "
+            f"(its queue {queue:.0f}, the kernel's {kernel:.0f}): the emulator was a bottleneck[/]"
+        )
     rt_sum, rt_cases = tot.get("engine_realtime", (0.0, 0))
     if rt_sum < rt_cases:  # engine_realtime is 1 per case that held SCHED_FIFO
         console.print("[yellow]the impairment engine ran without real-time priority in some cases[/]")
@@ -138,8 +159,13 @@ def print_summary(store: Store, run_id: str, summary: Summary, console: Console,
     drops = env.get("router.offlab_drops")
     if drops not in (None, "0", "-1"):
         per = ", ".join(f"{vpn} {n}" for vpn, n in drop_shares(env, "offlab_drops").items() if n)
-        console.print(Text(f"router dropped {drops} packet(s) addressed outside the lab (VPNs probing the "
-                           f"internet){'; per VPN: ' + per if per else ''}", style="yellow"))  # fmt: skip
+        console.print(
+            Text(
+                f"router dropped {drops} packet(s) addressed outside the lab (VPNs probing the "
+                f"internet){'; per VPN: ' + per if per else ''}",
+                style="yellow",
+            )
+        )
 
 
 def print_security(store: Store, run_id: str, console: Console, full: bool = False) -> None:
@@ -165,8 +191,12 @@ def print_security(store: Store, run_id: str, console: Console, full: bool = Fal
             parts = [f"{verdict} ({', '.join(vpns)})" for verdict, vpns in sorted(by.items())]
             bad = any(tone(v) == "bad" for v in by)
             console.print(Text(f"security · {col}: {'; '.join(parts)}", style="bold red" if bad else ""))
-        console.print(Text("security · leak, ACL, revocation: not in this scenario (`tunnelbench run security`)",
-                           style="dim"))  # fmt: skip
+        console.print(
+            Text(
+                "security · leak, ACL, revocation: not in this scenario (`tunnelbench run security`)",
+                style="dim",
+            )
+        )
     if scan:
         console.print(Text(f"key scan: {scan[0]}", style="green" if scan[1] else "bold red"))
 
@@ -221,17 +251,29 @@ def print_comparison(cmp, console: Console, show_all: bool = False) -> None:
         ci = "–" if math.isnan(c.ci_lo_pct) else f"{c.ci_lo_pct:+.1f}% … {c.ci_hi_pct:+.1f}%"
         p = "–" if math.isnan(c.p_holm) else f"{c.p_holm:.2g}"
         metric = c.metric + ("" if c.gated else " [dim](not gated)[/]")
-        t.add_row(c.vpn, c.profile, c.label, f"{metric} [{c.unit}]", num(c.median_a, c.unit),
-                  num(c.median_b, c.unit), f"{c.n_a}/{c.n_b}",
-                  "–" if math.isnan(c.change_pct) else f"{c.change_pct:+.1f}%", ci, p,
-                  "–" if math.isnan(c.cliffs_delta) else f"{c.cliffs_delta:+.2f}", verdict)  # fmt: skip
+        t.add_row(
+            c.vpn,
+            c.profile,
+            c.label,
+            f"{metric} [{c.unit}]",
+            num(c.median_a, c.unit),
+            num(c.median_b, c.unit),
+            f"{c.n_a}/{c.n_b}",
+            "–" if math.isnan(c.change_pct) else f"{c.change_pct:+.1f}%",
+            ci,
+            p,
+            "–" if math.isnan(c.cliffs_delta) else f"{c.cliffs_delta:+.2f}",
+            verdict,
+        )
     console.print(t)
     hidden = len(cmp.changes) - len(shown)
     if hidden:
         console.print(f"{hidden} non-gated metric(s) not shown (--all lists them)")
     for m in cmp.underpowered:
-        console.print(f"[yellow]{m}: too few repetitions for any significant result after Holm correction; "
-                      "this comparison cannot detect a regression (use more repetitions)[/]")  # fmt: skip
+        console.print(
+            f"[yellow]{m}: too few repetitions for any significant result after Holm correction; "
+            "this comparison cannot detect a regression (use more repetitions)[/]"
+        )
     for k in cmp.only_a:
         console.print(f"[yellow]only in A: {' · '.join(k)}[/]")
     for k in cmp.only_b:

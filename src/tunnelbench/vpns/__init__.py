@@ -126,8 +126,10 @@ def resolve(spec: str) -> type[VpnDriver]:
         from tunnelbench.vpns.impossible import IMPOSSIBLE
 
         why = f" ({name} is impossible here: {IMPOSSIBLE[name].reason})" if name in IMPOSSIBLE else ""
-        raise ValueError(f"unknown VPN {name!r}{why}; allowed: {', '.join(sorted(DRIVERS))} "
-                         "(NAME, NAME@debian or NAME@X.Y.Z)")  # fmt: skip
+        raise ValueError(
+            f"unknown VPN {name!r}{why}; allowed: {', '.join(sorted(DRIVERS))} "
+            "(NAME, NAME@debian or NAME@X.Y.Z)"
+        )
     cls = DRIVERS[name]
     if not at:
         return cls
@@ -142,21 +144,32 @@ def resolve(spec: str) -> type[VpnDriver]:
         variant = "debian"
     else:
         if not VERSION_RE.fullmatch(version):
-            raise ValueError(f"{spec!r}: malformed version {version!r}: expected NAME@debian or NAME@X.Y.Z "
-                             f"(an exact release, e.g. 1.9.0 or v1.9.0); allowed: {_forms(name)}")  # fmt: skip
+            raise ValueError(
+                f"{spec!r}: malformed version {version!r}: expected NAME@debian or NAME@X.Y.Z "
+                f"(an exact release, e.g. 1.9.0 or v1.9.0); allowed: {_forms(name)}"
+            )
         regs = [s for s in cls.installs if registry(s)]
         if not regs:
-            raise ValueError(f"{spec!r}: {name} comes from Debian only, which has one version; allowed: "
-                             f"{_forms(name)}")  # fmt: skip
+            raise ValueError(
+                f"{spec!r}: {name} comes from Debian only, which has one version; allowed: {_forms(name)}"
+            )
         names = getattr(cls, "versioned_sources", ()) or (regs[0].name,)
         installs = tuple(pinned(s, version) if registry(s) and s.name in names else s for s in cls.installs)
         variant = version.removeprefix("v")
     slug = re.sub(r"\W", "_", variant)
-    return type(cls)(f"{cls.__name__}_{slug}", (cls,), {
-        "key": spec, "variant": variant, "installs": installs, "debian_installs": (),
-        "__module__": cls.__module__, "__qualname__": f"{cls.__qualname__}_{slug}",
-        "__doc__": f"{cls.__name__} pinned to {spec} (vpns.resolve)",
-    })  # fmt: skip
+    return type(cls)(
+        f"{cls.__name__}_{slug}",
+        (cls,),
+        {
+            "key": spec,
+            "variant": variant,
+            "installs": installs,
+            "debian_installs": (),
+            "__module__": cls.__module__,
+            "__qualname__": f"{cls.__qualname__}_{slug}",
+            "__doc__": f"{cls.__name__} pinned to {spec} (vpns.resolve)",
+        },
+    )
 
 
 __all__ = ["DRIVERS", "Availability", "Mesh", "MeshSpec", "VpnDriver", "debian_build", "resolve"]

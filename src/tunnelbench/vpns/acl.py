@@ -28,9 +28,12 @@ AclMode = Literal["off", "isolate", "declared-not-applied-test-only"]
 
 def acl_option() -> Any:
     """The `acl` field every driver with acl_support declares (`acl: AclMode = acl_option()`)."""
-    return Field(OFF, description='access policy: "isolate" = the client may reach the server, every other host '
-                 'may reach neither; "declared-not-applied-test-only" = the policy is recorded but not enforced '
-                 "(the acl check's negative control, tests only)")  # fmt: skip
+    return Field(
+        OFF,
+        description='access policy: "isolate" = the client may reach the server, every other host '
+        'may reach neither; "declared-not-applied-test-only" = the policy is recorded but not enforced '
+        "(the acl check's negative control, tests only)",
+    )
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,14 @@ class AclPolicy:
         return "client" if host is self.client else "server" if host is self.server else "isolated"
 
     def record(self, how: str) -> dict:
-        return {"mode": self.mode, "enforced": self.enforced, "allow": [[self.client.name, self.server.name]],
-                "isolated": [h.name for h in self.isolated], "exempt": dict(self.exempt), "how": how}  # fmt: skip
+        return {
+            "mode": self.mode,
+            "enforced": self.enforced,
+            "allow": [[self.client.name, self.server.name]],
+            "isolated": [h.name for h in self.isolated],
+            "exempt": dict(self.exempt),
+            "how": how,
+        }
 
 
 def acl_policy(spec: MeshSpec, mode: str, exempt: dict[str, str] | None = None) -> AclPolicy:

@@ -93,8 +93,12 @@ class TunnelOptions(DriverOptions):
 
 def udp_socket_buffer(where: str) -> Any:
     """The common `udp_socket_buffer` option (bytes, send and receive) of a VPN that exposes one."""
-    return Field(None, ge=4096, le=1 << 30, description=f"UDP socket send/receive buffer, bytes: {where}; "
-                 "unset = the VPN's own default")  # fmt: skip
+    return Field(
+        None,
+        ge=4096,
+        le=1 << 30,
+        description=f"UDP socket send/receive buffer, bytes: {where}; unset = the VPN's own default",
+    )
 
 
 class OptionsError(ValueError):
@@ -119,8 +123,10 @@ def option_problems(model: type[DriverOptions], data: Any, vpn: str) -> list[str
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 if key == "acl":  # vpns/acl.py: only drivers with acl_support declare it
                     hint = f" ({vpn} has no access control in this lab: acl is not supported)"
-                out.append(f"{key}: unknown option{hint}; allowed: "
-                           + (", ".join(allowed) if allowed else f"none ({vpn} has no options)"))  # fmt: skip
+                out.append(
+                    f"{key}: unknown option{hint}; allowed: "
+                    + (", ".join(allowed) if allowed else f"none ({vpn} has no options)")
+                )
             else:
                 msg = err["msg"].removeprefix("Value error, ")
                 shown = "input" in err and not isinstance(err["input"], dict)
@@ -217,8 +223,10 @@ class VpnDriver(ABC):
         if remote is not None:  # SSH hosts: self.bin(...) names binaries as the hosts resolve them
             self.bin = functools.partial(self._remote_bin, remote)  # type: ignore[method-assign]
         if spec.topology not in self.topologies:
-            raise ValueError(f"{self.name} does not support topology {spec.topology!r} "
-                             f"(supported: {', '.join(sorted(self.topologies))})")  # fmt: skip
+            raise ValueError(
+                f"{self.name} does not support topology {spec.topology!r} "
+                f"(supported: {', '.join(sorted(self.topologies))})"
+            )
         if spec.topology == "star" and spec.hub is None:
             raise ValueError("topology 'star' needs a hub host")
         if len(spec.hosts) > 253:
@@ -237,8 +245,11 @@ class VpnDriver(ABC):
         if why:
             return Availability(False, why)
         if remote and cls.variant is not None:
-            return Availability(False, f"{cls.key}: versions (NAME@VERSION) run on the namespace lab only; SSH "
-                                f"hosts run the build on their own PATH (use {cls.name!r})")  # fmt: skip
+            return Availability(
+                False,
+                f"{cls.key}: versions (NAME@VERSION) run on the namespace lab only; SSH "
+                f"hosts run the build on their own PATH (use {cls.name!r})",
+            )
         if remote:
             missing = sorted(
                 {f"{b} on {h.name}" for h in remote for b, p in h.which(cls.binaries).items() if p is None}
@@ -248,10 +259,15 @@ class VpnDriver(ABC):
         if missing:
             blocked = [w for s in cls.installs if (w := s.possible())]
             if cls.installs and not blocked and not remote:
-                return Availability(False, f"missing binaries: {', '.join(missing)}; install with "
-                                    f"`tunnelbench install {cls.key}`", installable=True)  # fmt: skip
-            return Availability(False, f"missing binaries: {', '.join(missing)}"
-                                + (f" ({'; '.join(blocked)})" if blocked else ""))  # fmt: skip
+                return Availability(
+                    False,
+                    f"missing binaries: {', '.join(missing)}; install with `tunnelbench install {cls.key}`",
+                    installable=True,
+                )
+            return Availability(
+                False,
+                f"missing binaries: {', '.join(missing)}" + (f" ({'; '.join(blocked)})" if blocked else ""),
+            )
         token = _VERSION_HOST.set(remote[0] if remote else None)
         try:
             reported = cls.version()

@@ -26,8 +26,15 @@ class EasyTier(VpnDriver):
     name = "easytier"
     summary = f"EasyTier {VERSION} mesh (UDP {PORT}), nodes route and relay for each other, encrypted"
     binaries = ("easytier-core",)
-    installs = (Crate("easytier", VERSION, ("easytier-core", "easytier-cli"), locked=True,
-                      apt_build_deps=("protobuf-compiler", "libprotobuf-dev")),)  # fmt: skip
+    installs = (
+        Crate(
+            "easytier",
+            VERSION,
+            ("easytier-core", "easytier-cli"),
+            locked=True,
+            apt_build_deps=("protobuf-compiler", "libprotobuf-dev"),
+        ),
+    )
     # easytier's tun MTU with encryption on: its default `mtu` 1380 minus the 20 bytes it reserves for
     # encryption (it subtracts them from whatever `flags.mtu` says, so the driver sets the MTU itself)
     default_mtu = 1360
@@ -37,10 +44,15 @@ class EasyTier(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.settings = {"mode": "direct UDP full mesh" if spec.path == "direct" else "peers dial the relay host; "
-                         "EasyTier routes/relays, hole punching on", "port": PORT, "mtu": self.mtu,
-                         "encryption": "on (EasyTier default, key from the network secret)",
-                         "default_protocol": "udp"}  # fmt: skip
+        self.settings = {
+            "mode": "direct UDP full mesh"
+            if spec.path == "direct"
+            else "peers dial the relay host; EasyTier routes/relays, hole punching on",
+            "port": PORT,
+            "mtu": self.mtu,
+            "encryption": "on (EasyTier default, key from the network secret)",
+            "default_protocol": "udp",
+        }
 
     @classmethod
     def control_host(cls, spec) -> Host | None:
@@ -91,8 +103,11 @@ class EasyTier(VpnDriver):
 
     def start(self, host: Host) -> None:
         d = self.host_dir(host)
-        proc = host.spawn([self.bin("easytier-core"), "-c", str(d / "easytier.toml")], label="easytier",
-                          log_path=d / "daemon.log")  # fmt: skip
+        proc = host.spawn(
+            [self.bin("easytier-core"), "-c", str(d / "easytier.toml")],
+            label="easytier",
+            log_path=d / "daemon.log",
+        )
         self.procs[host.name].append(proc)
         ifname = self.ifname(host)
 

@@ -33,8 +33,13 @@ class Fastd(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.settings = {"mode": "full mesh, tap, one daemon per host", "method": METHOD, "port": PORT,
-                         "mtu": self.mtu, "secure_handshakes": True}  # fmt: skip
+        self.settings = {
+            "mode": "full mesh, tap, one daemon per host",
+            "method": METHOD,
+            "port": PORT,
+            "mtu": self.mtu,
+            "secure_handshakes": True,
+        }
 
     @classmethod
     def version(cls) -> str:
@@ -58,8 +63,10 @@ class Fastd(VpnDriver):
             pubs[h.name] = pub.stdout.strip()
         for h in self.spec.hosts:
             d = self.host_dir(h)
-            up = (f"ip addr add {self.tunnel_ip(h)}/{self.tunnel_prefixlen} dev $INTERFACE && "
-                  f"ip link set $INTERFACE mtu {self.mtu} up")  # fmt: skip
+            up = (
+                f"ip addr add {self.tunnel_ip(h)}/{self.tunnel_prefixlen} dev $INTERFACE && "
+                f"ip link set $INTERFACE mtu {self.mtu} up"
+            )
             conf = [
                 "log to stderr level warn;",
                 f'interface "{self.ifname(h)}";',
@@ -80,8 +87,9 @@ class Fastd(VpnDriver):
 
     def start(self, host: Host) -> None:
         d = self.host_dir(host)
-        proc = host.spawn([self.bin("fastd"), "--config", str(d / "fastd.conf")], label="fastd",
-                          log_path=d / "daemon.log")  # fmt: skip
+        proc = host.spawn(
+            [self.bin("fastd"), "--config", str(d / "fastd.conf")], label="fastd", log_path=d / "daemon.log"
+        )
         self.procs[host.name].append(proc)
         ifname = self.ifname(host)
 

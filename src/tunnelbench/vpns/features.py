@@ -44,10 +44,12 @@ def save_probe(vpn: str, what: str, ok: bool, detail: str, version: str | None =
     path.parent.mkdir(parents=True, exist_ok=True)
     data = load_probes()
     data.setdefault(vpn, {})[what] = {
-        "ok": ok, "detail": detail, "version": version,
+        "ok": ok,
+        "detail": detail,
+        "version": version,
         "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         **({"value": value} if value is not None else {}),
-    }  # fmt: skip
+    }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)

@@ -29,8 +29,22 @@ class Fou(KernelTunnel):
         host.run(["ip", "fou", "add", *self.fou_args()])
 
     def link_args(self, host: Host, peer: Host) -> list[str]:
-        return ["type", "ipip", "local", host.underlay_ip, "remote", peer.public_ip, "ttl", "64", "encap",
-                self.encap, "encap-sport", "auto", "encap-dport", str(self.port)]  # fmt: skip
+        return [
+            "type",
+            "ipip",
+            "local",
+            host.underlay_ip,
+            "remote",
+            peer.public_ip,
+            "ttl",
+            "64",
+            "encap",
+            self.encap,
+            "encap-sport",
+            "auto",
+            "encap-dport",
+            str(self.port),
+        ]
 
     def after_links(self, host: Host) -> None:
         if f"port {self.port}" in host.run(["ip", "fou", "show"], check=False).stdout:

@@ -61,8 +61,11 @@ class Innernet(VpnDriver):
     name = "innernet"
     summary = f"innernet {VERSION} WireGuard mesh with a coordination server (userspace wireguard-go)"
     binaries = ("innernet", "innernet-server", "wireguard-go")
-    installs = (Crate("innernet", VERSION, ("innernet",)), Crate("innernet-server", VERSION, ("innernet-server",)),
-                Apt(("wireguard-go", "wireguard-tools")))  # fmt: skip
+    installs = (
+        Crate("innernet", VERSION, ("innernet",)),
+        Crate("innernet-server", VERSION, ("innernet-server",)),
+        Apt(("wireguard-go", "wireguard-tools")),
+    )
     versioned_sources = ("innernet", "innernet-server")  # innernet@X.Y.Z pins both crates (vpns.resolve)
     default_mtu = 1280  # innernet's default (`innernet --mtu`, "default: 1280")
     acl_support = True
@@ -75,28 +78,40 @@ class Innernet(VpnDriver):
     paths = frozenset({"direct"})
     # the WireGuard private key lives in the interface config innernet writes (etc/<network>.conf)
     secret_patterns = ("*.conf",)
-    paths_why = {"relay": "innernet has no relay: peers need direct UDP to each other",
-                 "nat": "not probed here yet: NAT traversal needs the server to learn endpoints (innernet >= 1.5)"}  # fmt: skip
+    paths_why = {
+        "relay": "innernet has no relay: peers need direct UDP to each other",
+        "nat": "not probed here yet: NAT traversal needs the server to learn endpoints (innernet >= 1.5)",
+    }
 
     def __init__(self, spec):
         super().__init__(spec)
         self.server = self.control_host(spec)
-        self.settings = {"mode": "WireGuard full mesh, peers from the innernet server", "server": self.server.name,
-                         "backend": "userspace (wireguard-go)", "cipher": "ChaCha20-Poly1305 (WireGuard)",
-                         "mtu": self.mtu, "port": PORT}  # fmt: skip
+        self.settings = {
+            "mode": "WireGuard full mesh, peers from the innernet server",
+            "server": self.server.name,
+            "backend": "userspace (wireguard-go)",
+            "cipher": "ChaCha20-Poly1305 (WireGuard)",
+            "mtu": self.mtu,
+            "port": PORT,
+        }
         self.revoked: set[str] = set()  # peers disabled on the server: re-enabled when the server starts
         acl = self.options.acl
         exempt = {self.server.name: "innernet's coordination server: every peer reaches it by design"}
         self.acl: AclPolicy | None = None if acl == OFF else acl_policy(spec, acl, exempt=exempt)
         if self.acl is not None and self.acl.server is self.server:
-            raise ValueError(f"innernet acl: the case's server {self.server.name} is innernet's coordination server, "
-                             "which every peer reaches by design: put [lab] server on another host")  # fmt: skip
+            raise ValueError(
+                f"innernet acl: the case's server {self.server.name} is innernet's coordination server, "
+                "which every peer reaches by design: put [lab] server on another host"
+            )
         if self.acl is not None:
             self.settings["acl"] = self.acl.record(
                 "innernet CIDRs: one /32 per host named by role (tb-client, tb-server, tb-isolated-<host>), "
-                + ("association tb-client <-> tb-server only" if self.acl.enforced
-                   else "every pair of them associated (not enforced)")
-            )  # fmt: skip
+                + (
+                    "association tb-client <-> tb-server only"
+                    if self.acl.enforced
+                    else "every pair of them associated (not enforced)"
+                )
+            )
 
     @classmethod
     def control_host(cls, spec) -> Host:
@@ -192,8 +207,10 @@ class Innernet(VpnDriver):
     def revoke(self, host: Host) -> str:
         """Disable the host's peer on the innernet server: the others drop it on their next fetch (2 s)."""
         if host is self.server:
-            raise NotImplementedError(f"{host.name} is innernet's coordination server, which cannot be revoked: "
-                                      "revoke a peer ([lab] hosts >= 4 puts the server on the last host)")  # fmt: skip
+            raise NotImplementedError(
+                f"{host.name} is innernet's coordination server, which cannot be revoked: "
+                "revoke a peer ([lab] hosts >= 4 puts the server on the last host)"
+            )
         net = self.ifname(self.server)
         # the server also removes the peer from its own WireGuard device: its backend, as for serve
         self.server.run([self.bin("innernet-server"), *self._dirs(self.server), "--backend", "userspace",
@@ -215,8 +232,14 @@ class Innernet(VpnDriver):
                     "--mtu", str(self.mtu), "--no-write-hosts"]  # fmt: skip
             proc = host.spawn(argv, label="innernet-server", log_path=d / "daemon.log", env=self._env())
             self.procs[host.name].append(proc)
-            self.wait_for("innernet-server API", lambda: not proc.alive() or bool(host.run(
-                ["ss", "-Hltn", f"sport = :{PORT}"], check=False).stdout.strip()), timeout=20)  # fmt: skip
+            self.wait_for(
+                "innernet-server API",
+                lambda: (
+                    not proc.alive()
+                    or bool(host.run(["ss", "-Hltn", f"sport = :{PORT}"], check=False).stdout.strip())
+                ),
+                timeout=20,
+            )
         else:
             self.start(self.server)
             cli = [self.bin("innernet"), "--backend", "userspace", "--mtu", str(self.mtu), *self._dirs(host)]

@@ -271,8 +271,12 @@ def _install_go(s: GoModule, log) -> None:
     flags = ["-ldflags", s.ldflags.replace("{version}", s.version.removeprefix("v"))] if s.ldflags else []
     if s.build_in_module:
         log.write(f"$ go mod download -json {s.module}@{s.version}\n")
-        p = subprocess.run(["go", "mod", "download", "-json", f"{s.module}@{s.version}"], capture_output=True,
-                           text=True, env={**os.environ, **env})  # fmt: skip
+        p = subprocess.run(
+            ["go", "mod", "download", "-json", f"{s.module}@{s.version}"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+        )
         log.write(p.stdout + p.stderr)
         try:
             moddir = json.loads(p.stdout)["Dir"]
@@ -284,8 +288,13 @@ def _install_go(s: GoModule, log) -> None:
         argv = ["go", "build", "-trimpath", *flags, "-o", str(s.bin_dir()) + "/", *rel]
         log.write(f"$ (cd {moddir} && {' '.join(argv)})\n")
         log.flush()
-        b = subprocess.run(argv, cwd=moddir, env={**os.environ, "GOFLAGS": "-mod=readonly"}, stdout=log,
-                           stderr=subprocess.STDOUT)  # fmt: skip
+        b = subprocess.run(
+            argv,
+            cwd=moddir,
+            env={**os.environ, "GOFLAGS": "-mod=readonly"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         if b.returncode != 0:
             raise InstallError(f"`go build` of {s.module}@{s.version} in its module exited {b.returncode}")
     else:
@@ -331,9 +340,12 @@ def install_source(s: Source, log, force: bool = False) -> InstallResult:
     if not s.cached():
         return InstallResult(s.label, "failed", seconds, f"built, but binaries missing: {s.binaries}")
     if not isinstance(s, Apt):
-        record = {"source": {"kind": type(s).__name__, **asdict(s)}, "seconds": round(seconds, 1),
-                  "installed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                  "toolchain": _toolchain(s)}  # fmt: skip
+        record = {
+            "source": {"kind": type(s).__name__, **asdict(s)},
+            "seconds": round(seconds, 1),
+            "installed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "toolchain": _toolchain(s),
+        }
         (s.cache_dir() / "installed.json").write_text(json.dumps(record, indent=2) + "\n")
     return InstallResult(s.label, "installed", seconds, str(s.bin_dir() or "debian"))
 

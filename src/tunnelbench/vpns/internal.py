@@ -41,8 +41,10 @@ class Internal(VpnDriver):
         if self.underlay_mtu is None:
             return
         if host.remote:
-            raise RuntimeError(f"{self.key}: changing a real host's interface MTU is not done over SSH; "
-                               "use the namespace lab")  # fmt: skip
+            raise RuntimeError(
+                f"{self.key}: changing a real host's interface MTU is not done over SSH; "
+                "use the namespace lab"
+            )
         link = json.loads(host.run(["ip", "-j", "link", "show", "dev", host.underlay_if]).stdout)[0]
         self._saved_mtu = getattr(self, "_saved_mtu", {})
         self._saved_mtu.setdefault(host.name, int(link["mtu"]))
@@ -64,16 +66,27 @@ def mtu_variant(spec: str) -> type[Internal]:
     m = MTU_VARIANT.fullmatch(variant)
     if not m or not MTU_RANGE[0] <= int(m.group(1)) <= MTU_RANGE[1]:
         why = "Debian has no build of internal (it is the kernel's path); " if variant == "debian" else ""
-        raise ValueError(f"{spec!r}: {why}internal's variant is mtuNNNN, an underlay MTU from {MTU_RANGE[0]} to "
-                         f"{MTU_RANGE[1]}; allowed: internal, internal@mtuNNNN (e.g. internal@mtu1450)")  # fmt: skip
+        raise ValueError(
+            f"{spec!r}: {why}internal's variant is mtuNNNN, an underlay MTU from {MTU_RANGE[0]} to "
+            f"{MTU_RANGE[1]}; allowed: internal, internal@mtuNNNN (e.g. internal@mtu1450)"
+        )
     mtu = int(m.group(1))
 
     @classmethod  # type: ignore[misc]
     def version(cls) -> str:
         return f"{Internal.version.__func__(cls)} (underlay MTU {mtu})"  # type: ignore[attr-defined]
 
-    return type(Internal)(f"Internal_mtu{mtu}", (Internal,), {
-        "key": spec, "variant": f"mtu{mtu}", "underlay_mtu": mtu, "version": version,
-        "summary": f"no VPN, underlay MTU {mtu}: a second baseline", "__module__": __name__,
-        "__qualname__": f"Internal_mtu{mtu}", "__doc__": f"internal with the hosts' underlay MTU at {mtu}",
-    })  # fmt: skip
+    return type(Internal)(
+        f"Internal_mtu{mtu}",
+        (Internal,),
+        {
+            "key": spec,
+            "variant": f"mtu{mtu}",
+            "underlay_mtu": mtu,
+            "version": version,
+            "summary": f"no VPN, underlay MTU {mtu}: a second baseline",
+            "__module__": __name__,
+            "__qualname__": f"Internal_mtu{mtu}",
+            "__doc__": f"internal with the hosts' underlay MTU at {mtu}",
+        },
+    )

@@ -41,8 +41,10 @@ MARK_BASE = 100
 
 class KernelIpsec(StrongSwan):
     name = "ipsec-tunnel"
-    summary = ("strongSwan IKEv2 + kernel ESP, policy-based tunnel mode per pair (full mesh, PSK), AES-256-GCM, "
-               "trap policies")  # fmt: skip
+    summary = (
+        "strongSwan IKEv2 + kernel ESP, policy-based tunnel mode per pair (full mesh, PSK), AES-256-GCM, "
+        "trap policies"
+    )
     kernel_features = ("esp",)
     wire = "ip protocol esp"
     encrypted: ClassVar[bool] = True
@@ -55,11 +57,16 @@ class KernelIpsec(StrongSwan):
     def __init__(self, spec):
         super().__init__(spec)
         self.esp = "kernel"
-        self.settings = {"mode": f"full mesh of IKEv2 SAs: {self.describe}", "ike": IKE_PROPOSAL,
-                         "cipher": "AES-256-GCM (ESP aes256gcm16)", "esp": "kernel", "auth": "PSK per pair",
-                         "encapsulation": f"ESP (IP protocol 50), {self.mode} mode, no UDP encapsulation",
-                         "policies": "trap on both ends (higher-numbered host also starts), unique = never",
-                         "mtu": self.mtu}  # fmt: skip
+        self.settings = {
+            "mode": f"full mesh of IKEv2 SAs: {self.describe}",
+            "ike": IKE_PROPOSAL,
+            "cipher": "AES-256-GCM (ESP aes256gcm16)",
+            "esp": "kernel",
+            "auth": "PSK per pair",
+            "encapsulation": f"ESP (IP protocol 50), {self.mode} mode, no UDP encapsulation",
+            "policies": "trap on both ends (higher-numbered host also starts), unique = never",
+            "mtu": self.mtu,
+        }
 
     # -- charon's configuration -------------------------------------------------------------------
     def charon_settings(self) -> dict[str, str]:
@@ -78,8 +85,13 @@ class KernelIpsec(StrongSwan):
         return {"esp_proposals": ESP_PROPOSAL, "mode": self.mode, "start_action": start}
 
     def children(self, host: Host, peer: Host) -> dict[str, dict[str, str]]:
-        return {peer.name: {"local_ts": f"{self.tunnel_ip(host)}/32", "remote_ts": f"{self.tunnel_ip(peer)}/32",
-                            **self.child(host, peer)}}  # fmt: skip
+        return {
+            peer.name: {
+                "local_ts": f"{self.tunnel_ip(host)}/32",
+                "remote_ts": f"{self.tunnel_ip(peer)}/32",
+                **self.child(host, peer),
+            }
+        }
 
     # -- teardown -----------------------------------------------------------------------------------
     def remove_devices(self, host: Host) -> None:  # noqa: B027 (optional hook)
@@ -169,8 +181,10 @@ def _delete_argv(what: str, block: list[str]) -> list[str] | None:
 
 class IpsecTransport(KernelIpsec):
     name = "ipsec-transport"
-    summary = ("strongSwan IKEv2 + kernel ESP, transport mode between the underlay addresses (full mesh, PSK), "
-               "AES-256-GCM, trap policies: no cleartext between the hosts")  # fmt: skip
+    summary = (
+        "strongSwan IKEv2 + kernel ESP, transport mode between the underlay addresses (full mesh, PSK), "
+        "AES-256-GCM, trap policies: no cleartext between the hosts"
+    )
     # no tunnel device: workloads use the underlay interface and its MTU; the kernel's PMTU accounting of
     # the ESP overhead (1500 - 34..37 for TCP) is what limits packet sizes
     default_mtu = None
@@ -182,21 +196,31 @@ class IpsecTransport(KernelIpsec):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.settings = {**self.settings, "mtu": None,
-                         "mtu_note": "no tunnel device: the underlay interface's MTU, ESP overhead via PMTU"}  # fmt: skip
+        self.settings = {
+            **self.settings,
+            "mtu": None,
+            "mtu_note": "no tunnel device: the underlay interface's MTU, ESP overhead via PMTU",
+        }
 
     def tunnel_ip(self, host: Host) -> str:
         return host.underlay_ip
 
     def children(self, host: Host, peer: Host) -> dict[str, dict[str, str]]:
-        return {peer.name: {"local_ts": f"{host.underlay_ip}/32", "remote_ts": f"{peer.public_ip}/32",
-                            **self.child(host, peer)}}  # fmt: skip
+        return {
+            peer.name: {
+                "local_ts": f"{host.underlay_ip}/32",
+                "remote_ts": f"{peer.public_ip}/32",
+                **self.child(host, peer),
+            }
+        }
 
 
 class IpsecVti(KernelIpsec):
     name = "ipsec-vti"
-    summary = ("strongSwan IKEv2 + kernel ESP, route-based with one VTI device per peer (marks), tunnel mode, "
-               "AES-256-GCM, full mesh, PSK")  # fmt: skip
+    summary = (
+        "strongSwan IKEv2 + kernel ESP, route-based with one VTI device per peer (marks), tunnel mode, "
+        "AES-256-GCM, full mesh, PSK"
+    )
     kernel_features = ("esp", "vti")
     install_routes = False  # the peer's /32 is on its device
     lo_address = False
@@ -253,8 +277,10 @@ class IpsecVti(KernelIpsec):
 
 class IpsecXfrmi(IpsecVti):
     name = "ipsec-xfrmi"
-    summary = ("strongSwan IKEv2 + kernel ESP, route-based with one XFRM interface per peer (if_id), tunnel "
-               "mode, AES-256-GCM, full mesh, PSK")  # fmt: skip
+    summary = (
+        "strongSwan IKEv2 + kernel ESP, route-based with one XFRM interface per peer (if_id), tunnel "
+        "mode, AES-256-GCM, full mesh, PSK"
+    )
     kernel_features = ("esp", "xfrmi")
     describe = "route-based tunnel mode, one XFRM interface per peer (if_id = if_id_in/if_id_out)"
 

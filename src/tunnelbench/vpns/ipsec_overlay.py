@@ -43,20 +43,36 @@ class OverlayIpsec(KernelIpsec):
         super().__init__(spec)
         # the overlay's own driver makes and deletes its devices, at this driver's MTU
         self.inner = self.overlay(dataclasses.replace(spec, mtu=self.mtu, options={}))
-        self.settings = {**self.settings, "overlay": self.overlay.name,
-                         "mode": f"{self.overlay.name} devices of the `{self.overlay.name}` driver, its packets in "
-                                 f"IPsec transport mode (CHILD_SAs {self.protects} per pair)"}  # fmt: skip
+        self.settings = {
+            **self.settings,
+            "overlay": self.overlay.name,
+            "mode": f"{self.overlay.name} devices of the `{self.overlay.name}` driver, its packets in "
+            f"IPsec transport mode (CHILD_SAs {self.protects} per pair)",
+        }
 
     def children(self, host: Host, peer: Host) -> dict[str, dict[str, str]]:
         a, b = f"{host.underlay_ip}/32", f"{peer.public_ip}/32"
         if not self.protects.startswith("udp/"):
-            return {peer.name: {"local_ts": f"{a}[{self.protects}]", "remote_ts": f"{b}[{self.protects}]",
-                                **self.child(host, peer)}}  # fmt: skip
+            return {
+                peer.name: {
+                    "local_ts": f"{a}[{self.protects}]",
+                    "remote_ts": f"{b}[{self.protects}]",
+                    **self.child(host, peer),
+                }
+            }
         # to the peer's port from any of ours, and to our port from any of the peer's
-        return {f"{peer.name}-out": {"local_ts": f"{a}[udp]", "remote_ts": f"{b}[{self.protects}]",
-                                     **self.child(host, peer)},
-                f"{peer.name}-in": {"local_ts": f"{a}[{self.protects}]", "remote_ts": f"{b}[udp]",
-                                    **self.child(host, peer)}}  # fmt: skip
+        return {
+            f"{peer.name}-out": {
+                "local_ts": f"{a}[udp]",
+                "remote_ts": f"{b}[{self.protects}]",
+                **self.child(host, peer),
+            },
+            f"{peer.name}-in": {
+                "local_ts": f"{a}[{self.protects}]",
+                "remote_ts": f"{b}[udp]",
+                **self.child(host, peer),
+            },
+        }
 
     def start(self, host: Host) -> None:
         self.start_charon(host)

@@ -35,8 +35,12 @@ class KernelTunnel(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.settings = {"mode": "full mesh of point-to-point kernel tunnels (one device per peer)",
-                         "encapsulation": self.wire, "cipher": "none", "mtu": self.mtu}  # fmt: skip
+        self.settings = {
+            "mode": "full mesh of point-to-point kernel tunnels (one device per peer)",
+            "encapsulation": self.wire,
+            "cipher": "none",
+            "mtu": self.mtu,
+        }
 
     @classmethod
     def version(cls) -> str:
@@ -77,8 +81,20 @@ class KernelTunnel(VpnDriver):
         )
         host.run(["ip", "link", "set", dev, "mtu", str(self.mtu), "up"])
         if self.l2:
-            host.run(["ip", "neigh", "replace", self.tunnel_ip(peer), "lladdr", self.mac(peer), "dev", dev,
-                      "nud", "permanent"])  # fmt: skip
+            host.run(
+                [
+                    "ip",
+                    "neigh",
+                    "replace",
+                    self.tunnel_ip(peer),
+                    "lladdr",
+                    self.mac(peer),
+                    "dev",
+                    dev,
+                    "nud",
+                    "permanent",
+                ]
+            )
 
     def after_links(self, host: Host) -> None:  # noqa: B027 (optional hook)
         """Host-wide teardown after the devices are gone."""

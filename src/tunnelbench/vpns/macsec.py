@@ -32,9 +32,14 @@ class Macsec(KernelTunnel):
     def __init__(self, spec):
         super().__init__(spec)
         self.carrier = GreTap(spec)
-        self.settings = {"mode": "MACsec per peer over a GREtap carrier (routed underlay)", "cipher": CIPHER,
-                         "keys": "static, one transmit key per host", "replay_protect": True,
-                         "encapsulation": "MACsec in GREtap (ip protocol gre)", "mtu": self.mtu}  # fmt: skip
+        self.settings = {
+            "mode": "MACsec per peer over a GREtap carrier (routed underlay)",
+            "cipher": CIPHER,
+            "keys": "static, one transmit key per host",
+            "replay_protect": True,
+            "encapsulation": "MACsec in GREtap (ip protocol gre)",
+            "mtu": self.mtu,
+        }
         self.keys: dict[str, str] = {}
 
     def carrier_name(self, host: Host, peer: Host) -> str:
@@ -47,16 +52,39 @@ class Macsec(KernelTunnel):
         lines = []
         for peer in self.peers(host):
             carrier, dev = self.carrier_name(host, peer), self.link_name(host, peer)
-            host.run(["ip", "link", "add", carrier, "address", self.mac(host),
-                      *self.carrier.link_args(host, peer)])  # fmt: skip
+            host.run(
+                ["ip", "link", "add", carrier, "address", self.mac(host), *self.carrier.link_args(host, peer)]
+            )
             # the carrier is sized for the MACsec device on it, whatever tunnel MTU the scenario asks for
             host.run(["ip", "link", "set", carrier, "mtu", str(self.mtu + MACSEC_OVERHEAD), "up"])
-            host.run(["ip", "link", "add", "link", carrier, dev, "type", "macsec", "port", "1", "cipher", CIPHER,
-                      "encrypt", "on", "replay", "on", "window", "128"])  # fmt: skip
-            lines += [f"macsec add {dev} tx sa 0 pn 1 on key 01 {self.keys[host.name]}",
-                      f"macsec add {dev} rx port 1 address {self.mac(peer)}",
-                      f"macsec add {dev} rx port 1 address {self.mac(peer)} sa 0 pn 1 on key 02 "
-                      f"{self.keys[peer.name]}"]  # fmt: skip
+            host.run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    "link",
+                    carrier,
+                    dev,
+                    "type",
+                    "macsec",
+                    "port",
+                    "1",
+                    "cipher",
+                    CIPHER,
+                    "encrypt",
+                    "on",
+                    "replay",
+                    "on",
+                    "window",
+                    "128",
+                ]
+            )
+            lines += [
+                f"macsec add {dev} tx sa 0 pn 1 on key 01 {self.keys[host.name]}",
+                f"macsec add {dev} rx port 1 address {self.mac(peer)}",
+                f"macsec add {dev} rx port 1 address {self.mac(peer)} sa 0 pn 1 on key 02 "
+                f"{self.keys[peer.name]}",
+            ]
         keyfile = self.host_dir(host) / "macsec-keys.batch"
         host.write_file(keyfile, "\n".join(lines) + "\n", 0o600)
         host.run(["ip", "-batch", str(keyfile)])

@@ -32,9 +32,14 @@ class N2n(VpnDriver):
         super().__init__(spec)
         self.super_host = self.control_host(spec)
         self.community = f"tb{spec.tag}"
-        self.settings = {"mode": "edges peer to peer, supernode relays when direct fails",
-                         "supernode": self.super_host.name, "cipher": "Twofish (n2n v1, shared key)",
-                         "mtu": self.mtu, "supernode_port": SUPERNODE_PORT, "packet_forwarding": True}  # fmt: skip
+        self.settings = {
+            "mode": "edges peer to peer, supernode relays when direct fails",
+            "supernode": self.super_host.name,
+            "cipher": "Twofish (n2n v1, shared key)",
+            "mtu": self.mtu,
+            "supernode_port": SUPERNODE_PORT,
+            "packet_forwarding": True,
+        }
 
     @classmethod
     def control_host(cls, spec) -> Host:
@@ -63,11 +68,20 @@ class N2n(VpnDriver):
         if not any(p.label == "supernode" and p.alive() for p in self.procs[sh.name]):
             # edges register once at start and then only every minute or so: the supernode comes first,
             # whichever host starts first
-            sn = sh.spawn([self.bin("supernode"), "-l", str(SUPERNODE_PORT)], label="supernode",
-                          log_path=self.host_dir(sh) / "supernode.log")  # fmt: skip
+            sn = sh.spawn(
+                [self.bin("supernode"), "-l", str(SUPERNODE_PORT)],
+                label="supernode",
+                log_path=self.host_dir(sh) / "supernode.log",
+            )
             self.procs[sh.name].insert(0, sn)
-            self.wait_for("n2n supernode UDP port", lambda: not sn.alive() or bool(sh.run(
-                ["ss", "-Hlun", f"sport = :{SUPERNODE_PORT}"], check=False).stdout.strip()), timeout=10)  # fmt: skip
+            self.wait_for(
+                "n2n supernode UDP port",
+                lambda: (
+                    not sn.alive()
+                    or bool(sh.run(["ss", "-Hlun", f"sport = :{SUPERNODE_PORT}"], check=False).stdout.strip())
+                ),
+                timeout=10,
+            )
             if not sn.alive():
                 raise RuntimeError(f"n2n supernode exited: {sn.log_tail()}")
         ifname = self.ifname(host)

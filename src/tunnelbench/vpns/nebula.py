@@ -45,9 +45,13 @@ from tunnelbench.vpns.install import Apt, GoModule
 
 LISTEN_PORT = 4242
 CIPHERS = {"aes": "AES-256-GCM", "chachapoly": "ChaCha20-Poly1305"}
-GO = GoModule("nebula", "github.com/slackhq/nebula", "v1.11.1",
-              ("github.com/slackhq/nebula/cmd/nebula", "github.com/slackhq/nebula/cmd/nebula-cert"),
-              ("nebula", "nebula-cert"))  # fmt: skip
+GO = GoModule(
+    "nebula",
+    "github.com/slackhq/nebula",
+    "v1.11.1",
+    ("github.com/slackhq/nebula/cmd/nebula", "github.com/slackhq/nebula/cmd/nebula-cert"),
+    ("nebula", "nebula-cert"),
+)
 
 
 class Nebula(VpnDriver):
@@ -67,8 +71,13 @@ class Nebula(VpnDriver):
     revocation = "certificate fingerprint into `pki.blocklist` on every other host, then SIGHUP their nebula"
 
     class Options(TunnelOptions):
-        routines: int = Field(1, ge=1, le=256, description="top-level `routines`: tun/UDP reader pairs "
-                              "(> 1: a multi-queue tun and SO_REUSEPORT sockets; Linux only)")  # fmt: skip
+        routines: int = Field(
+            1,
+            ge=1,
+            le=256,
+            description="top-level `routines`: tun/UDP reader pairs "
+            "(> 1: a multi-queue tun and SO_REUSEPORT sockets; Linux only)",
+        )
         cipher: Literal["aes", "chachapoly"] = Field(
             "aes", description="top-level `cipher`: aes = AES-256-GCM, chachapoly = ChaCha20-Poly1305"
         )
@@ -252,8 +261,11 @@ class Nebula(VpnDriver):
         if not any(self.procs[h.name] for h in self.spec.hosts):
             self.blocked.clear()  # a start of the whole mesh: a revoked host is welcome again
         self._write_config(host)
-        proc = host.spawn([self.bin("nebula"), "-config", str(self._config_path(host))], label="nebula",
-                          log_path=d / "daemon.log")  # fmt: skip
+        proc = host.spawn(
+            [self.bin("nebula"), "-config", str(self._config_path(host))],
+            label="nebula",
+            log_path=d / "daemon.log",
+        )
         self.procs[host.name].append(proc)
         ifname = self.ifname(host)
         # nebula creates the device and assigns the certificate's address and the MTU itself

@@ -71,8 +71,11 @@ TLS_PRIORITIES = "NORMAL:%SERVER_PRECEDENCE:%COMPAT:-VERS-SSL3.0:-VERS-TLS1.0:-V
 # what a DTLS 1.2 data packet adds to the tunnel packet, over IPv4 (ocserv's calc_mtu_values): IPv4 20 + UDP 8 +
 # the CSTP type byte 1 + DTLS record header 13 + the cipher's explicit nonce and tag. ocserv's `mtu` is the link
 # MTU; the tun MTU (ocserv's "data MTU", and openconnect's) is the link MTU minus this
-DTLS_OVERHEAD = {"AES-256-GCM": 20 + 8 + 1 + 13 + 8 + 16, "AES-128-GCM": 20 + 8 + 1 + 13 + 8 + 16,
-                 "CHACHA20-POLY1305": 20 + 8 + 1 + 13 + 16}  # fmt: skip
+DTLS_OVERHEAD = {
+    "AES-256-GCM": 20 + 8 + 1 + 13 + 8 + 16,
+    "AES-128-GCM": 20 + 8 + 1 + 13 + 8 + 16,
+    "CHACHA20-POLY1305": 20 + 8 + 1 + 13 + 16,
+}
 
 SERVER_SCRIPT = """#!/bin/sh
 # ocserv connect-script: the server's end of the tun carries this host's tunnel address, peer the client's
@@ -116,9 +119,11 @@ class OpenConnect(VpnDriver):
     )
     binaries = ("ocserv", "openconnect", "openssl")
     installs = (Apt(("ocserv", "openconnect")),)
-    paths_why = {"relay": "the driver builds direct client-server tunnels per pair (a hub server relaying "
-                          "between clients is not modelled)",
-                 "nat": "every pair's client must reach its server's address: not modelled behind NAT"}  # fmt: skip
+    paths_why = {
+        "relay": "the driver builds direct client-server tunnels per pair (a hub server relaying "
+        "between clients is not modelled)",
+        "nat": "every pair's client must reach its server's address: not modelled behind NAT",
+    }
     default_mtu = 1434
 
     class Options(TunnelOptions):
@@ -295,8 +300,11 @@ compression = false
         proc = host.spawn(argv, label=f"ocserv-{cli.name}", log_path=pd / "daemon.log")
         self.procs[host.name].append(proc)
         # ready for its client once the main process has written its pid file (after binding its sockets)
-        self.wait_for(f"ocserv for {cli.name}", lambda: host.exists(pd / "run" / "ocserv.pid") or not proc.alive(),
-                      timeout=15)  # fmt: skip
+        self.wait_for(
+            f"ocserv for {cli.name}",
+            lambda: host.exists(pd / "run" / "ocserv.pid") or not proc.alive(),
+            timeout=15,
+        )
         return proc
 
     def _start_client(self, host: Host, srv: Host, k: int):

@@ -50,8 +50,10 @@ class OpenVpn(VpnDriver):
     )
     binaries = ("openvpn", "openssl")
     installs = (Apt(("openvpn", "openssl")),)
-    paths_why = {"relay": "the driver builds direct p2p tunnels (a client-to-client server would be a hub, not modelled)",
-                 "nat": "p2p tunnels need each peer's address: not modelled behind NAT"}  # fmt: skip
+    paths_why = {
+        "relay": "the driver builds direct p2p tunnels (a client-to-client server would be a hub, not modelled)",
+        "nat": "p2p tunnels need each peer's address: not modelled behind NAT",
+    }
     default_mtu = 1500  # openvpn's default --tun-mtu
     topologies = frozenset({"mesh", "star"})
 
@@ -216,8 +218,11 @@ class OpenVpn(VpnDriver):
             proc = host.spawn(self._star_argv(host), label="openvpn", log_path=d / "daemon.log")
             self.procs[host.name].append(proc)
             ifname = self.ifname(host)
-            self.wait_for(f"openvpn tun {ifname}", lambda: self.link_exists(host, ifname) or not proc.alive(),
-                          timeout=30)  # fmt: skip
+            self.wait_for(
+                f"openvpn tun {ifname}",
+                lambda: self.link_exists(host, ifname) or not proc.alive(),
+                timeout=30,
+            )
             if not proc.alive():
                 raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
             return
@@ -229,14 +234,20 @@ class OpenVpn(VpnDriver):
                 peer, server = srv, False
             else:
                 continue
-            proc = host.spawn(self._argv(host, peer, k, server), label=f"openvpn-{peer.name}",
-                              log_path=d / f"daemon-{peer.name}.log")  # fmt: skip
+            proc = host.spawn(
+                self._argv(host, peer, k, server),
+                label=f"openvpn-{peer.name}",
+                log_path=d / f"daemon-{peer.name}.log",
+            )
             self.procs[host.name].append(proc)
             started.append((proc, self.peer_ifname(host, peer)))
         # in p2p mode openvpn opens the tun and sets --ifconfig before TLS: wait for the devices only
         for proc, ifname in started:
-            self.wait_for(f"openvpn tun {ifname}", lambda p=proc, i=ifname: self.link_exists(host, i) or not p.alive(),
-                          timeout=10)  # fmt: skip
+            self.wait_for(
+                f"openvpn tun {ifname}",
+                lambda p=proc, i=ifname: self.link_exists(host, i) or not p.alive(),
+                timeout=10,
+            )
             if not proc.alive():
                 raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
 

@@ -64,9 +64,14 @@ class SoftEther(VpnDriver):
         )
         acl = self.options.acl
         self.acl = None if acl == OFF else acl_policy(spec, acl)
-        self.settings = {"mode": f"star: virtual hub on {self.hub.name}, clients over TLS/TCP {PORT}",
-                         "hub_host": self.hub.name, "cipher": CIPHER, "layer": 2, "mtu": self.mtu,
-                         "udp_acceleration": "SoftEther default (on)"}  # fmt: skip
+        self.settings = {
+            "mode": f"star: virtual hub on {self.hub.name}, clients over TLS/TCP {PORT}",
+            "hub_host": self.hub.name,
+            "cipher": CIPHER,
+            "layer": 2,
+            "mtu": self.mtu,
+            "udp_acceleration": "SoftEther default (on)",
+        }
         if self.acl is not None:
             self.settings["acl"] = self.acl.record(
                 "virtual hub access list: AccessAdd discard per isolated source -> client/server (IPv4, all "
@@ -83,12 +88,15 @@ class SoftEther(VpnDriver):
         if self.acl is None:
             return []
         action = "discard" if self.acl.enforced else "pass"
-        return [f"AccessAdd {action} /MEMO:tb-{src.name}-{dst.name} /PRIORITY:{10 + i} /SRCUSERNAME: "
-                "/DESTUSERNAME: /SRCMAC: /DESTMAC: "
-                f"/SRCIP:{self.tunnel_ip(src)}/32 /DESTIP:{self.tunnel_ip(dst)}/32 /PROTOCOL:0 /SRCPORT: "
-                "/DESTPORT: /TCPSTATE:"
-                for i, (src, dst) in enumerate((s, d) for s in self.acl.isolated
-                                               for d in (self.acl.client, self.acl.server))]  # fmt: skip
+        return [
+            f"AccessAdd {action} /MEMO:tb-{src.name}-{dst.name} /PRIORITY:{10 + i} /SRCUSERNAME: "
+            "/DESTUSERNAME: /SRCMAC: /DESTMAC: "
+            f"/SRCIP:{self.tunnel_ip(src)}/32 /DESTIP:{self.tunnel_ip(dst)}/32 /PROTOCOL:0 /SRCPORT: "
+            "/DESTPORT: /TCPSTATE:"
+            for i, (src, dst) in enumerate(
+                (s, d) for s in self.acl.isolated for d in (self.acl.client, self.acl.server)
+            )
+        ]
 
     @classmethod
     def version(cls) -> str:
@@ -106,9 +114,14 @@ class SoftEther(VpnDriver):
         for h in self.spec.hosts:
             for src in self._mounts(h).values():
                 h.mkdir(src)
-        hub_cmds = ["VpnAzureSetEnable no", "KeepDisable", f"ServerCipherSet {CIPHER}",
-                    f"BridgeCreate DEFAULT /DEVICE:{self.ifname(self.hub)} /TAP:yes", "Hub DEFAULT",
-                    *self._access_list()]  # fmt: skip
+        hub_cmds = [
+            "VpnAzureSetEnable no",
+            "KeepDisable",
+            f"ServerCipherSet {CIPHER}",
+            f"BridgeCreate DEFAULT /DEVICE:{self.ifname(self.hub)} /TAP:yes",
+            "Hub DEFAULT",
+            *self._access_list(),
+        ]
         for name, pw in self.passwords.items():
             hub_cmds += [
                 f"UserCreate {name} /GROUP:none /REALNAME:none /NOTE:none",
@@ -118,10 +131,12 @@ class SoftEther(VpnDriver):
         for h in self.spec.hosts:
             if h is self.hub:
                 continue
-            cmds = [f"NicCreate {self.ifname(h)}",
-                    f"AccountCreate tb /SERVER:{self.hub.public_ip}:{PORT} /HUB:DEFAULT /USERNAME:{h.name} /NICNAME:{self.ifname(h)}",
-                    f"AccountPasswordSet tb /PASSWORD:{self.passwords[h.name]} /TYPE:standard",
-                    "AccountConnect tb"]  # fmt: skip
+            cmds = [
+                f"NicCreate {self.ifname(h)}",
+                f"AccountCreate tb /SERVER:{self.hub.public_ip}:{PORT} /HUB:DEFAULT /USERNAME:{h.name} /NICNAME:{self.ifname(h)}",
+                f"AccountPasswordSet tb /PASSWORD:{self.passwords[h.name]} /TYPE:standard",
+                "AccountConnect tb",
+            ]
             h.write_file(self.host_dir(h) / "client.cmds", "\n".join(cmds) + "\n", 0o600)
 
     def _vpncmd(self, host: Host, proc, target: list[str], cmds) -> None:
@@ -136,8 +151,14 @@ class SoftEther(VpnDriver):
             raise RuntimeError(f"softether: vpncmd {' '.join(target)} failed: {out[-800:]}")
 
     def _wait_port(self, host: Host, proc, port: int, what: str) -> None:
-        self.wait_for(what, lambda: not proc.alive() or bool(host.run(["ss", "-Hltn", f"sport = :{port}"],
-                                                                       check=False).stdout.strip()), timeout=30)  # fmt: skip
+        self.wait_for(
+            what,
+            lambda: (
+                not proc.alive()
+                or bool(host.run(["ss", "-Hltn", f"sport = :{port}"], check=False).stdout.strip())
+            ),
+            timeout=30,
+        )
         if not proc.alive():
             raise RuntimeError(f"{what}: daemon exited: {proc.log_tail()}")
         # the forked worker does the work: journal it and hand it to the monitor (CPU/RSS) as well
@@ -160,14 +181,20 @@ class SoftEther(VpnDriver):
             host.run(["rm", "-rf", str(src)])
             host.mkdir(src)
         if host is self.hub:
-            proc = host.spawn(private_mounts(self._mounts(host), ["vpnserver", "execsvc"]), label="vpnserver",
-                              log_path=d / "daemon.log")  # fmt: skip
+            proc = host.spawn(
+                private_mounts(self._mounts(host), ["vpnserver", "execsvc"]),
+                label="vpnserver",
+                log_path=d / "daemon.log",
+            )
             self.procs[host.name].append(proc)
             self._wait_port(host, proc, 5555, "vpnserver admin port")
             self._vpncmd(host, proc, ["127.0.0.1:5555", "/SERVER"], d / "server.cmds")
         else:
-            proc = host.spawn(private_mounts(self._mounts(host), ["vpnclient", "execsvc"]), label="vpnclient",
-                              log_path=d / "daemon.log")  # fmt: skip
+            proc = host.spawn(
+                private_mounts(self._mounts(host), ["vpnclient", "execsvc"]),
+                label="vpnclient",
+                log_path=d / "daemon.log",
+            )
             self.procs[host.name].append(proc)
             self._wait_port(host, proc, 9931, "vpnclient admin port")
             self._vpncmd(host, proc, ["127.0.0.1:9931", "/CLIENT"], d / "client.cmds")

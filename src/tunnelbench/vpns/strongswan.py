@@ -33,8 +33,10 @@ CHARON = "/usr/lib/ipsec/charon"
 IKE_PROPOSAL = "aes256gcm16-prfsha256-x25519"
 ESP_PROPOSAL = "aes256gcm16"
 PLUGINS_USERSPACE = "kernel-libipsec"
-PLUGINS = ("random nonce openssl aes sha1 sha2 hmac kdf gcm pem pkcs1 pubkey x509 kernel-netlink socket-default "
-           "vici updown")  # fmt: skip
+PLUGINS = (
+    "random nonce openssl aes sha1 sha2 hmac kdf gcm pem pkcs1 pubkey x509 kernel-netlink socket-default "
+    "vici updown"
+)
 
 
 class StrongSwan(VpnDriver):
@@ -67,10 +69,17 @@ class StrongSwan(VpnDriver):
     def __init__(self, spec):
         super().__init__(spec)
         self.esp = getattr(self.options, "esp", "kernel")  # vpns/ipsec.py's drivers: always the kernel
-        self.settings = {"mode": "full mesh of IKEv2 tunnel-mode SAs (one per pair)", "ike": IKE_PROPOSAL,
-                         "cipher": "AES-256-GCM (ESP aes256gcm16)", "esp": self.esp, "auth": "PSK per pair",
-                         "encapsulation": "ESP in UDP 4500 (kernel-libipsec always encapsulates)" if self.esp == "userspace" else "ESP",
-                         "mtu": self.mtu}  # fmt: skip
+        self.settings = {
+            "mode": "full mesh of IKEv2 tunnel-mode SAs (one per pair)",
+            "ike": IKE_PROPOSAL,
+            "cipher": "AES-256-GCM (ESP aes256gcm16)",
+            "esp": self.esp,
+            "auth": "PSK per pair",
+            "encapsulation": "ESP in UDP 4500 (kernel-libipsec always encapsulates)"
+            if self.esp == "userspace"
+            else "ESP",
+            "mtu": self.mtu,
+        }
 
     @classmethod
     def bin(cls, name: str) -> str:
@@ -108,14 +117,25 @@ class StrongSwan(VpnDriver):
 
     def connection(self, host: Host, peer: Host) -> dict[str, str]:
         """The IKE connection from `host` to `peer` (swanctl.conf connections.<peer>), without auth/children."""
-        return {"version": "2", "local_addrs": host.underlay_ip, "remote_addrs": peer.public_ip,
-                "proposals": IKE_PROPOSAL}  # fmt: skip
+        return {
+            "version": "2",
+            "local_addrs": host.underlay_ip,
+            "remote_addrs": peer.public_ip,
+            "proposals": IKE_PROPOSAL,
+        }
 
     def children(self, host: Host, peer: Host) -> dict[str, dict[str, str]]:
         """The CHILD_SAs of that connection: {name: {option: value}}."""
         start = "start" if self.index(host) > self.index(peer) else "none"
-        return {peer.name: {"local_ts": f"{self.tunnel_ip(host)}/32", "remote_ts": f"{self.tunnel_ip(peer)}/32",
-                            "esp_proposals": ESP_PROPOSAL, "mode": "tunnel", "start_action": start}}  # fmt: skip
+        return {
+            peer.name: {
+                "local_ts": f"{self.tunnel_ip(host)}/32",
+                "remote_ts": f"{self.tunnel_ip(peer)}/32",
+                "esp_proposals": ESP_PROPOSAL,
+                "mode": "tunnel",
+                "start_action": start,
+            }
+        }
 
     def charon_conf(self, host: Host) -> str:
         d = self.host_dir(host)

@@ -41,11 +41,21 @@ from tunnelbench.vpns.acl import OFF, AclMode, AclPolicy, acl_option, acl_policy
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import GoModule
 
-TS = GoModule("tailscale", "tailscale.com", "v1.102.5",
-              ("tailscale.com/cmd/tailscaled", "tailscale.com/cmd/tailscale", "tailscale.com/cmd/derper"),
-              ("tailscaled", "tailscale", "derper"))  # fmt: skip
-HS = GoModule("headscale", "github.com/juanfont/headscale", "v0.29.3", ("github.com/juanfont/headscale/cmd/headscale",),
-              ("headscale",), download_first=True)  # fmt: skip
+TS = GoModule(
+    "tailscale",
+    "tailscale.com",
+    "v1.102.5",
+    ("tailscale.com/cmd/tailscaled", "tailscale.com/cmd/tailscale", "tailscale.com/cmd/derper"),
+    ("tailscaled", "tailscale", "derper"),
+)
+HS = GoModule(
+    "headscale",
+    "github.com/juanfont/headscale",
+    "v0.29.3",
+    ("github.com/juanfont/headscale/cmd/headscale",),
+    ("headscale",),
+    download_first=True,
+)
 HS_PORT, DERP_PORT, STUN_PORT, TS_PORT = 8080, 8443, 3478, 41641
 REGION = 900
 SOCK_DIR = Path("/run/tbsock")
@@ -199,9 +209,21 @@ class Tailscale(VpnDriver):
     def _start_infra(self) -> None:
         h, d = self.infra, self._infra_dir()
         ip = h.underlay_ip
-        derper = h.spawn([self.bin("derper"), "-a", f"{ip}:{DERP_PORT}", "--http-port=-1", f"--stun-port={STUN_PORT}",
-                          "--certmode=manual", f"--certdir={d / 'certs'}", f"-c={d / 'derper.key'}", f"--hostname={h.public_ip}"],
-                         label="derper", log_path=d / "derper.log")  # fmt: skip
+        derper = h.spawn(
+            [
+                self.bin("derper"),
+                "-a",
+                f"{ip}:{DERP_PORT}",
+                "--http-port=-1",
+                f"--stun-port={STUN_PORT}",
+                "--certmode=manual",
+                f"--certdir={d / 'certs'}",
+                f"-c={d / 'derper.key'}",
+                f"--hostname={h.public_ip}",
+            ],
+            label="derper",
+            log_path=d / "derper.log",
+        )
         self.procs[h.name].insert(0, derper)
         found: list[str] = []
 
@@ -221,11 +243,20 @@ class Tailscale(VpnDriver):
         h.write_file(d / "derp.yaml", self._derp_map() + "\n", 0o644)
         if h.journal:
             h.journal.path_entry(str(self._hs_sock()))
-        hs = h.spawn([self.bin("headscale"), "serve", "-c", str(d / "headscale.yaml")], label="headscale",
-                     log_path=d / "headscale.log")  # fmt: skip
+        hs = h.spawn(
+            [self.bin("headscale"), "serve", "-c", str(d / "headscale.yaml")],
+            label="headscale",
+            log_path=d / "headscale.log",
+        )
         self.procs[h.name].insert(1, hs)
-        self.wait_for("headscale listening", lambda: not hs.alive() or bool(h.run(
-            ["ss", "-Hltn", f"sport = :{HS_PORT}"], check=False).stdout.strip()), timeout=30)  # fmt: skip
+        self.wait_for(
+            "headscale listening",
+            lambda: (
+                not hs.alive()
+                or bool(h.run(["ss", "-Hltn", f"sport = :{HS_PORT}"], check=False).stdout.strip())
+            ),
+            timeout=30,
+        )
         if not hs.alive():
             raise RuntimeError(f"headscale exited: {hs.log_tail()}")
         hsctl = [self.bin("headscale"), "-c", str(d / "headscale.yaml"), "--force"]
@@ -278,17 +309,37 @@ class Tailscale(VpnDriver):
         if host.journal:
             host.journal.path_entry(str(sock))
         env = {"TS_NO_LOGS_NO_SUPPORT": "true", "TS_DEBUG_MTU": str(self.mtu)}
-        proc = host.spawn([self.bin("tailscaled"), f"--tun={self.ifname(host)}", f"--statedir={d / 'state'}",
-                           f"--socket={sock}", f"--port={TS_PORT}", "--no-logs-no-support"],
-                          label="tailscaled", log_path=d / "tailscaled.log", env=env)  # fmt: skip
+        proc = host.spawn(
+            [
+                self.bin("tailscaled"),
+                f"--tun={self.ifname(host)}",
+                f"--statedir={d / 'state'}",
+                f"--socket={sock}",
+                f"--port={TS_PORT}",
+                "--no-logs-no-support",
+            ],
+            label="tailscaled",
+            log_path=d / "tailscaled.log",
+            env=env,
+        )
         self.procs[host.name].append(proc)
         self.wait_for("tailscaled socket", lambda: host.exists(sock) or not proc.alive(), timeout=20)
         if not proc.alive():
             raise RuntimeError(f"tailscaled exited: {proc.log_tail()}")
         ts = [self.bin("tailscale"), f"--socket={sock}"]
-        host.run([*ts, "up", f"--login-server=http://{self.infra.public_ip}:{HS_PORT}",
-                  f"--auth-key=file:{d / 'authkey'}", f"--hostname={host.name}", "--accept-dns=false",
-                  "--netfilter-mode=off", "--timeout=60s"], timeout=75)  # fmt: skip
+        host.run(
+            [
+                *ts,
+                "up",
+                f"--login-server=http://{self.infra.public_ip}:{HS_PORT}",
+                f"--auth-key=file:{d / 'authkey'}",
+                f"--hostname={host.name}",
+                "--accept-dns=false",
+                "--netfilter-mode=off",
+                "--timeout=60s",
+            ],
+            timeout=75,
+        )
         self.addrs[host.name] = host.run([*ts, "ip", "-4"]).stdout.strip().splitlines()[0]
         state = d / "state" / "tailscaled.state"
         if host.exists(state):

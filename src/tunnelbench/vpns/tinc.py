@@ -57,8 +57,10 @@ class Tinc(VpnDriver):
     summary = "tinc 1.0 full mesh (direct UDP 655, meta star via h1), router mode, blowfish-CBC + HMAC-SHA1 (default)"
     binaries = ("tincd",)
     installs = (Apt(("tinc",)),)
-    paths_why = {"relay": "not modelled yet: tinc would fall back to its TCP meta connections (not a relay host)",
-                 "nat": "not modelled yet: the driver gives every node every other node's address"}  # fmt: skip
+    paths_why = {
+        "relay": "not modelled yet: tinc would fall back to its TCP meta connections (not a relay host)",
+        "nat": "not modelled yet: the driver gives every node every other node's address",
+    }
     # tinc does not set an MTU: the tun device keeps the kernel's 1500 and tinc relies on its PMTU
     # discovery (ICMP frag-needed to the sender, TCP fallback for oversize packets)
     default_mtu = 1500
@@ -68,11 +70,17 @@ class Tinc(VpnDriver):
     settle_s = 6.0  # PMTU discovery finishes ~5 s after start; until then big packets ride the TCP meta link
 
     class Options(TunnelOptions):
-        cipher: str = Field(DEFAULT_CIPHER, pattern=r"^[A-Za-z0-9-]+$",
-                            description="OpenSSL cipher of the UDP packets (tinc 1.0's default blowfish = bf-cbc); "
-                            f"aes = {STRONG_CIPHER} with digest {STRONG_DIGEST} unless digest is given")  # fmt: skip
-        digest: str = Field(DEFAULT_DIGEST, pattern=r"^[A-Za-z0-9-]+$",
-                            description="OpenSSL digest of the packets' HMAC (truncated to MACLength = 4 bytes)")  # fmt: skip
+        cipher: str = Field(
+            DEFAULT_CIPHER,
+            pattern=r"^[A-Za-z0-9-]+$",
+            description="OpenSSL cipher of the UDP packets (tinc 1.0's default blowfish = bf-cbc); "
+            f"aes = {STRONG_CIPHER} with digest {STRONG_DIGEST} unless digest is given",
+        )
+        digest: str = Field(
+            DEFAULT_DIGEST,
+            pattern=r"^[A-Za-z0-9-]+$",
+            description="OpenSSL digest of the packets' HMAC (truncated to MACLength = 4 bytes)",
+        )
         tinc_meta: Literal["star", "full"] = Field(
             "star", description="meta (TCP) connections: star around h1, or full mesh (racy in tinc 1.0.36)"
         )
@@ -137,8 +145,10 @@ class Tinc(VpnDriver):
             probe = h.run(["openssl", "enc", "-e", f"-{self.settings['cipher']}", "-md", self.settings["digest"],
                            "-pbkdf2", "-pass", "pass:probe", "-out", "/dev/null"], input="probe", env=self._env(h), check=False)  # fmt: skip
             if probe.returncode != 0:
-                raise RuntimeError(f"tinc: OpenSSL here cannot do {self.settings['cipher']}/{self.settings['digest']} "
-                                   f"(even with the legacy provider): {probe.stderr.strip()[-300:]}")  # fmt: skip
+                raise RuntimeError(
+                    f"tinc: OpenSSL here cannot do {self.settings['cipher']}/{self.settings['digest']} "
+                    f"(even with the legacy provider): {probe.stderr.strip()[-300:]}"
+                )
             tinc_conf = [
                 f"Name = {h.name}",
                 "Mode = router",
@@ -170,9 +180,9 @@ class Tinc(VpnDriver):
                 raise RuntimeError(f"tinc: no public key in {own}")
             up = (
                 "#!/bin/sh\n"
-                f"ip addr add {self.tunnel_ip(h)}/{self.tunnel_prefixlen} dev \"$INTERFACE\"\n"
-                f"ip link set \"$INTERFACE\" mtu {self.mtu} up\n"
-            )  # fmt: skip
+                f'ip addr add {self.tunnel_ip(h)}/{self.tunnel_prefixlen} dev "$INTERFACE"\n'
+                f'ip link set "$INTERFACE" mtu {self.mtu} up\n'
+            )
             h.write_file(conf / "tinc-up", up, 0o755)
             down = '#!/bin/sh\nip link set "$INTERFACE" down\n'
             h.write_file(conf / "tinc-down", down, 0o755)

@@ -45,9 +45,13 @@ class VpnCloud(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.settings = {"mode": "full mesh via peer exchange", "port": PORT, "mtu": self.mtu,
-                         "crypto": "password-derived Ed25519 identity; AES-256-GCM or ChaCha20-Poly1305 (negotiated)",
-                         "port_forwarding": False}  # fmt: skip
+        self.settings = {
+            "mode": "full mesh via peer exchange",
+            "port": PORT,
+            "mtu": self.mtu,
+            "crypto": "password-derived Ed25519 identity; AES-256-GCM or ChaCha20-Poly1305 (negotiated)",
+            "port_forwarding": False,
+        }
 
     @classmethod
     def version(cls) -> str:

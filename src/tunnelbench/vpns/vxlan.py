@@ -37,8 +37,13 @@ class Vxlan(VpnDriver):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.settings = {"mode": "static full mesh (FDB + permanent neighbours)", "vni": VNI, "port": PORT,
-                         "cipher": "none", "mtu": self.mtu}  # fmt: skip
+        self.settings = {
+            "mode": "static full mesh (FDB + permanent neighbours)",
+            "vni": VNI,
+            "port": PORT,
+            "cipher": "none",
+            "mtu": self.mtu,
+        }
 
     @classmethod
     def version(cls) -> str:
@@ -57,8 +62,25 @@ class Vxlan(VpnDriver):
             self._link_entry = host.journal.add(
                 {"kind": "link", "netns": getattr(host, "netns", ""), "name": ifname}
             )
-        host.run(["ip", "link", "add", ifname, "address", self.mac(host), "type", "vxlan", "id", str(VNI),
-                  "dstport", str(PORT), "local", host.underlay_ip, "nolearning"])  # fmt: skip
+        host.run(
+            [
+                "ip",
+                "link",
+                "add",
+                ifname,
+                "address",
+                self.mac(host),
+                "type",
+                "vxlan",
+                "id",
+                str(VNI),
+                "dstport",
+                str(PORT),
+                "local",
+                host.underlay_ip,
+                "nolearning",
+            ]
+        )
         for peer in self.spec.hosts:
             if peer is host:
                 continue
@@ -68,8 +90,20 @@ class Vxlan(VpnDriver):
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])
         for peer in self.spec.hosts:
             if peer is not host:
-                host.run(["ip", "neigh", "replace", self.tunnel_ip(peer), "lladdr", self.mac(peer), "dev", ifname,
-                          "nud", "permanent"])  # fmt: skip
+                host.run(
+                    [
+                        "ip",
+                        "neigh",
+                        "replace",
+                        self.tunnel_ip(peer),
+                        "lladdr",
+                        self.mac(peer),
+                        "dev",
+                        ifname,
+                        "nud",
+                        "permanent",
+                    ]
+                )
 
     def after_stop(self, host: Host) -> None:
         super().after_stop(host)

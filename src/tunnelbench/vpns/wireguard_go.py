@@ -37,8 +37,14 @@ from tunnelbench.vpns.install import Apt, GoModule
 LISTEN_PORT = 51820
 UAPI_DIR = Path("/var/run/wireguard")
 # the module root is the command; `go install` names it "wireguard": installed as wireguard-go
-GO = GoModule("wireguard-go", "golang.zx2c4.com/wireguard", "v0.0.0-20260522210424-ecfc5a8d5446",
-              ("golang.zx2c4.com/wireguard",), ("wireguard-go",), renames=(("wireguard", "wireguard-go"),))  # fmt: skip
+GO = GoModule(
+    "wireguard-go",
+    "golang.zx2c4.com/wireguard",
+    "v0.0.0-20260522210424-ecfc5a8d5446",
+    ("golang.zx2c4.com/wireguard",),
+    ("wireguard-go",),
+    renames=(("wireguard", "wireguard-go"),),
+)
 
 
 OFFLOADS_SINCE = 20230223  # wireguard-go release that added TUN TSO/GRO and UDP GSO/GRO
@@ -121,8 +127,14 @@ class WireguardGo(VpnDriver):
         key_path, _ = self.keys[host.name]
         cmd = ["wg", "set", ifname, "listen-port", str(LISTEN_PORT), "private-key", str(key_path)]
         for peer in self.peers(host):  # every other host in a mesh; the hub only (or all, on it) in a star
-            cmd += ["peer", self.keys[peer.name][1], "endpoint", f"{peer.underlay_ip}:{LISTEN_PORT}",
-                    "allowed-ips", f"{self.tunnel_ip(peer)}/32"]  # fmt: skip
+            cmd += [
+                "peer",
+                self.keys[peer.name][1],
+                "endpoint",
+                f"{peer.underlay_ip}:{LISTEN_PORT}",
+                "allowed-ips",
+                f"{self.tunnel_ip(peer)}/32",
+            ]
         for attempt in range(5):  # the UAPI socket file can appear a moment before the daemon accepts on it
             res = host.run(cmd, check=attempt == 4)
             if res.returncode == 0:
@@ -162,15 +174,19 @@ class WireguardGo(VpnDriver):
         flags = int(host.run(["cat", f"/sys/class/net/{ifname}/tun_flags"]).stdout.strip(), 16)
         vnet = bool(flags & IFF_VNET_HDR)
         if vnet and not self.options.offloads:  # type: ignore[attr-defined]
-            raise RuntimeError(f"{self.name}: offloads = false, but {ifname} on {host.name} still has IFF_VNET_HDR "
-                               f"(tun_flags {flags:#x})")  # fmt: skip
+            raise RuntimeError(
+                f"{self.name}: offloads = false, but {ifname} on {host.name} still has IFF_VNET_HDR "
+                f"(tun_flags {flags:#x})"
+            )
         seen = self.settings.setdefault("tun_vnet_hdr", {})
         seen[host.name] = vnet
         self.settings["offloads_effective"] = (
-            "on (TUN IFF_VNET_HDR: TSO reads, GRO writes, UDP GSO/GRO)" if all(seen.values())
-            else "off (TUN without IFF_VNET_HDR: no TSO/GRO, no UDP GSO/GRO)" if not any(seen.values())
+            "on (TUN IFF_VNET_HDR: TSO reads, GRO writes, UDP GSO/GRO)"
+            if all(seen.values())
+            else "off (TUN without IFF_VNET_HDR: no TSO/GRO, no UDP GSO/GRO)"
+            if not any(seen.values())
             else "mixed"
-        )  # fmt: skip
+        )
 
     def after_stop(self, host: Host) -> None:
         super().after_stop(host)

@@ -39,8 +39,14 @@ class WireguardKernel(WireguardGo):
         cmd = ["wg", "set", ifname, "listen-port", "51820", "private-key", str(key_path)]
         for peer in self.spec.hosts:
             if peer is not host:
-                cmd += ["peer", self.keys[peer.name][1], "endpoint", f"{peer.public_ip}:51820",
-                        "allowed-ips", f"{self.tunnel_ip(peer)}/32"]  # fmt: skip
+                cmd += [
+                    "peer",
+                    self.keys[peer.name][1],
+                    "endpoint",
+                    f"{peer.public_ip}:51820",
+                    "allowed-ips",
+                    f"{self.tunnel_ip(peer)}/32",
+                ]
         host.run(cmd)
         host.run(["ip", "addr", "add", f"{self.tunnel_ip(host)}/{self.tunnel_prefixlen}", "dev", ifname])
         host.run(["ip", "link", "set", ifname, "mtu", str(self.mtu), "up"])

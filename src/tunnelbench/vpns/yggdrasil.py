@@ -35,12 +35,14 @@ GO = GoModule(
     "yggdrasil",
     "github.com/yggdrasil-network/yggdrasil-go",
     "v0.5.10",
-    ("github.com/yggdrasil-network/yggdrasil-go/cmd/yggdrasil",
-     "github.com/yggdrasil-network/yggdrasil-go/cmd/yggdrasilctl"),
+    (
+        "github.com/yggdrasil-network/yggdrasil-go/cmd/yggdrasil",
+        "github.com/yggdrasil-network/yggdrasil-go/cmd/yggdrasilctl",
+    ),
     ("yggdrasil", "yggdrasilctl"),
     build_in_module=True,
     ldflags=f"-X {_VERSION_PKG}.buildName=yggdrasil -X {_VERSION_PKG}.buildVersion={{version}}",
-)  # fmt: skip
+)
 
 
 class Yggdrasil(VpnDriver):
@@ -88,15 +90,17 @@ class Yggdrasil(VpnDriver):
         for h in self.spec.hosts:
             conf = json.loads(h.run([self.bin("yggdrasil"), "-genconf", "-json"]).stdout)
             listen = not h.behind_nat and (self.spec.path == "direct" or h is self.spec.relay)
-            conf.update({
-                "Listen": [f"tcp://{h.underlay_ip}:{PORT}"] if listen else [],
-                "Peers": [f"tcp://{p.public_ip}:{PORT}" for p in self._dials(h)],
-                "AdminListen": "none",
-                "MulticastInterfaces": [],
-                "IfName": self.ifname(h),
-                "IfMTU": self.mtu,
-                "NodeInfoPrivacy": True,
-            })  # fmt: skip
+            conf.update(
+                {
+                    "Listen": [f"tcp://{h.underlay_ip}:{PORT}"] if listen else [],
+                    "Peers": [f"tcp://{p.public_ip}:{PORT}" for p in self._dials(h)],
+                    "AdminListen": "none",
+                    "MulticastInterfaces": [],
+                    "IfName": self.ifname(h),
+                    "IfMTU": self.mtu,
+                    "NodeInfoPrivacy": True,
+                }
+            )
             h.write_file(self._conf(h), json.dumps(conf, indent=2) + "\n", 0o600)
             self.addrs[h.name] = h.run(
                 [self.bin("yggdrasil"), "-useconffile", str(self._conf(h)), "-address"]

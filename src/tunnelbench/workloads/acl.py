@@ -92,8 +92,10 @@ class Acl(Workload):
         if not rec or rec.get("mode") == "off":
             raise WorkloadError(f"policy not applied: set vpn_options.{vpn}.acl = 'isolate'")
         if rec["allow"] != [[ctx.client.name, ctx.server.name]]:
-            raise WorkloadError(f"{vpn}'s policy allows {rec['allow']}, but the case runs {ctx.client.name} -> "
-                                f"{ctx.server.name}: the policy's server is [lab] server")  # fmt: skip
+            raise WorkloadError(
+                f"{vpn}'s policy allows {rec['allow']}, but the case runs {ctx.client.name} -> "
+                f"{ctx.server.name}: the policy's server is [lab] server"
+            )
         by_name = {h.name: h for h in hosts}
         isolated = [by_name[n] for n in rec["isolated"]]
         if not isolated:
@@ -136,8 +138,11 @@ class Acl(Workload):
 
     def _listen(self, host: Host, ctx: CaseContext) -> Process:
         ip = ctx.mesh.tunnel_ip(host)
-        proc = host.spawn([python(host), "-c", LISTEN, ip, str(PORT)], label=f"acl-listen-{host.name}",
-                          log_path=ctx.artifact_dir / f"acl-listen-{host.name}.log")  # fmt: skip
+        proc = host.spawn(
+            [python(host), "-c", LISTEN, ip, str(PORT)],
+            label=f"acl-listen-{host.name}",
+            log_path=ctx.artifact_dir / f"acl-listen-{host.name}.log",
+        )
         wait_log(proc, "ready", 15, f"acl listener on {host.name}")
         return proc
 
@@ -156,5 +161,11 @@ class Acl(Workload):
         else:
             r = src.run([python(src), "-c", CONNECT, ip, str(PORT), f"{t:g}"], check=False, timeout=t + 10)
             worked = r.returncode == 0
-        return {"from": src.name, "to": dst.name, "to_ip": ip, "protocol": proto, "worked": worked,
-                "seconds": round(time.monotonic() - t0, 3)}  # fmt: skip
+        return {
+            "from": src.name,
+            "to": dst.name,
+            "to_ip": ip,
+            "protocol": proto,
+            "worked": worked,
+            "seconds": round(time.monotonic() - t0, 3),
+        }

@@ -63,8 +63,18 @@ class Iperf3Run:
         self.server.stop(grace=1)
 
 
-def start_iperf3(ctx: CaseContext, client: Host, server: Host, server_ip: str, port: int, args: list[str],
-                 duration_s: float, label: str, omit_s: float = 0.0, mss: int | None = None) -> Iperf3Run:  # fmt: skip
+def start_iperf3(
+    ctx: CaseContext,
+    client: Host,
+    server: Host,
+    server_ip: str,
+    port: int,
+    args: list[str],
+    duration_s: float,
+    label: str,
+    omit_s: float = 0.0,
+    mss: int | None = None,
+) -> Iperf3Run:
     """Start a one-off iperf3 server on `server` (bound to server_ip:port) and a client on `client`."""
     log = ctx.artifact_dir / f"{label}-server.log"
     srv = start_server(server, server_ip, port, f"iperf3-server-{label}", log)

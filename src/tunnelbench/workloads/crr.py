@@ -70,14 +70,18 @@ class Crr(Workload):
             MetricSpec(f"{m}_latency_p50_ms", "ms", "lower", f"median transaction time ({what})"),
             MetricSpec(f"{m}_latency_p90_ms", "ms", "lower", "90th percentile transaction time"),
             MetricSpec(f"{m}_latency_p99_ms", "ms", "lower", "99th percentile transaction time"),
-            MetricSpec(f"{m}_errors", "count", "lower", "failed transactions (connect error, reset, timeout)"),
+            MetricSpec(
+                f"{m}_errors", "count", "lower", "failed transactions (connect error, reset, timeout)"
+            ),
             MetricSpec(f"{m}_transactions", "count", "none", "completed transactions (the client's count)"),
-            MetricSpec(f"{m}_server_accepted", "count", "none", "connections the server accepted (its own count)"),
+            MetricSpec(
+                f"{m}_server_accepted", "count", "none", "connections the server accepted (its own count)"
+            ),
             MetricSpec(f"{m}_server_answered", "count", "none", "responses the server sent (its own count)"),
             MetricSpec(f"{m}_client_cpu_pct", "%", "none", "client agent CPU, % of one core"),
             MetricSpec(f"{m}_server_cpu_pct", "%", "none", "server agent CPU while busy, % of one core"),
         )
-    )  # fmt: skip
+    )
 
     def label(self) -> str:
         p = self.params
@@ -94,15 +98,35 @@ class Crr(Workload):
         p = self.params
         m = p.mode
         d = ctx.artifact_dir
-        srv = ctx.server.spawn([*agent_argv(ctx.server), "server", ctx.server_ip, str(CRR_PORT), str(p.request_bytes),
-                                str(p.response_bytes)], label="crr-server", log_path=d / "crr-server.log")  # fmt: skip
+        srv = ctx.server.spawn(
+            [
+                *agent_argv(ctx.server),
+                "server",
+                ctx.server_ip,
+                str(CRR_PORT),
+                str(p.request_bytes),
+                str(p.response_bytes),
+            ],
+            label="crr-server",
+            log_path=d / "crr-server.log",
+        )
         restore = None
         try:
             wait_ready(srv, 10)
             if m == "crr":
                 restore = set_sysctl(ctx.client, TW_REUSE, "1")
-            argv = [*agent_argv(ctx.client), "client", ctx.server_ip, str(CRR_PORT), m, str(p.concurrency),
-                    f"{p.duration_s:g}", str(p.request_bytes), str(p.response_bytes), f"{p.timeout_s:g}"]  # fmt: skip
+            argv = [
+                *agent_argv(ctx.client),
+                "client",
+                ctx.server_ip,
+                str(CRR_PORT),
+                m,
+                str(p.concurrency),
+                f"{p.duration_s:g}",
+                str(p.request_bytes),
+                str(p.response_bytes),
+                f"{p.timeout_s:g}",
+            ]
             res = ctx.client.run(argv, timeout=ctx.remaining(), check=False)
             (d / "crr-client.json").write_text(res.stdout)
             if res.returncode != 0:

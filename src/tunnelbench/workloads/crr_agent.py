@@ -155,8 +155,9 @@ class Worker:
         self.wake = 0.0
 
 
-def client(server: str, port: int, mode: str, concurrency: int, duration: float, req: int, resp: int,
-           timeout: float) -> dict:  # fmt: skip
+def client(
+    server: str, port: int, mode: str, concurrency: int, duration: float, req: int, resp: int, timeout: float
+) -> dict:
     if mode not in ("crr", "rr"):
         raise SystemExit(f"mode must be crr or rr, not {mode!r}")
     family = socket.AF_INET6 if ":" in server else socket.AF_INET

@@ -50,24 +50,54 @@ class HttpApiParams(Params):
 
 def pod_list(n: int) -> bytes:
     """A Kubernetes-style PodList of n pods: the shape and size `kubectl get pods -o json` returns."""
-    items = [{
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"api-{i:05d}-7d9f8c6b5-x{i % 97:02d}", "namespace": "default",
-                     "uid": f"{i:08x}-1b2c-4d5e-8f90-{i * 7919 % 16**12:012x}", "resourceVersion": str(100000 + i),
-                     "creationTimestamp": "2026-01-01T00:00:00Z",
-                     "labels": {"app": "api", "pod-template-hash": "7d9f8c6b5", "tier": "backend"},
-                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "api-7d9f8c6b5",
-                                          "uid": f"rs-{i % 13:04d}", "controller": True}]},
-        "spec": {"containers": [{"name": "api", "image": "registry.local/api:1.4.2",
-                                 "ports": [{"containerPort": 8080, "protocol": "TCP"}],
-                                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}],
-                 "nodeName": f"node-{i % 16:02d}", "restartPolicy": "Always"},
-        "status": {"phase": "Running", "podIP": f"10.244.{i // 250 % 256}.{i % 250 + 2}",
-                   "hostIP": f"192.168.0.{i % 16 + 10}", "startTime": "2026-01-01T00:00:05Z",
-                   "conditions": [{"type": t, "status": "True"} for t in ("Initialized", "Ready", "PodScheduled")]},
-    } for i in range(n)]  # fmt: skip
-    return json.dumps({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "100000"},
-                       "items": items}).encode()  # fmt: skip
+    items = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"api-{i:05d}-7d9f8c6b5-x{i % 97:02d}",
+                "namespace": "default",
+                "uid": f"{i:08x}-1b2c-4d5e-8f90-{i * 7919 % 16**12:012x}",
+                "resourceVersion": str(100000 + i),
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"app": "api", "pod-template-hash": "7d9f8c6b5", "tier": "backend"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "ReplicaSet",
+                        "name": "api-7d9f8c6b5",
+                        "uid": f"rs-{i % 13:04d}",
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "api",
+                        "image": "registry.local/api:1.4.2",
+                        "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                    }
+                ],
+                "nodeName": f"node-{i % 16:02d}",
+                "restartPolicy": "Always",
+            },
+            "status": {
+                "phase": "Running",
+                "podIP": f"10.244.{i // 250 % 256}.{i % 250 + 2}",
+                "hostIP": f"192.168.0.{i % 16 + 10}",
+                "startTime": "2026-01-01T00:00:05Z",
+                "conditions": [
+                    {"type": t, "status": "True"} for t in ("Initialized", "Ready", "PodScheduled")
+                ],
+            },
+        }
+        for i in range(n)
+    ]
+    return json.dumps(
+        {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "100000"}, "items": items}
+    ).encode()
 
 
 class HttpApi(Workload):

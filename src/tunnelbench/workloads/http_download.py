@@ -86,8 +86,12 @@ class HttpDownload(Workload):
         nginx = start_nginx(ctx.server, ctx.server_ip, HTTP_PORT, ndir, root=root)
         try:
             cfg = ctx.artifact_dir / "curl.cfg"
-            cfg.write_text("".join(f'url = "http://{ctx.server_ip}:{HTTP_PORT}/{rel}"\noutput = "/dev/null"\n'
-                                   for rel, _ in files))  # fmt: skip
+            cfg.write_text(
+                "".join(
+                    f'url = "http://{ctx.server_ip}:{HTTP_PORT}/{rel}"\noutput = "/dev/null"\n'
+                    for rel, _ in files
+                )
+            )
             argv = ["curl", "--parallel", "--parallel-max", str(p.connections), "--no-progress-meter",
                     "--max-time", f"{max(10.0, ctx.remaining() - 5):.0f}",
                     "--write-out", "%{http_code} %{size_download} %{time_total} %{url_effective}\\n", "-K", str(cfg)]  # fmt: skip

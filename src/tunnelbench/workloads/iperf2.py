@@ -224,8 +224,18 @@ class Run:
     seconds: float  # how long the client ran
 
 
-def run(ctx: CaseContext, args: list[str], *, udp: bool, streams: int, seconds: float | None,
-        nbytes: str | None, omit_s: float, tag: str, expected_s: float) -> Run:  # fmt: skip
+def run(
+    ctx: CaseContext,
+    args: list[str],
+    *,
+    udp: bool,
+    streams: int,
+    seconds: float | None,
+    nbytes: str | None,
+    omit_s: float,
+    tag: str,
+    expected_s: float,
+) -> Run:
     """One iperf2 test against a server started for it: `seconds` (-t) or `nbytes` (-n) of traffic; with
     omit_s > 0 (the caller added it to `seconds`) the server prints one-second intervals as well."""
     proto = ["-u"] if udp else []

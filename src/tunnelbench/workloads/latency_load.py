@@ -90,8 +90,17 @@ class LatencyLoad(Workload):
         # the load outlasts the loaded pings: a quarter more than asked, for spacing that grows under load
         load_s = p.warmup_s + 1.25 * p.load_s + 1
         args = ["-P", str(p.streams)] + (["-R"] if p.direction == "down" else [])
-        run = start_iperf3(ctx, ctx.client, ctx.server, ctx.server_ip, LOAD_PORT, args, load_s, "load",
-                           mss=ctx.options.get("mss"))  # fmt: skip
+        run = start_iperf3(
+            ctx,
+            ctx.client,
+            ctx.server,
+            ctx.server_ip,
+            LOAD_PORT,
+            args,
+            load_s,
+            "load",
+            mss=ctx.options.get("mss"),
+        )
         try:
             time.sleep(p.warmup_s)
             loaded = self._ping(ctx, p.load_s, "ping-loaded", spacing)

@@ -90,8 +90,10 @@ class LeakParams(Params):
                 f"fragment_bytes {self.fragment_bytes} exceeds the smallest size {min(self.sizes)}"
             )
         if "icmp" in self.protocols and min(self.sizes) < PING_STAMP + PING_PATTERN:
-            raise ValueError(f"icmp needs sizes >= {PING_STAMP + PING_PATTERN}: ping's timestamp takes the "
-                             f"first {PING_STAMP} payload bytes, the marker pattern follows")  # fmt: skip
+            raise ValueError(
+                f"icmp needs sizes >= {PING_STAMP + PING_PATTERN}: ping's timestamp takes the "
+                f"first {PING_STAMP} payload bytes, the marker pattern follows"
+            )
         return self
 
 
@@ -163,8 +165,9 @@ def leaking(frames: list[bytes], needles: list[bytes]) -> int:
     return sum(1 for fr in frames if any(n in fr for n in needles))
 
 
-def relay_legs(frames: list[bytes], linktype: int, client: str, server: str, min_len: int,
-               sentinel: bytes) -> tuple[int, int]:  # fmt: skip
+def relay_legs(
+    frames: list[bytes], linktype: int, client: str, server: str, min_len: int, sentinel: bytes
+) -> tuple[int, int]:
     """IP bytes of the marker-sized frames (IP packet >= min_len) the relay received from the client and sent
     to the server, not counting the capture's own sentinel ping."""
     from_client = to_server = 0
@@ -349,11 +352,15 @@ class Leak(Workload):
             return router
         relay = lab.relay if lab else None
         if relay is None:
-            raise WorkloadError('leak with capture_at = "relay" needs a relay host: set [lab] path = "relay" '
-                                '(relay = "hN", default the last host)')  # fmt: skip
+            raise WorkloadError(
+                'leak with capture_at = "relay" needs a relay host: set [lab] path = "relay" '
+                '(relay = "hN", default the last host)'
+            )
         if relay in (ctx.client, ctx.server):
-            raise WorkloadError(f"the relay host {relay.name} is the client or the server: it would see the markers "
-                                "as an endpoint, not as a relay")  # fmt: skip
+            raise WorkloadError(
+                f"the relay host {relay.name} is the client or the server: it would see the markers "
+                "as an endpoint, not as a relay"
+            )
         return relay
 
     def run(self, ctx: CaseContext) -> Outcome:
@@ -369,8 +376,17 @@ class Leak(Workload):
         frames = cap.frames()
         hits = {k: leaking(frames, fragments(m, p.fragment_bytes)) for k, m in streams.items()}
         plain = leaking(frames, [f for m in streams.values() for f in fragments(m, p.fragment_bytes)])
-        evidence = [{"protocol": pr, "size": n, "marker": m.hex(), "sent": p.count, "delivered": delivered[pr, n],
-                     "plaintext_frames": hits[pr, n]} for (pr, n), m in streams.items()]  # fmt: skip
+        evidence = [
+            {
+                "protocol": pr,
+                "size": n,
+                "marker": m.hex(),
+                "sent": p.count,
+                "delivered": delivered[pr, n],
+                "plaintext_frames": hits[pr, n],
+            }
+            for (pr, n), m in streams.items()
+        ]
         record: dict = {
             "capture_at": p.capture_at,
             "host": at.name,
@@ -379,21 +395,33 @@ class Leak(Workload):
         }
         carried_pct = 0.0
         if p.capture_at == "relay":
-            legs = relay_legs(frames, cap.linktype, ctx.client.public_ip, ctx.server.public_ip,
-                              min(p.sizes) + IP_UDP_HEADERS, cap.sentinel)  # fmt: skip
+            legs = relay_legs(
+                frames,
+                cap.linktype,
+                ctx.client.public_ip,
+                ctx.server.public_ip,
+                min(p.sizes) + IP_UDP_HEADERS,
+                cap.sentinel,
+            )
             marker_bytes = p.count * sum(n for _, n in streams)
             carried_pct = 100.0 * min(legs) / marker_bytes
-            record["relay"] = {"from_client_bytes": legs[0], "to_server_bytes": legs[1], "marker_bytes": marker_bytes,
-                               "min_ip_bytes": min(p.sizes) + IP_UDP_HEADERS,
-                               "verdict": relay_verdict(plain, carried_pct)}  # fmt: skip
+            record["relay"] = {
+                "from_client_bytes": legs[0],
+                "to_server_bytes": legs[1],
+                "marker_bytes": marker_bytes,
+                "min_ip_bytes": min(p.sizes) + IP_UDP_HEADERS,
+                "verdict": relay_verdict(plain, carried_pct),
+            }
         (ctx.artifact_dir / "leak.json").write_text(json.dumps(record, indent=1))
         out = Outcome(artifacts=[cap.local, ctx.artifact_dir / "leak.json"])
         out.measure_s = time.monotonic() - t0
         sent, got = p.count * len(streams), sum(delivered.values())
         if got < sent:
             short = ", ".join(f"{pr}/{n}: {d}" for (pr, n), d in delivered.items() if d < p.count)
-            raise WorkloadError(f"inconclusive: {got} of {sent} markers arrived over the tunnel ({short} of "
-                                f"{p.count}); {plain} captured frames held plaintext")  # fmt: skip
+            raise WorkloadError(
+                f"inconclusive: {got} of {sent} markers arrived over the tunnel ({short} of "
+                f"{p.count}); {plain} captured frames held plaintext"
+            )
         # a capture that missed frames proves a leak it saw, but not the absence of one
         why = cap.incomplete()
         if not plain and why:

@@ -89,11 +89,15 @@ class ManyClients(Workload):
         p = self.params
         clients = [h for h in ctx.mesh.hosts if h is not ctx.server][: p.clients]
         if len(clients) < p.clients and ctx.lab is not None and len(ctx.mesh.hosts) < len(ctx.lab.hosts):
-            raise NotApplicable(f"{ctx.mesh.vpn} runs on {len(ctx.mesh.hosts)} hosts in this scenario "
-                                f"(lab.hosts_per_vpn): N = {p.clients} needs {p.clients + 1}")  # fmt: skip
+            raise NotApplicable(
+                f"{ctx.mesh.vpn} runs on {len(ctx.mesh.hosts)} hosts in this scenario "
+                f"(lab.hosts_per_vpn): N = {p.clients} needs {p.clients + 1}"
+            )
         if len(clients) < p.clients:
-            raise WorkloadError(f"many_clients needs {p.clients} client hosts besides the server; the lab has "
-                                f"{len(clients)} (set lab.hosts >= {p.clients + 1})")  # fmt: skip
+            raise WorkloadError(
+                f"many_clients needs {p.clients} client hosts besides the server; the lab has "
+                f"{len(clients)} (set lab.hosts >= {p.clients + 1})"
+            )
         if not all(hasattr(h, "netns") for h in clients):
             raise WorkloadError("many_clients needs the namespace lab (clients open sockets via setns)")
         ndir = ctx.artifact_dir / "nginx"
@@ -105,15 +109,27 @@ class ManyClients(Workload):
                 mine = clients[w :: p.workers]
                 if not mine:
                     continue
-                spec = {"server": ctx.server_ip, "port": REST_PORT, "interval": p.interval_s,
-                        "duration": p.duration_s, "timeout": p.timeout_s, "keepalive": p.keepalive,
-                        "go": str(go), "n_total": p.clients,
-                        "clients": [[clients.index(h), f"/run/netns/{h.netns}"] for h in mine],  # type: ignore[attr-defined]
-                        "out": str(ctx.artifact_dir / f"calls-{w}.npy")}  # fmt: skip
+                spec = {
+                    "server": ctx.server_ip,
+                    "port": REST_PORT,
+                    "interval": p.interval_s,
+                    "duration": p.duration_s,
+                    "timeout": p.timeout_s,
+                    "keepalive": p.keepalive,
+                    "go": str(go),
+                    "n_total": p.clients,
+                    "clients": [[clients.index(h), f"/run/netns/{h.netns}"] for h in mine],  # type: ignore[attr-defined]
+                    "out": str(ctx.artifact_dir / f"calls-{w}.npy"),
+                }
                 spec_path = ctx.artifact_dir / f"generator-{w}.json"
                 spec_path.write_text(json.dumps(spec))
-                procs.append(ctx.client.spawn([sys.executable, "-m", "tunnelbench.workloads.many_clients", str(spec_path)],
-                                              label=f"rest-clients-{w}", log_path=ctx.artifact_dir / f"generator-{w}.log"))  # fmt: skip
+                procs.append(
+                    ctx.client.spawn(
+                        [sys.executable, "-m", "tunnelbench.workloads.many_clients", str(spec_path)],
+                        label=f"rest-clients-{w}",
+                        log_path=ctx.artifact_dir / f"generator-{w}.log",
+                    )
+                )
             end = time.monotonic() + 30 + p.clients / 50
             while not all((ctx.artifact_dir / f"generator-{w}.ready").exists() for w in range(len(procs))):
                 if time.monotonic() > end or any(not pr.alive() for pr in procs):

@@ -82,8 +82,24 @@ class Multihost(Workload):
                 for k, peer in enumerate(peers):
                     port = (TX_PORT if d == "tx" else RX_PORT) + k
                     args = ["-R"] if d == "rx" else []
-                    runs.append((d, peer, start_iperf3(ctx, one, peer, ctx.mesh.tunnel_ip(peer), port, args,
-                                                       p.duration_s, f"{d}-{peer.name}", p.omit_s, mss)))  # fmt: skip
+                    runs.append(
+                        (
+                            d,
+                            peer,
+                            start_iperf3(
+                                ctx,
+                                one,
+                                peer,
+                                ctx.mesh.tunnel_ip(peer),
+                                port,
+                                args,
+                                p.duration_s,
+                                f"{d}-{peer.name}",
+                                p.omit_s,
+                                mss,
+                            ),
+                        )
+                    )
             results = []
             for d, peer, r in runs:
                 results.append((d, peer, r.wait(timeout=ctx.remaining())))
@@ -101,8 +117,11 @@ class Multihost(Workload):
             sums[d] += mbps
             retr += end["sum_sent"].get("retransmits") or 0
             out.add(f"{d}_goodput_mbps", mbps, "Mbit/s", peer.name)
-            pts = [(float(iv["sum"]["end"]), iv["sum"]["bits_per_second"] / 1e6)
-                   for iv in data.get("intervals", []) if not iv["sum"].get("omitted")]  # fmt: skip
+            pts = [
+                (float(iv["sum"]["end"]), iv["sum"]["bits_per_second"] / 1e6)
+                for iv in data.get("intervals", [])
+                if not iv["sum"].get("omitted")
+            ]
             out.series.append(Series(f"{d}_goodput_mbps", "Mbit/s", pts, peer.name))
         for d in directions:
             out.add(f"{d}_aggregate_goodput_mbps", sums[d], "Mbit/s")

@@ -61,8 +61,16 @@ def make_certificate(host: Host, workdir: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def start_nginx(host: Host, ip: str, port: int, workdir: Path, root: Path | None = None, workers: int = 1,
-                tls: tuple[Path, Path] | None = None, api_json: bool = False) -> Process:  # fmt: skip
+def start_nginx(
+    host: Host,
+    ip: str,
+    port: int,
+    workdir: Path,
+    root: Path | None = None,
+    workers: int = 1,
+    tls: tuple[Path, Path] | None = None,
+    api_json: bool = False,
+) -> Process:
     """Start nginx on `host` listening on ip:port; everything it writes stays under `workdir`. `tls` =
     (certificate, key) serves HTTPS; `api_json` serves `<root>/api.json` at /api instead of "OK"."""
     d = workdir
@@ -72,8 +80,19 @@ def start_nginx(host: Host, ip: str, port: int, workdir: Path, root: Path | None
     root.mkdir(parents=True, exist_ok=True)
     conf = d / "nginx.conf"
     tls_conf = TLS.format(cert=tls[0], key=tls[1]) if tls else ""
-    host.write_file(conf, CONF.format(workers=workers, d=d, ip=ip, port=port, root=root, ssl=" ssl" if tls else "",
-                                      tls=tls_conf, api=API_JSON if api_json else API_OK))  # fmt: skip
+    host.write_file(
+        conf,
+        CONF.format(
+            workers=workers,
+            d=d,
+            ip=ip,
+            port=port,
+            root=root,
+            ssl=" ssl" if tls else "",
+            tls=tls_conf,
+            api=API_JSON if api_json else API_OK,
+        ),
+    )
     argv = [tool("nginx"), "-p", str(d), "-c", str(conf), "-e", str(d / "error.log"), "-g", "daemon off;"]
     check = host.run([*argv, "-t"], check=False)
     if check.returncode != 0:

@@ -97,11 +97,17 @@ class Overhead(Workload):
         )
         out.add("reverse_bytes_per_payload_byte", (s1["tx_bytes"] - s0["tx_bytes"]) / payload, "ratio")
         if k0 and k1 and k1["tx_bytes"] > k0["tx_bytes"]:  # pure encapsulation: retransmissions cancel out
-            out.add("underlay_bytes_per_tunnel_byte",
-                    (c1["tx_bytes"] - c0["tx_bytes"]) / (k1["tx_bytes"] - k0["tx_bytes"]), "ratio")  # fmt: skip
+            out.add(
+                "underlay_bytes_per_tunnel_byte",
+                (c1["tx_bytes"] - c0["tx_bytes"]) / (k1["tx_bytes"] - k0["tx_bytes"]),
+                "ratio",
+            )
         if k0 and k1 and k1["tx_packets"] > k0["tx_packets"]:
-            out.add("underlay_packets_per_tunnel_packet",
-                    (c1["tx_packets"] - c0["tx_packets"]) / (k1["tx_packets"] - k0["tx_packets"]), "ratio")  # fmt: skip
+            out.add(
+                "underlay_packets_per_tunnel_packet",
+                (c1["tx_packets"] - c0["tx_packets"]) / (k1["tx_packets"] - k0["tx_packets"]),
+                "ratio",
+            )
         out.add("bulk_goodput_mbps", data["end"]["sum_received"]["bits_per_second"] / 1e6, "Mbit/s")
         if p.small_duration_s > 0:
             c0 = link_counters(ctx.client, uif)

@@ -29,8 +29,11 @@ RTT_LINE = re.compile(r"= (?P<min>[\d.]+)/(?P<avg>[\d.]+)/(?P<max>[\d.]+)/(?P<md
 def echo_replies(text: str) -> list[tuple[float, int, float]]:
     """(timestamp, icmp_seq, RTT ms) of every echo reply in `ping -D` output, in output order; lines ping
     marks (DUP!) and ICMP errors skipped. A seq may repeat (unmarked duplicates, or wrapped past 65535)."""
-    return [(float(m["ts"]), int(m["seq"]), float(m["rtt"]))
-            for line in text.splitlines() if (m := REPLY.match(line)) and "DUP!" not in line]  # fmt: skip
+    return [
+        (float(m["ts"]), int(m["seq"]), float(m["rtt"]))
+        for line in text.splitlines()
+        if (m := REPLY.match(line)) and "DUP!" not in line
+    ]
 
 
 def parse_ping(text: str) -> dict:
@@ -47,8 +50,11 @@ def parse_ping(text: str) -> dict:
 
 def rtt_samples(parsed: dict, out: Outcome, prefix: str = "rtt") -> None:
     tx = parsed["transmitted"]
-    out.add(f"{prefix}_loss_pct" if prefix != "rtt" else "ping_loss_pct",
-            100.0 * (tx - parsed["received"]) / tx if tx else None, "%")  # fmt: skip
+    out.add(
+        f"{prefix}_loss_pct" if prefix != "rtt" else "ping_loss_pct",
+        100.0 * (tx - parsed["received"]) / tx if tx else None,
+        "%",
+    )
     vals = np.array([r for _, r in sorted(parsed["replies"].values())])
     if vals.size == 0:
         return

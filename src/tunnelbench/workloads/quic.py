@@ -77,25 +77,42 @@ class Quic(Workload):
     headline = ("quic_handshake_p50_ms", "quic_ttfb_p50_ms", "quic_goodput_mbps")
     Params = QuicParams
     metrics = (
-        MetricSpec("quic_handshake_p50_ms", "ms", "lower", "median handshake time (new connection, full 1-RTT handshake)"),
+        MetricSpec(
+            "quic_handshake_p50_ms",
+            "ms",
+            "lower",
+            "median handshake time (new connection, full 1-RTT handshake)",
+        ),
         MetricSpec("quic_handshake_p90_ms", "ms", "lower", "90th percentile handshake time"),
         MetricSpec("quic_handshake_p99_ms", "ms", "lower", "99th percentile handshake time"),
         MetricSpec("quic_ttfb_p50_ms", "ms", "lower", "median time from dial to the first response byte"),
         MetricSpec("quic_ttfb_p90_ms", "ms", "lower", "90th percentile time to first byte"),
         MetricSpec("quic_ttfb_p99_ms", "ms", "lower", "99th percentile time to first byte"),
-        MetricSpec("quic_goodput_mbps", "Mbit/s", "higher", "bulk download: payload bits / request-to-last-byte time"),
+        MetricSpec(
+            "quic_goodput_mbps", "Mbit/s", "higher", "bulk download: payload bits / request-to-last-byte time"
+        ),
         MetricSpec("quic_bulk_s", "s", "none", "bulk download time, request to last byte"),
-        MetricSpec("quic_bulk_mb", "MB", "none", "payload bytes the client received in the bulk download (10^6)"),
+        MetricSpec(
+            "quic_bulk_mb", "MB", "none", "payload bytes the client received in the bulk download (10^6)"
+        ),
         MetricSpec("quic_handshakes", "count", "none", "probes completed (handshake and response)"),
-        MetricSpec("quic_handshake_failures", "count", "lower", "attempts whose handshake failed (timeout, refused)"),
+        MetricSpec(
+            "quic_handshake_failures", "count", "lower", "attempts whose handshake failed (timeout, refused)"
+        ),
         MetricSpec("quic_request_failures", "count", "lower", "attempts that failed after the handshake"),
         MetricSpec("quic_handshake_retries", "count", "lower", "attempts made again after a failure"),
         MetricSpec("quic_probes_given_up", "count", "lower", "probes that failed all of their attempts"),
         MetricSpec("quic_min_rtt_ms", "ms", "none", "the QUIC stack's minimum RTT on the bulk connection"),
-        MetricSpec("quic_server_sent_mb", "MB", "none", "payload bytes the server sent, its own count (10^6)"),
-        MetricSpec("quic_client_cpu_pct", "%", "none", "client tool CPU over the bulk download, % of one core"),
-        MetricSpec("quic_server_cpu_pct", "%", "none", "server tool CPU over its bulk response, % of one core"),
-    )  # fmt: skip
+        MetricSpec(
+            "quic_server_sent_mb", "MB", "none", "payload bytes the server sent, its own count (10^6)"
+        ),
+        MetricSpec(
+            "quic_client_cpu_pct", "%", "none", "client tool CPU over the bulk download, % of one core"
+        ),
+        MetricSpec(
+            "quic_server_cpu_pct", "%", "none", "server tool CPU over its bulk response, % of one core"
+        ),
+    )
 
     def label(self) -> str:
         p = self.params
@@ -110,8 +127,11 @@ class Quic(Workload):
         p = self.params
         d = ctx.artifact_dir
         exe = quicperf(ctx.client)
-        srv = ctx.server.spawn([exe, "server", "-listen", hostport(ctx.server_ip, QUIC_PORT)],
-                               label="quicperf-server", log_path=d / "quicperf-server.log")  # fmt: skip
+        srv = ctx.server.spawn(
+            [exe, "server", "-listen", hostport(ctx.server_ip, QUIC_PORT)],
+            label="quicperf-server",
+            log_path=d / "quicperf-server.log",
+        )
         try:
             wait_ready(srv, 10)
             bulk_timeout = max(5.0, ctx.remaining() - 5)
@@ -149,8 +169,10 @@ def quicperf(host: Host) -> str:
             f"{exe} does not run (exit {r.returncode}: {r.stderr[-200:]}); {BUILD_HINT}"
         ) from None
     if (v.get("quicperf"), v.get("quinn")) != (QUICPERF_VERSION, QUINN_VERSION):
-        raise WorkloadError(f"{exe} is quicperf {v.get('quicperf')} on quinn {v.get('quinn')}, expected "
-                            f"{QUICPERF_VERSION} on quinn {QUINN_VERSION}: {BUILD_HINT}")  # fmt: skip
+        raise WorkloadError(
+            f"{exe} is quicperf {v.get('quicperf')} on quinn {v.get('quinn')}, expected "
+            f"{QUICPERF_VERSION} on quinn {QUINN_VERSION}: {BUILD_HINT}"
+        )
     host.__dict__["_tb_quicperf"] = exe
     return exe
 
@@ -206,8 +228,10 @@ def outcome(cli: dict, server: dict | None) -> Outcome:
     bulk = cli.get("bulk")
     if bulk is not None:
         if bulk.get("error"):
-            raise WorkloadError(f"QUIC bulk download failed after {bulk['bytes']} of {bulk['requested_bytes']} "
-                                f"bytes: {bulk['error']}")  # fmt: skip
+            raise WorkloadError(
+                f"QUIC bulk download failed after {bulk['bytes']} of {bulk['requested_bytes']} "
+                f"bytes: {bulk['error']}"
+            )
         secs = bulk["seconds"]
         out.add("quic_bulk_s", secs, "s")
         out.add("quic_bulk_mb", bulk["bytes"] / 1e6, "MB")

@@ -90,25 +90,35 @@ class ResilienceParams(Params):
         30.0, gt=0, le=600, description="control_loss: how long the rejoined server may take to answer"
     )
     control_restore_timeout_s: float = Field(
-        120.0, gt=0, le=600, description="control_loss / relay_loss: how long replies may take to come back "
-        "once the host is let back in (bounded by the case's time left)"
-    )  # fmt: skip
+        120.0,
+        gt=0,
+        le=600,
+        description="control_loss / relay_loss: how long replies may take to come back "
+        "once the host is let back in (bounded by the case's time left)",
+    )
     each_timeout_s: float = Field(
-        60.0, gt=0, le=600, description="restart_each: a node not answering every prober this long after its "
-        "restart is node_back = 0 and fails the case (bounded by the case's time left)"
-    )  # fmt: skip
+        60.0,
+        gt=0,
+        le=600,
+        description="restart_each: a node not answering every prober this long after its "
+        "restart is node_back = 0 and fails the case (bounded by the case's time left)",
+    )
     each_hosts: int = Field(
-        5, ge=1, le=1023, description="restart_each: restart the first this many hosts in turn (all of a smaller "
-        "mesh); the case timeout is sized for this many, set it to lab.hosts to cover a larger mesh"
-    )  # fmt: skip
+        5,
+        ge=1,
+        le=1023,
+        description="restart_each: restart the first this many hosts in turn (all of a smaller "
+        "mesh); the case timeout is sized for this many, set it to lab.hosts to cover a larger mesh",
+    )
 
 
 class Probe:
     """ping -D running in the background (from the case's client to its server unless `src` / `dst` say
     otherwise); reply timestamps read from its output file."""
 
-    def __init__(self, ctx: CaseContext, name: str, interval: float, src: Host | None = None,
-                 dst: str | None = None):  # fmt: skip
+    def __init__(
+        self, ctx: CaseContext, name: str, interval: float, src: Host | None = None, dst: str | None = None
+    ):
         self.path = ctx.artifact_dir / f"{name}.txt"
         argv = ["ping", "-D", "-n", "-i", f"{interval:g}", "-W", "1", dst or ctx.server_ip]
         self.proc = (src or ctx.client).spawn(argv, label=f"probe-{name}", log_path=self.path)
@@ -175,8 +185,15 @@ class NodeResult:
         return max(self.probe_gap_s.values())
 
 
-def node_result(node: str, replies: dict[str, list[float]], t_restart: float, cap_s: float, before_s: float,
-                after_s: float, t_stopped: float | None = None) -> NodeResult:  # fmt: skip
+def node_result(
+    node: str,
+    replies: dict[str, list[float]],
+    t_restart: float,
+    cap_s: float,
+    before_s: float,
+    after_s: float,
+    t_stopped: float | None = None,
+) -> NodeResult:
     """Per-node numbers from each prober's reply timestamps (time.time() clock, as ping -D prints them).
     A prober's reconnect is its first reply in (t_stopped, t_restart + cap_s] (t_stopped: the old daemon
     gone, default t_restart; a reply before it may still be the old daemon's) minus t_restart; the node's
@@ -186,7 +203,10 @@ def node_result(node: str, replies: dict[str, list[float]], t_restart: float, ca
     if not replies:
         raise ValueError(f"{node}: no prober")
     t_stopped = t_restart if t_stopped is None else t_stopped
-    firsts = {a: next((t for t in sorted(ts) if t_stopped < t <= t_restart + cap_s), None) for a, ts in replies.items()}  # fmt: skip
+    firsts = {
+        a: next((t for t in sorted(ts) if t_stopped < t <= t_restart + cap_s), None)
+        for a, ts in replies.items()
+    }
     missing = [a for a, t in firsts.items() if t is None]
     t_back = None if missing else max(t for t in firsts.values() if t is not None)
     end = t_restart + cap_s if t_back is None else t_back + after_s / 2
@@ -237,17 +257,35 @@ class Resilience(Workload):
         MetricSpec("outage_one_s", "s", "lower", "longest reply gap around the server daemon restart"),
         MetricSpec("reconnect_all_s", "s", "lower", "all daemons restarted -> first reply"),
         MetricSpec("outage_all_s", "s", "lower", "longest reply gap around the mesh restart"),
-        MetricSpec("node_reconnect_s", "s", "lower",
-                   "restart_each, host = the restarted node: its restart -> every other host's probe answered"),
-        MetricSpec("node_gap_s", "s", "lower",
-                   "restart_each, host = the restarted node: longest reply gap any other host's probe saw"),
-        MetricSpec("node_probe_gap_s", "s", "lower",
-                   "restart_each, host = 'node<-prober': longest reply gap that prober saw around the restart"),
-        MetricSpec("node_back", "bool", "higher",
-                   "restart_each, host = the restarted node: 1 = every prober answered within each_timeout_s"),
+        MetricSpec(
+            "node_reconnect_s",
+            "s",
+            "lower",
+            "restart_each, host = the restarted node: its restart -> every other host's probe answered",
+        ),
+        MetricSpec(
+            "node_gap_s",
+            "s",
+            "lower",
+            "restart_each, host = the restarted node: longest reply gap any other host's probe saw",
+        ),
+        MetricSpec(
+            "node_probe_gap_s",
+            "s",
+            "lower",
+            "restart_each, host = 'node<-prober': longest reply gap that prober saw around the restart",
+        ),
+        MetricSpec(
+            "node_back",
+            "bool",
+            "higher",
+            "restart_each, host = the restarted node: 1 = every prober answered within each_timeout_s",
+        ),
         MetricSpec("reconnect_each_max_s", "s", "lower", "restart_each: slowest node's reconnect (all back)"),
         MetricSpec("reconnect_each_mean_s", "s", "lower", "restart_each: mean node reconnect (all back)"),
-        MetricSpec("outage_each_max_s", "s", "lower", "restart_each: longest reply gap over every node and prober"),
+        MetricSpec(
+            "outage_each_max_s", "s", "lower", "restart_each: longest reply gap over every node and prober"
+        ),
         MetricSpec("reconnect_each_failed", "count", "lower", "restart_each: nodes not back within the cap"),
         MetricSpec("reconnect_each_nodes", "count", "none", "restart_each: nodes restarted"),
         MetricSpec("failover_s", "s", "lower", "longest reply gap after UDP between peers is blocked"),
@@ -257,19 +295,35 @@ class Resilience(Workload):
             "relay_bytes_before_block", "B", "none", "bytes the relay host carried before (0 = direct)"
         ),
         MetricSpec("control_loss_gap_s", "s", "lower", "longest reply gap while the control host is cut off"),
-        MetricSpec("control_loss_replies_pct", "%", "higher", "probes answered while the control host is cut off"),
-        MetricSpec("control_loss_join_ok", "bool", "higher",
-                   "1 = the server's restarted daemon answered the client again with the control host cut off"),
-        MetricSpec("control_loss_join_s", "s", "lower", "restart during the cut -> first reply (joined only)"),
+        MetricSpec(
+            "control_loss_replies_pct", "%", "higher", "probes answered while the control host is cut off"
+        ),
+        MetricSpec(
+            "control_loss_join_ok",
+            "bool",
+            "higher",
+            "1 = the server's restarted daemon answered the client again with the control host cut off",
+        ),
+        MetricSpec(
+            "control_loss_join_s", "s", "lower", "restart during the cut -> first reply (joined only)"
+        ),
         MetricSpec("control_restore_s", "s", "lower", "control host let back in -> first reply after it"),
-        MetricSpec("control_mesh_restore_s", "s", "lower", "control host let back in -> every pair answering"),
-        MetricSpec("control_dropped_packets", "count", "none", "packets the router dropped to/from the control host"),
+        MetricSpec(
+            "control_mesh_restore_s", "s", "lower", "control host let back in -> every pair answering"
+        ),
+        MetricSpec(
+            "control_dropped_packets", "count", "none", "packets the router dropped to/from the control host"
+        ),
         MetricSpec("relay_loss_gap_s", "s", "lower", "longest reply gap while the relay host is cut off"),
-        MetricSpec("relay_loss_replies_pct", "%", "higher", "probes answered while the relay host is cut off"),
+        MetricSpec(
+            "relay_loss_replies_pct", "%", "higher", "probes answered while the relay host is cut off"
+        ),
         MetricSpec("relay_restore_s", "s", "lower", "relay host let back in -> first reply after it"),
         MetricSpec("relay_mesh_restore_s", "s", "lower", "relay host let back in -> every pair answering"),
-        MetricSpec("relay_dropped_packets", "count", "none", "packets the router dropped to/from the relay host"),
-    )  # fmt: skip
+        MetricSpec(
+            "relay_dropped_packets", "count", "none", "packets the router dropped to/from the relay host"
+        ),
+    )
 
     def moves_path(self) -> bool:
         # failover unblocks the direct path, then blocks it mid-probe; a cut host changes what the router sees
@@ -347,8 +401,10 @@ class Resilience(Workload):
                 r = self._restart_node(ctx, node, probers)
                 results.append(r)
                 if not r.back:
-                    raise WorkloadError(f"restart_each: {node.name} not answering {', '.join(r.missing)} within "
-                                        f"{p.each_timeout_s:g} s of its restart (or the case's time left)")  # fmt: skip
+                    raise WorkloadError(
+                        f"restart_each: {node.name} not answering {', '.join(r.missing)} within "
+                        f"{p.each_timeout_s:g} s of its restart (or the case's time left)"
+                    )
         except WorkloadError as e:
             e.outcome = out  # type: ignore[attr-defined]  # the runner stores a failed case's metrics
             raise
@@ -383,8 +439,15 @@ class Resilience(Workload):
             for probe in probes.values():  # the slowest prober bounds the wait; each waits until `end`
                 probe.wait_reply_after(t_stopped, max(0.0, end - time.time()))
             time.sleep(p.after_s)
-            return node_result(node.name, {a: pr.replies() for a, pr in probes.items()}, t_ev, cap, p.before_s,
-                               p.after_s, t_stopped)  # fmt: skip
+            return node_result(
+                node.name,
+                {a: pr.replies() for a, pr in probes.items()},
+                t_ev,
+                cap,
+                p.before_s,
+                p.after_s,
+                t_stopped,
+            )
         finally:
             for probe in probes.values():
                 probe.stop()
@@ -442,8 +505,10 @@ class Resilience(Workload):
         if ev == "control_loss":
             host = type(driver).control_host(driver.spec)
             if host is None:
-                raise NotApplicable(f"control_loss: not applicable: {ctx.mesh.vpn} has no central control "
-                                    "plane in this lab (driver.control_host is None)")  # fmt: skip
+                raise NotApplicable(
+                    f"control_loss: not applicable: {ctx.mesh.vpn} has no central control "
+                    "plane in this lab (driver.control_host is None)"
+                )
         else:
             host = (lab.relay if lab else None) or driver.spec.relay
             if host is None:
@@ -451,9 +516,11 @@ class Resilience(Workload):
                     "relay_loss: not applicable: the lab has no relay host (lab.path = 'relay' or 'nat')"
                 )
         if host.name in (ctx.client.name, ctx.server.name):
-            raise WorkloadError(f"{ev}: {ctx.mesh.vpn}'s {ev.split('_')[0]} host is {host.name}, the probe's "
-                                f"{'client' if host.name == ctx.client.name else 'server'}: place lab.client and "
-                                "lab.server on two other hosts")  # fmt: skip
+            raise WorkloadError(
+                f"{ev}: {ctx.mesh.vpn}'s {ev.split('_')[0]} host is {host.name}, the probe's "
+                f"{'client' if host.name == ctx.client.name else 'server'}: place lab.client and "
+                "lab.server on two other hosts"
+            )
         if lab is None or lab.router is None or not lab.tag:
             raise WorkloadError(f"{ev} needs the namespace lab's router to cut {host.name} off")
         return Blackhole(lab.router, lab.tag, host)

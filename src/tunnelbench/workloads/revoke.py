@@ -106,11 +106,16 @@ class Revoke(Workload):
             last = self._watch(probe, t_call, t_ret)
             probe.stop()
             replies = probe.replies()
-            record |= {"last_reply": last, "replies_before": sum(ts < t_call for ts in replies),
-                       "replies_after_call": sum(ts >= t_call for ts in replies)}  # fmt: skip
+            record |= {
+                "last_reply": last,
+                "replies_before": sum(ts < t_call for ts in replies),
+                "replies_after_call": sum(ts >= t_call for ts in replies),
+            }
             if last is not None and last - t_ret > p.cap_s:
-                raise WorkloadError(f"still reachable {last - t_ret:.1f} s after revocation (cap {p.cap_s:g} s): "
-                                    f"{revoked.name} -> {target.name} kept getting echo replies after {action}")  # fmt: skip
+                raise WorkloadError(
+                    f"still reachable {last - t_ret:.1f} s after revocation (cap {p.cap_s:g} s): "
+                    f"{revoked.name} -> {target.name} kept getting echo replies after {action}"
+                )
             out = Outcome(artifacts=[probe.path, ctx.artifact_dir / "revoke.json"])
             out.add("revocation_s", max(0.0, last - t_ret) if last is not None else 0.0, "s")
             out.add("revoke_call_s", t_ret - t_call, "s")

@@ -52,7 +52,9 @@ class RrParams(Params):
     duration_s: int = Field(
         5, ge=1, le=3600, description="sockperf -t seconds (whole); 0.45 s of it are warm-up/cool-down"
     )
-    load: Literal["none", "tcp"] = Field("none", description="none: idle tunnel; tcp: an iperf3 TCP stream client -> server throughout")  # fmt: skip
+    load: Literal["none", "tcp"] = Field(
+        "none", description="none: idle tunnel; tcp: an iperf3 TCP stream client -> server throughout"
+    )
 
 
 @dataclass
@@ -96,9 +98,17 @@ def parse_sockperf(text: str) -> SockperfResult:
     t = ANSI.sub("", text)
     if "No messages were received" in t or "No valid observations" in t:
         raise WorkloadError(f"sockperf: no echo from the server: {t[-300:]}")
-    total = _find(rf"\[Total Run\] RunTime={NUM} sec; Warm up time=(\d+) msec; SentMessages=(\d+); "
-                  r"ReceivedMessages=(\d+)", t, "[Total Run]")  # fmt: skip
-    valid = _find(rf"\[Valid Duration\] RunTime={NUM} sec; SentMessages=(\d+); ReceivedMessages=(\d+)", t, "[Valid Duration]")  # fmt: skip
+    total = _find(
+        rf"\[Total Run\] RunTime={NUM} sec; Warm up time=(\d+) msec; SentMessages=(\d+); "
+        r"ReceivedMessages=(\d+)",
+        t,
+        "[Total Run]",
+    )
+    valid = _find(
+        rf"\[Valid Duration\] RunTime={NUM} sec; SentMessages=(\d+); ReceivedMessages=(\d+)",
+        t,
+        "[Valid Duration]",
+    )
     avg = _find(rf"avg-(rtt|latency)={NUM}", t, "average")
     scale = 1.0 if avg[1] == "rtt" else 2.0
     pct = {float(q): float(v) * scale for q, v in re.findall(rf"---> percentile\s+{NUM}\s*=\s*{NUM}", t)}
@@ -163,11 +173,17 @@ class Rr(Workload):
         MetricSpec("rr_latency_p99_9_ms", "ms", "lower", "99.9th percentile round trip"),
         MetricSpec("rr_latency_mean_ms", "ms", "lower", "mean round trip (1 / rr_tps by Little's law)"),
         MetricSpec("rr_latency_max_ms", "ms", "lower", "slowest round trip"),
-        MetricSpec("rr_transactions", "count", "none", "transactions in the measured window (the client's count)"),
+        MetricSpec(
+            "rr_transactions", "count", "none", "transactions in the measured window (the client's count)"
+        ),
         MetricSpec("rr_stalled_s", "s", "lower", "run time lost waiting for a lost UDP message (0: none)"),
-        MetricSpec("rr_server_messages", "count", "none", "messages the server answered, whole run (its own count)"),
-        MetricSpec("load_goodput_mbps", "Mbit/s", "none", "goodput of the concurrent TCP stream (load = tcp)"),
-    )  # fmt: skip
+        MetricSpec(
+            "rr_server_messages", "count", "none", "messages the server answered, whole run (its own count)"
+        ),
+        MetricSpec(
+            "load_goodput_mbps", "Mbit/s", "none", "goodput of the concurrent TCP stream (load = tcp)"
+        ),
+    )
 
     def label(self) -> str:
         p = self.params
@@ -195,8 +211,17 @@ class Rr(Workload):
             else:
                 wait_udp_bound(ctx.server, RR_PORT, what="sockperf server")
             if p.load == "tcp":
-                load = start_iperf3(ctx, ctx.client, ctx.server, ctx.server_ip, LOAD_PORT, [], self.load_seconds(),
-                                    f"{self.label()}-load", mss=ctx.options.get("mss"))  # fmt: skip
+                load = start_iperf3(
+                    ctx,
+                    ctx.client,
+                    ctx.server,
+                    ctx.server_ip,
+                    LOAD_PORT,
+                    [],
+                    self.load_seconds(),
+                    f"{self.label()}-load",
+                    mss=ctx.options.get("mss"),
+                )
             argv = ["sockperf", "ping-pong", "-i", ctx.server_ip, "-p", str(RR_PORT), *proto,
                     "-m", str(p.msg_size), "-t", str(p.duration_s), "--full-rtt"]  # fmt: skip
             try:

@@ -90,8 +90,18 @@ class Streaming(Workload):
         stats_path = d / "sink.json"
         procs = []
         try:
-            sink = ctx.server.spawn([*py, "sink", sink_bind[0], str(sink_bind[1]), str(p.duration_s + 3 + p.playout_ms / 1000),
-                                     str(stats_path)], label="stream-sink", log_path=d / "sink.log")  # fmt: skip
+            sink = ctx.server.spawn(
+                [
+                    *py,
+                    "sink",
+                    sink_bind[0],
+                    str(sink_bind[1]),
+                    str(p.duration_s + 3 + p.playout_ms / 1000),
+                    str(stats_path),
+                ],
+                label="stream-sink",
+                log_path=d / "sink.log",
+            )
             procs.append(sink)
             if rist:
                 b = str(p.rist_buffer_ms)
@@ -109,8 +119,18 @@ class Streaming(Workload):
                 time.sleep(0.3)
                 dest = (ctx.server_ip, SINK_PORT)
             t0 = time.monotonic()
-            res = ctx.client.run([*py, "source", dest[0], str(dest[1]), str(p.bitrate_mbps), str(p.packet_bytes),
-                                  str(p.duration_s)], timeout=p.duration_s + 30)  # fmt: skip
+            res = ctx.client.run(
+                [
+                    *py,
+                    "source",
+                    dest[0],
+                    str(dest[1]),
+                    str(p.bitrate_mbps),
+                    str(p.packet_bytes),
+                    str(p.duration_s),
+                ],
+                timeout=p.duration_s + 30,
+            )
             sent = json.loads(res.stdout)
             if sink.wait(p.playout_ms / 1000 + 10) is None and sink.alive():
                 raise WorkloadError("stream sink did not finish")

@@ -120,8 +120,17 @@ class Tcp(Workload):
     def run_iperf2(self, ctx: CaseContext) -> Outcome:
         p, omit = self.params, self.omit()
         args = ["-P", str(p.streams)] + (["-R"] if p.reverse else [])
-        r = iperf2.run(ctx, args, udp=False, streams=p.streams, seconds=p.duration_s + omit, nbytes=p.bytes,
-                       omit_s=omit, tag=self.label(), expected_s=self.expected_seconds())  # fmt: skip
+        r = iperf2.run(
+            ctx,
+            args,
+            udp=False,
+            streams=p.streams,
+            seconds=p.duration_s + omit,
+            nbytes=p.bytes,
+            omit_s=omit,
+            tag=self.label(),
+            expected_s=self.expected_seconds(),
+        )
         sender, receiver = (r.server, r.client.local) if p.reverse else (r.client.local, r.server)
         # measuring = the kept intervals (a byte-count transfer: all of it); tool start-up is case overhead
         out = Outcome(measure_s=r.seconds if p.bytes else min(max(0.0, r.seconds - omit), p.duration_s))

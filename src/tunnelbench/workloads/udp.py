@@ -100,8 +100,17 @@ class Udp(Workload):
     def run_iperf2(self, ctx: CaseContext) -> Outcome:
         p = self.params
         args = ["-b", iperf2_rate(p.bitrate)] + (["-l", str(p.length)] if p.length else [])
-        r = iperf2.run(ctx, args, udp=True, streams=1, seconds=p.duration_s, nbytes=p.bytes, omit_s=0,
-                       tag=self.label(), expected_s=self.expected_seconds())  # fmt: skip
+        r = iperf2.run(
+            ctx,
+            args,
+            udp=True,
+            streams=1,
+            seconds=p.duration_s,
+            nbytes=p.bytes,
+            omit_s=0,
+            tag=self.label(),
+            expected_s=self.expected_seconds(),
+        )
         out = Outcome(measure_s=r.seconds if p.bytes else min(r.seconds, p.duration_s))
         iperf2.add_udp(out, r.client, r.server)
         series = iperf2.interval_series(r.client.local)

@@ -226,25 +226,49 @@ class UdpCeiling(Workload):
     headline = ("udp_ceiling_mbps", "udp_ceiling_loss_pct")
     Params = UdpCeilingParams
     metrics = (
-        MetricSpec("udp_ceiling_mbps", "Mbit/s", "higher",
-                   "highest offered UDP rate at which every repeat had loss <= the target (0: none did)"),
+        MetricSpec(
+            "udp_ceiling_mbps",
+            "Mbit/s",
+            "higher",
+            "highest offered UDP rate at which every repeat had loss <= the target (0: none did)",
+        ),
         MetricSpec("udp_ceiling_goodput_mbps", "Mbit/s", "higher", "received bit rate at the ceiling (mean)"),
         MetricSpec("udp_ceiling_loss_pct", "%", "none", "loss at the ceiling, mean over its repeats"),
         MetricSpec("udp_ceiling_loss_max_pct", "%", "none", "loss at the ceiling, worst repeat"),
-        MetricSpec("udp_ceiling_fail_mbps", "Mbit/s", "none",
-                   "lowest offered rate that failed a repeat: the ceiling lies below it"),
+        MetricSpec(
+            "udp_ceiling_fail_mbps",
+            "Mbit/s",
+            "none",
+            "lowest offered rate that failed a repeat: the ceiling lies below it",
+        ),
         MetricSpec("udp_ceiling_fail_loss_pct", "%", "none", "loss of the failing repeat at that rate"),
         MetricSpec("udp_ceiling_bracket_pct", "%", "none", "fail rate / ceiling - 1: the search's precision"),
         MetricSpec("udp_ceiling_probes", "count", "none", "iperf3 runs of the search"),
-        MetricSpec("udp_ceiling_mtu_retries", "count", "none",
-                   "probes run again after iperf3's EMSGSIZE (the tunnel's path MTU dropped mid-probe)"),
-        MetricSpec("udp_ceiling_complete", "bool", "none",
-                   "1: the search ended by its rules; 0: cut by max_probes or the time budget"),
-        MetricSpec("udp_ceiling_sender_limited", "bool", "none",
-                   "1: the failing rate failed because iperf3's sender could not offer it (the tool, not the tunnel)"),
-        MetricSpec("iperf_cpu_client_pct", "%", "none", "iperf3 client CPU at the ceiling (saturation check)"),
-        MetricSpec("iperf_cpu_server_pct", "%", "none", "iperf3 server CPU at the ceiling (saturation check)"),
-    )  # fmt: skip
+        MetricSpec(
+            "udp_ceiling_mtu_retries",
+            "count",
+            "none",
+            "probes run again after iperf3's EMSGSIZE (the tunnel's path MTU dropped mid-probe)",
+        ),
+        MetricSpec(
+            "udp_ceiling_complete",
+            "bool",
+            "none",
+            "1: the search ended by its rules; 0: cut by max_probes or the time budget",
+        ),
+        MetricSpec(
+            "udp_ceiling_sender_limited",
+            "bool",
+            "none",
+            "1: the failing rate failed because iperf3's sender could not offer it (the tool, not the tunnel)",
+        ),
+        MetricSpec(
+            "iperf_cpu_client_pct", "%", "none", "iperf3 client CPU at the ceiling (saturation check)"
+        ),
+        MetricSpec(
+            "iperf_cpu_server_pct", "%", "none", "iperf3 server CPU at the ceiling (saturation check)"
+        ),
+    )
 
     def __init__(self, params: Params) -> None:
         super().__init__(params)
@@ -316,11 +340,20 @@ class UdpCeiling(Workload):
             probe_s=p.step_s + 0.3,
         )
         (ctx.artifact_dir / f"{label}-search.json").write_text(
-            json.dumps({"params": p.model_dump(), "start_mbit": start, "warm": bool(prev),
-                        "ceiling_mbit": res.rate_mbit, "fail_mbit": res.fail_mbit,
-                        "stop": res.stop, "mtu_retries": mtu_retries,
-                        "probes": [asdict(x) for x in res.probes]}, indent=1)
-        )  # fmt: skip
+            json.dumps(
+                {
+                    "params": p.model_dump(),
+                    "start_mbit": start,
+                    "warm": bool(prev),
+                    "ceiling_mbit": res.rate_mbit,
+                    "fail_mbit": res.fail_mbit,
+                    "stop": res.stop,
+                    "mtu_retries": mtu_retries,
+                    "probes": [asdict(x) for x in res.probes],
+                },
+                indent=1,
+            )
+        )
         if not res.rate_mbit and res.stop in ("max_probes", "deadline"):
             raise WorkloadError(
                 f"UDP ceiling search stopped ({res.stop}) after {len(res.probes)} probes before any rate passed "
