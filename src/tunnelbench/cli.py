@@ -397,8 +397,8 @@ def doctor(inventory: Path | None = None, insecure: bool = False) -> None:
 
     checks = run_doctor()
     t = Table(title="tunnelbench doctor", title_justify="left")
-    for c in ("group", "check", "status", "detail", "if missing"):
-        t.add_column(c)
+    for col in ("group", "check", "status", "detail", "if missing"):
+        t.add_column(col)
     for c in checks:
         t.add_row(
             c.group, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail, "" if c.ok else c.meaning
@@ -434,8 +434,8 @@ def _doctor_inventory(path: Path, insecure: bool) -> int:
     for h, checks in doctor_inventory(inv):
         roles = ", ".join(sorted(h.roles)) or "no role"
         t = Table(title=f"{h.describe()} [{roles}]", title_justify="left")
-        for c in ("group", "check", "status", "detail", "if missing"):
-            t.add_column(c)
+        for col in ("group", "check", "status", "detail", "if missing"):
+            t.add_column(col)
         for c in checks:
             t.add_row(
                 c.group,
@@ -935,9 +935,9 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
     for n in notes:
         console.print(Text(n, style="dim"))
     if len(parts) > 1:
+        assert suite is not None  # a single scenario is one part
         console.print(
-            f"suite {suite.name}: {len(parts)} runs, total about {total / 60:.0f} min "  # type: ignore[union-attr]
-            f"({total / 3600:.1f} h)"
+            f"suite {suite.name}: {len(parts)} runs, total about {total / 60:.0f} min ({total / 3600:.1f} h)"
         )
 
 

@@ -54,13 +54,14 @@ def tunnel_checks(where: str = "local", run=None) -> list[Check]:
         if not users:
             continue
         need = f"{', '.join(users)} cannot run"
+        why = have[f]
         out.append(
             Check(
                 "kernel tunnels",
                 f"{what} ({module})",
-                have[f] is None,
-                "available" if have[f] is None else have[f],
-                need if have[f] is not None else "",
+                why is None,
+                "available" if why is None else why,
+                need if why is not None else "",
             )
         )
     return out

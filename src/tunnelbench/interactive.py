@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -51,6 +51,11 @@ from tunnelbench.lab.journal import (
     process_alive,
     read_open_entries,
 )
+
+if TYPE_CHECKING:
+    from tunnelbench.impair.backend import Backend
+    from tunnelbench.lab.netns import NetnsLab
+    from tunnelbench.vpns import Mesh
 
 STATE_DIR = REGISTRY / "up"
 READY_TIMEOUT_EXTRA_S = 180.0  # on top of the scenario's tunnel timeout: lab build, configure, profile
@@ -87,7 +92,7 @@ class UpLab:
 
 
 def up_labs() -> list[UpLab]:
-    out = []
+    out: list[UpLab] = []
     if not STATE_DIR.is_dir():
         return out
     for p in sorted(STATE_DIR.glob("*.json")):
@@ -404,9 +409,9 @@ class Keeper:
         self.journal: Journal | None = None
         self.self_entry: dict | None = None
         self.state_entry: dict | None = None
-        self.lab = None
-        self.mesh = None
-        self.backend = None
+        self.lab: NetnsLab | None = None
+        self.mesh: Mesh | None = None
+        self.backend: Backend | None = None
         self.state: dict = {}
 
     def log(self, msg: str) -> None:
@@ -458,6 +463,7 @@ class Keeper:
     def bring_up(self) -> None:
         from tunnelbench.impair.backend import NativeBackend, make_backend
         from tunnelbench.lab import make_lab
+        from tunnelbench.lab.netns import NetnsLab
         from tunnelbench.security import keys
         from tunnelbench.vpns import Mesh, MeshSpec, resolve
 
@@ -465,10 +471,11 @@ class Keeper:
         self.journal = Journal(self.run_dir, self.run_id)  # registers this process as the run's owner
         self.self_entry = self.journal.process(os.getpid(), sys.argv, "local")
         self.log(f"building the lab ({sc.lab.hosts} hosts, tag {self.tag})")
-        self.lab = make_lab(sc.lab, self.tag, self.run_dir, self.journal)
-        self.lab.build()
-        self.lab.wait_links()
-        lab = self.lab
+        lab = make_lab(sc.lab, self.tag, self.run_dir, self.journal)
+        assert isinstance(lab, NetnsLab)  # `up` runs the namespace lab only (prepare)
+        self.lab = lab
+        lab.build()
+        lab.wait_links()
         cls = resolve(self.vpn)
         avail = cls.availability(lab.hosts)
         if not avail.ok:

@@ -48,7 +48,7 @@ class Monitor:
     interval_s: float = 0.5
     # watchdog: called every sample; a non-None answer is passed to on_unhealthy once (to abort the case)
     health: Callable[[], str | None] | None = None
-    on_unhealthy: Callable[[str], None] | None = None
+    on_unhealthy: Callable[[str], object] | None = None
     unhealthy: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from tunnelbench import __version__, environment, placement
@@ -196,7 +196,7 @@ class Runner:
         self.lab: Lab | None = None
         self.mesh: Mesh | None = None
         self.progress: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None  # set with self.progress
         self.backend: Backend | None = None
         self.dead: set[str] = set()  # VPNs out of the run (unavailable, or never came up)
         self.seen: set[str] = set()  # VPNs whose mesh was tried at least once
@@ -364,7 +364,7 @@ class Runner:
 
     def _skip_done(self, n: int) -> None:
         """Advance the progress bar over cases a resumed run keeps."""
-        assert self.progress is not None
+        assert self.progress is not None and self.task is not None
         self.progress.advance(self.task, n)
         self.free_progress += n
 
@@ -497,7 +497,7 @@ class Runner:
         if self.sc.lab.backend == "netns":  # the lab's router forwards every underlay byte
             self.path_watch = pathcheck.PathWatch(self.lab, client, server)
             if self.sc.lab.plant_fault == "udp-blocked":  # the path check's negative control
-                self.lab.block_udp_pair(client, server)  # type: ignore[attr-defined]
+                self.lab.block_udp_pair(client, server)
                 self.store.set_env(self.run_id, {"lab.plant_fault": "udp-blocked"})
                 self._say(
                     "plant_fault: UDP between the client and the server is dropped at the router "
@@ -752,7 +752,7 @@ class Runner:
         modes = tax.modes_for(profiles, self.sc.impair.gso)
         if not modes:
             return
-        assert self.progress is not None
+        assert self.progress is not None and self.task is not None
         self.progress.update(self.task, description=f"{vpn}: measuring the engine's tax")
         t0 = time.monotonic()
         try:
@@ -784,7 +784,7 @@ class Runner:
         the machine's own drift over the run, next to which the VPNs' per-round values can be read."""
         if not self.sc.run.drift_check_s or self.sc.lab.backend == "ssh":
             return
-        assert self.progress is not None
+        assert self.progress is not None and self.task is not None
         self.progress.update(self.task, description=f"drift reference ({when})")
         t0 = time.monotonic()
         try:
@@ -831,7 +831,7 @@ class Runner:
         (condition label, workload label) pairs in `only`), tear it down and verify."""
         assert self.lab is not None
         progress, task = self.progress, self.task
-        assert progress is not None
+        assert progress is not None and task is not None
         cls = resolve_driver(vpn)
         conds = self._conditions()
         n_cases = len(reps) * len(self.workloads) * len(conds) if only is None else 0
@@ -1003,7 +1003,7 @@ class Runner:
             for wl in pending:
                 if self._is_done(mesh.vpn, label, wl, rep):
                     continue
-                assert self.progress is not None
+                assert self.progress is not None and self.task is not None
                 self.progress.update(
                     self.task, description=f"{mesh.vpn} · {label} · {wl.label()} · rep {rep} (adaptive)"
                 )
@@ -1060,7 +1060,7 @@ class Runner:
             if self.path_watch is not None:
                 self.path_watch = pathcheck.PathWatch(self.lab, self.client, self.server)
                 if self.sc.lab.plant_fault == "udp-blocked":
-                    self.lab.block_udp_pair(self.client, self.server)  # type: ignore[attr-defined]
+                    self.lab.block_udp_pair(self.client, self.server)
         self._phase(vpn, "teardown", time.monotonic() - t0)
 
     def _key_check(self, vpn: str, driver: VpnDriver) -> None:
@@ -1289,9 +1289,9 @@ class Runner:
             kd += (s1.get("kernel_user_dropped") or 0) - (s0.get("kernel_user_dropped") or 0)
             out.add("engine_kernel_drops", kd, "packets", "router")
         out.add("engine_packets", s1["packets_in"] - s0["packets_in"], "packets", "router")
-        if (
-            self.backend.realtime
-        ):  # asked for SCHED_FIFO: did it get it? (an engine with its own CPU does not ask)
+        assert isinstance(self.backend, NativeBackend)  # s0 and s1 are its engine's (_engine_stats)
+        # asked for SCHED_FIFO: did it get it? (an engine with its own CPU does not ask)
+        if self.backend.realtime:
             out.add("engine_realtime", 1.0 if s1.get("realtime") else 0.0, "bool", "router")
         if s1.get("cpu_s") is not None and s0.get("cpu_s") is not None and s1["_t"] > s0["_t"]:
             # the engine's CPU over the case, % of one core: near 100 the emulator, not the VPN, set the pace
@@ -1331,7 +1331,7 @@ class Runner:
         why = pathcheck.verdict(self.sc.lab.path, sh, client.name, server.name) if judge else None
         if why:
             err = pathcheck.PathError(why)
-            err.outcome = path_out  # type: ignore[attr-defined]
+            err.outcome = path_out
             raise err
 
     def _check_path(self) -> None:

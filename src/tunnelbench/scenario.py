@@ -8,6 +8,7 @@ import difflib
 import re
 import tomllib
 import typing
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -535,7 +536,7 @@ def _fields_of(model: type[BaseModel]) -> list[str]:
     return list(model.model_fields)
 
 
-def _explain(err: dict, data: dict) -> str:
+def _explain(err: Mapping[str, Any], data: dict) -> str:
     loc = list(err["loc"])
     where = ""
     for part in loc:

@@ -184,6 +184,7 @@ class Store:
             ),  # fmt: skip
         )
         self.db.commit()
+        assert cur.lastrowid is not None  # set by the INSERT
         return int(cur.lastrowid)
 
     def finish_case(

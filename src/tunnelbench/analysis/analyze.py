@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tunnelbench.analysis.stats import (
+    Better,
     Describe,
     Pair,
     Tiering,
@@ -47,7 +48,7 @@ FAILED = ("failed", "interrupted", "error")
 EFFICIENCY_GOODPUT = ("goodput_mbps", "aggregate_goodput_mbps")
 
 
-def metric_spec(workload: str, metric: str) -> tuple[str, str]:
+def metric_spec(workload: str, metric: str) -> tuple[Better, str]:
     """(better, description) of a metric as its workload declares it; ("none", "") when undeclared."""
     wl = WORKLOADS.get(workload)
     if wl is not None:
@@ -130,7 +131,7 @@ class Group:
     label: str
     metric: str
     unit: str
-    better: str
+    better: Better
     values: list[float] = field(default_factory=list)
     case_ids: list[int] = field(default_factory=list)
     desc: Describe | None = None
@@ -150,7 +151,7 @@ class Family:
     workload: str
     metric: str
     unit: str
-    better: str
+    better: Better
     groups: dict[str, Group]  # variant -> group
     tiering: Tiering | None = None
 
@@ -328,7 +329,7 @@ def analyze(runs: list[RunData]) -> Analysis:
         gs = dict(sorted(gs.items(), key=lambda kv: rank.get(kv[0], 99)))
         f = Family(profile, label, any_g.workload, metric, any_g.unit, any_g.better, gs)
         if len(gs) > 1:
-            f.tiering = tiers({v: g.values for v, g in gs.items()}, any_g.better)  # type: ignore[arg-type]
+            f.tiering = tiers({v: g.values for v, g in gs.items()}, any_g.better)
         families.append(f)
     lrank = {lb: i for i, lb in enumerate(labels)}
     prank = {p: i for i, p in enumerate(profiles)}
@@ -407,8 +408,8 @@ def _efficiency(
                 notes.setdefault(key, note)
     out = []
     for key, note in notes.items():
-        d = describe(vals[key])
-        out.append(Derived(*key, d.median, d.ci_lo, d.ci_hi, d.n, "Mbit/s per core", note))
+        desc = describe(vals[key])
+        out.append(Derived(*key, desc.median, desc.ci_lo, desc.ci_hi, desc.n, "Mbit/s per core", note))
     return out
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Literal
 
 import numpy as np
 from scipy import stats as sst
+
+Samples = Sequence[float] | np.ndarray  # a list of values, or an array of them
 
 SEED = 20240601  # fixed: bootstrap CIs are reproducible run to run
 N_RESAMPLES = 4000
@@ -47,7 +49,7 @@ class Describe:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
-def describe(values: Sequence[float], level: float = 0.95, seed: int = SEED) -> Describe:
+def describe(values: Samples, level: float = 0.95, seed: int = SEED) -> Describe:
     a = np.asarray(values, dtype=float)
     if a.size == 0:
         raise ValueError("describe() of no samples")
@@ -80,7 +82,7 @@ def _resample(a: np.ndarray, rng: np.random.Generator, n_resamples: int) -> np.n
 
 
 def bootstrap_ci(
-    values: Sequence[float],
+    values: Samples,
     statistic: Stat = np.mean,
     level: float = 0.95,
     n_resamples: int = N_RESAMPLES,
@@ -119,8 +121,8 @@ def bootstrap_ci(
 
 
 def ratio_ci(
-    values: Sequence[float],
-    base: Sequence[float],
+    values: Samples,
+    base: Samples,
     statistic: Stat = np.median,
     level: float = 0.95,
     n_resamples: int = N_RESAMPLES,
@@ -147,7 +149,7 @@ def ratio_ci(
 
 
 # -- hypothesis tests ----------------------------------------------------------------------------------
-def mann_whitney(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+def mann_whitney(x: Samples, y: Samples) -> tuple[float, float]:
     """Two-sided Mann-Whitney U test: (U of x, p). Exact p for small samples without ties (scipy's 'auto')."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.size == 0 or y.size == 0:
@@ -185,13 +187,13 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out.tolist()
 
 
-def cliffs_delta(x: Sequence[float], y: Sequence[float]) -> float:
+def cliffs_delta(x: Samples, y: Samples) -> float:
     """Cliff's delta = P(X > Y) - P(X < Y), in [-1, 1]; equals the rank-biserial correlation 2U/(nx ny) - 1."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.size == 0 or y.size == 0:
         return float("nan")
     diff = x[:, None] - y[None, :]
-    return float((np.sum(diff > 0) - np.sum(diff < 0)) / diff.size)
+    return float((int(np.sum(diff > 0)) - int(np.sum(diff < 0))) / diff.size)
 
 
 def cliffs_magnitude(d: float) -> str:
@@ -227,7 +229,7 @@ class Pair:
         return not math.isnan(self.p_holm) and self.p_holm < ALPHA
 
 
-def pairwise(groups: dict[str, Sequence[float]]) -> list[Pair]:
+def pairwise(groups: Mapping[str, Samples]) -> list[Pair]:
     """Mann-Whitney U between every pair of groups, Holm-corrected within this family (one metric)."""
     pairs = []
     for a, b in combinations(groups, 2):
@@ -269,7 +271,7 @@ class Tiering:
         return out
 
 
-def tiers(groups: dict[str, Sequence[float]], better: Better, pairs: list[Pair] | None = None) -> Tiering:
+def tiers(groups: Mapping[str, Samples], better: Better, pairs: list[Pair] | None = None) -> Tiering:
     """Rank groups by median (best first) and cut the ranking only where every group above the cut differs
     significantly (Mann-Whitney, Holm-corrected over all pairs) from every group below it.
 

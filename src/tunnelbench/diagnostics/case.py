@@ -126,8 +126,8 @@ class CaseDiagnostics:
                 "\n".join(self.kernel_lines) + ("\n" if self.kernel_lines else "")
             )
             self.notes.append(f"kernel log: {KERNEL_LOG}, {len(self.kernel_lines)} line(s) during the case")
-        if self.cpu is not None:
-            summary = self._try("CPU profile", lambda: self.cpu.collect(self.adir / FOLDED))
+        if (cpu := self.cpu) is not None:
+            summary = self._try("CPU profile", lambda: cpu.collect(self.adir / FOLDED))
             if summary:
                 self.notes.append(f"{summary}: {FOLDED}")
         if self.notes:

@@ -19,6 +19,7 @@ import platform
 import shutil
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 
 from tunnelbench.impair.profiles import Profile
@@ -137,7 +138,9 @@ def clear_filtered_root(host: Host, dev: str) -> bool:
 class Backend(ABC):
     name: str
 
-    def __init__(self, router: Host, hosts: list[Host], workdir: Path, ifnames: dict[str, str] | None = None):
+    def __init__(
+        self, router: Host, hosts: Sequence[Host], workdir: Path, ifnames: dict[str, str] | None = None
+    ):
         self.router = router
         self.hosts = hosts
         self.workdir = workdir
@@ -293,6 +296,7 @@ class NetemBackend(Backend):
 
 
 def tbf_args(p: Profile) -> list[str]:
+    assert p.rate_mbit is not None  # a rate limit's arguments
     rate_bps = p.rate_mbit * 1e6
     # queue: the bandwidth-delay product of the profile's RTT plus 20 ms, so TCP can fill the pipe
     rtt_s = 2 * (p.delay_ms + p.jitter_ms) / 1000 + 0.02
@@ -308,7 +312,7 @@ class EgressNetemBackend(Backend):
 
     name = "netem-egress"
 
-    def __init__(self, hosts: list[Host], workdir: Path):
+    def __init__(self, hosts: Sequence[Host], workdir: Path):
         super().__init__(hosts[0], hosts, workdir)
         self.remote = True
         self.tcs = {h.name: FilteredTc(h) for h in hosts}
@@ -437,7 +441,7 @@ class NativeBackend(Backend):
     def __init__(
         self,
         router: Host,
-        hosts: list[Host],
+        hosts: Sequence[Host],
         workdir: Path,
         binary: Path,
         ifnames: dict[str, str] | None = None,
@@ -665,7 +669,7 @@ def remote_impaird(router: Host) -> Path:
 def make_backend(
     choice: str,
     router: Host,
-    hosts: list[Host],
+    hosts: Sequence[Host],
     workdir: Path,
     ifnames: dict[str, str] | None = None,
     tag: str = "",

@@ -13,7 +13,7 @@ The runner asks `backend_for(lab, ...)` and records `plan(lab)`; it never looks 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tunnelbench.impair.backend import Backend, EgressNetemBackend, ImpairError, make_backend, netem_available
 
@@ -56,7 +56,7 @@ def plan(lab: Lab) -> str | None:
     (always its router namespace)."""
     if not _on_ssh_hosts(lab):
         return None
-    ssh: SshLab = lab  # type: ignore[assignment]
+    ssh = cast("SshLab", lab)  # an SSH host among the peers: the SSH lab
     if placement(ssh) == "router" and ssh.router is not None:
         return f"router host {ssh.router.inv.name} toward each peer"
     return "netem on each peer's egress: " + ", ".join(f"{h.name}:{h.underlay_if}" for h in ssh.hosts)
@@ -68,7 +68,7 @@ def backend_for(lab: Lab, choice: str, workdir: Path) -> Backend:
     if not _on_ssh_hosts(lab):
         assert lab.router is not None
         return make_backend(choice, lab.router, lab.hosts, workdir)
-    ssh: SshLab = lab  # type: ignore[assignment]
+    ssh = cast("SshLab", lab)  # an SSH host among the peers: the SSH lab
     if placement(ssh) == "router":
         assert ssh.router is not None
         return make_backend(

@@ -16,7 +16,7 @@ TUNNEL_RANGES_V6 = "200::/7, fd00::/8"
 def host_subnet(index: int) -> ipaddress.IPv4Network:
     if not 1 <= index <= MAX_HOSTS:
         raise ValueError(f"host index {index} outside 1..{MAX_HOSTS}")
-    return ipaddress.ip_network(f"10.{100 + index // 256}.{index % 256}.0/24")
+    return ipaddress.IPv4Network(f"10.{100 + index // 256}.{index % 256}.0/24")
 
 
 def host_ip(index: int) -> str:

@@ -75,9 +75,9 @@ def clean_run(run: Leftovers, inventory=None) -> CleanReport:
         else:
             from tunnelbench.lab.ssh import clean_ssh_entries
 
-            r = clean_ssh_entries(remote, inventory)
-            rep.removed += r.removed
-            rep.problems += r.problems
+            undone = clean_ssh_entries(remote, inventory)
+            rep.removed += undone.removed
+            rep.problems += undone.problems
         run = Leftovers(
             run.run_id,
             run.run_dir,
@@ -117,8 +117,8 @@ def clean_run(run: Leftovers, inventory=None) -> CleanReport:
     if not rep.problems and not rep.skipped:
         with contextlib.suppress(OSError), open(run.run_dir / "journal.jsonl", "a") as f:
             f.write('{"kind": "end", "by": "clean"}\n')
-        for f in registry_files(run.run_id):  # the registration and the journal copy
-            f.unlink(missing_ok=True)
+        for reg in registry_files(run.run_id):  # the registration and the journal copy
+            reg.unlink(missing_ok=True)
     return rep
 
 

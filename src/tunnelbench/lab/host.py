@@ -12,15 +12,21 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from tunnelbench.lab.journal import Journal, process_alive
+from tunnelbench.lab.journal import HostJournaling, process_alive
+
+
+class _Killable(Protocol):  # a Popen, or the SSH lab's handle on a remote command
+    def kill(self) -> None: ...
+
 
 # short-lived commands in flight, so a watchdog can abort a case whose path broke (e.g. the impairment
 # engine died and iperf3 would otherwise wait for its timeout)
-_RUNNING: set[subprocess.Popen] = set()
+_RUNNING: set[_Killable] = set()
 _RUNNING_LOCK = threading.Lock()
 
 
@@ -49,6 +55,7 @@ class Result:
     stdout: str
     stderr: str
     seconds: float
+    stdout_bytes: bytes | None = field(default=None, repr=False)  # the SSH lab's run(binary=True)
 
 
 @dataclass
@@ -116,7 +123,8 @@ class Host(ABC):
 
     name: str
     underlay_ip: str  # the host's own address (private when behind NAT)
-    journal: Journal | None
+    underlay_if: str  # the interface to the underlay (set by each lab's hosts)
+    journal: HostJournaling | None
     workdir: Path  # per-host folder for configs, keys and logs
     remote = False  # True: workdir, PIDs and files live on another machine (the SSH lab)
     preexisting_links: frozenset[str] = frozenset()  # interfaces the host had before the run (not ours)
@@ -209,7 +217,7 @@ class Host(ABC):
                 start_new_session=True,  # Ctrl-C reaches the runner only; teardown stops daemons in order
             )
         finally:
-            if log_path:
+            if not isinstance(log, int):  # subprocess.DEVNULL without a log file
                 log.close()
         entry = self.journal.process(popen.pid, list(argv), self.name) if self.journal else None
         return Process(self, label, list(argv), popen.pid, log_path, popen, entry)
@@ -241,6 +249,10 @@ class Host(ABC):
 
     def mkdir(self, path: Path, mode: int = 0o755) -> None:
         path.mkdir(parents=True, exist_ok=True, mode=mode)
+
+    def which(self, tools: Iterable[str]) -> dict[str, str | None]:
+        """Each tool's path on the host's own PATH (None: missing): remote hosts only (SshHost)."""
+        raise NotImplementedError(f"{type(self).__name__}.which: look tools up here with shutil.which")
 
     def ps_process(self, pid: int):
         """A psutil-like handle (cpu_times, memory_info) for the monitor."""

@@ -8,6 +8,7 @@ it did (tests/test_host_firewall.py); the rules are recorded with the run."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from tunnelbench.lab.host import Host
 
@@ -27,7 +28,7 @@ def rules(table: str) -> str:
     return f"table inet {table} {{\n  counter established {{ }}\n  counter invalid {{ }}\n  counter new {{ }}\n{chains}\n}}\n"
 
 
-def install(hosts: list[Host], table: str) -> None:
+def install(hosts: Sequence[Host], table: str) -> None:
     text = rules(table)
     for h in hosts:
         h.run(["nft", "-f", "-"], input=text)

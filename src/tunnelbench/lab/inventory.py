@@ -218,7 +218,7 @@ def _resolve(address: str, at: str) -> str:
     except ValueError:
         pass
     try:
-        return socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)[0][4][0]
+        return str(socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)[0][4][0])
     except OSError as e:
         raise InventoryError(f"{at}: cannot resolve {address!r} ({e}); set tunnelbench_underlay_ip") from None
 

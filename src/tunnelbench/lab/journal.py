@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tunnelbench.lab.procstat import read_stat
 
@@ -73,6 +73,20 @@ def registry_files(run_id: str) -> tuple[Path, Path]:
 
 def entry_key(entry: dict) -> str:
     return json.dumps({k: v for k, v in entry.items() if k != "argv"}, sort_keys=True)
+
+
+class HostJournaling(Protocol):
+    """What a host records through: the run's Journal, or the SSH lab's HostJournal (tags each entry)."""
+
+    path: Path
+    run_id: str
+
+    def add(self, entry: dict) -> dict: ...
+    def netns(self, name: str) -> dict: ...
+    def process(self, pid: int, argv: list[str], host: str) -> dict: ...
+    def path_entry(self, path: str) -> dict: ...
+    def release(self, entry: dict) -> None: ...
+    def end(self) -> None: ...
 
 
 class Journal:

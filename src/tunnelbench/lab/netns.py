@@ -326,7 +326,7 @@ class NetnsLab:
         )
 
     # -- path policies (relay scenario) ------------------------------------------------------------
-    def block_udp_between_peers(self, except_host: NetnsHost | None = None) -> None:
+    def block_udp_between_peers(self, except_host: Host | None = None) -> None:
         """Drop (and count) UDP the router forwards between two peers, unless one is `except_host`
         (default: the relay host). All UDP, not only to the peer's tunnel port: VPNs that find no direct
         path try every port they know (Tailscale disco, STUN)."""
@@ -344,7 +344,7 @@ table inet {self.path_table} {{
         self.unblock()
         self.router.run(["nft", "-f", "-"], input=rules)
 
-    def block_udp_pair(self, a: NetnsHost, b: NetnsHost) -> None:
+    def block_udp_pair(self, a: Host, b: Host) -> None:
         """Drop UDP between two hosts only (the `plant_fault = "udp-blocked"` negative control of the path
         check): a VPN that still connects them does so through another host."""
         rules = f"""
@@ -365,7 +365,7 @@ table inet {self.path_table} {{
     def udp_blocked(self) -> int:
         return self._counter(self.router, self.path_table, "udp_blocked")["packets"]
 
-    def watch_relay(self, relay: NetnsHost | None = None) -> None:
+    def watch_relay(self, relay: Host | None = None) -> None:
         """Count the relay host's underlay bytes to and from every other peer (nft counters there)."""
         relay = relay or self.relay
         assert relay is not None
@@ -389,7 +389,7 @@ table inet {self.path_table} {{
         relay.run(["nft", "delete", "table", "inet", f"{self.tag}relay"], check=False)
         relay.run(["nft", "-f", "-"], input=rules)
 
-    def relay_bytes(self, relay: NetnsHost | None = None) -> dict[str, int]:
+    def relay_bytes(self, relay: Host | None = None) -> dict[str, int]:
         """Bytes the relay host received from / sent to each peer since watch_relay(): from_h1, to_h1, ..."""
         relay = relay or self.relay
         assert relay is not None

@@ -19,6 +19,10 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tunnelbench.workloads.base import Outcome
 
 MIN_BYTES = 256 * 1024  # underlay bytes of client and server in a case below which no verdict is given
 DIRECT_MIN_PCT = 80.0  # a `direct` case must send at least this share straight between client and server
@@ -28,6 +32,8 @@ COUNTERS = ("c_s", "s_c", "c_o", "o_c", "s_o", "o_s")
 
 class PathError(RuntimeError):
     """The case's traffic did not take the scenario's path: it is failed, not measured under the wrong label."""
+
+    outcome: Outcome  # the path metrics (the runner stores them)
 
 
 @dataclass

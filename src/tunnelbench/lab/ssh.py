@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from tunnelbench.lab import LabError
@@ -91,7 +91,7 @@ def _wrap(argv: Sequence[str], env: dict[str, str] | None) -> list[str]:
     return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else list(argv)
 
 
-def _q(p: Path | str) -> str:
+def _q(p: PurePath | str) -> str:
     return shlex.quote(str(p))
 
 
@@ -284,7 +284,7 @@ class SshHost(Host):
         self.underlay_if = "eth0"  # replaced by the real egress interface in SshLab.build
         self.workdir = Path(str(workdir)) if workdir else Path(inv.workdir_root)
         tags = {"backend": "ssh", "host": name, "address": inv.address, "port": inv.port}
-        self.journal = HostJournal(journal, tags) if journal is not None else None  # type: ignore[assignment]
+        self.journal: HostJournal | None = HostJournal(journal, tags) if journal is not None else None
         self.preexisting_links: frozenset[str] = frozenset()
         self._conn: Any = None
         self._alock: asyncio.Lock | None = None
@@ -491,7 +491,7 @@ class SshHost(Host):
         handle = _RemoteRun(self)
         loop = _Loop.get()
         with _hostmod._RUNNING_LOCK:
-            _hostmod._RUNNING.add(handle)  # type: ignore[arg-type]
+            _hostmod._RUNNING.add(handle)
         fut = asyncio.run_coroutine_threadsafe(self._arun_any(inner, data, handle), loop.loop)
         try:
             rc, out, err = fut.result(timeout)
@@ -508,14 +508,14 @@ class SshHost(Host):
             raise
         finally:
             with _hostmod._RUNNING_LOCK:
-                _hostmod._RUNNING.discard(handle)  # type: ignore[arg-type]
+                _hostmod._RUNNING.discard(handle)
         if rc is None:  # killed by a signal (the watchdog) or the channel broke
             raise CommandError(self.name, argv, -1, (out + err).decode(errors="replace"))
         sout = out.decode(errors="replace")
         serr = err.decode(errors="replace")
         res = Result(list(argv), rc, sout, serr, time.monotonic() - t0)
         if binary:
-            res.stdout_bytes = out  # type: ignore[attr-defined]
+            res.stdout_bytes = out
         if check and rc != 0:
             raise CommandError(self.name, argv, rc, sout + serr)
         return res
@@ -617,7 +617,8 @@ class SshHost(Host):
 
     def read_file(self, path: Path) -> bytes:
         r = self.run(["cat", "--", str(path)], binary=True, timeout=60)
-        return r.stdout_bytes  # type: ignore[attr-defined]
+        assert r.stdout_bytes is not None  # binary=True
+        return r.stdout_bytes
 
     def exists(self, path: Path) -> bool:
         return self.run(["test", "-e", str(path)], check=False).returncode == 0
@@ -732,6 +733,9 @@ class SshLab:
 
     def block_udp_between_peers(self, except_host: Host | None = None) -> None:
         raise self._no_policies("blocking UDP between peers")
+
+    def block_udp_pair(self, a: Host, b: Host) -> None:
+        raise self._no_policies("blocking UDP between two hosts")
 
     def unblock(self) -> None:
         raise self._no_policies("unblocking UDP between peers")

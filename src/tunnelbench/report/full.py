@@ -22,6 +22,7 @@ from tunnelbench.report.headline import CAPTION
 from tunnelbench.report.headline import build as build_headline
 from tunnelbench.report.security import COLUMNS as SECURITY_COLUMNS
 from tunnelbench.report.security import key_scan, security_rows
+from tunnelbench.store import CaseRow
 
 LOG_TAIL_LINES = 25
 MAX_LOG_FILES = 6
@@ -191,22 +192,22 @@ def clients_points(a: Analysis, profile: str) -> dict[str, dict[int, dict[str, l
     curves: dict[str, dict[int, dict[str, list[float]]]] = {}
     for v in a.variants:
         run = a.run_of(v)
-        last: dict[tuple[str, int], object] = {}  # the final attempt of each (label, repetition)
+        last: dict[tuple[str, int], CaseRow] = {}  # the final attempt of each (label, repetition)
         for c in sorted(run.cases, key=lambda c: c.attempt):
             if (c.workload == "many_clients" and c.profile == profile and c.status in ("ok", "failed")
                     and a.variant_of[(run.run_id, c.vpn)] == v):  # fmt: skip
                 last[(c.label, c.repetition)] = c
         if not last:
             continue
-        vals = defaultdict(dict)
+        vals: dict[int, dict[str, float]] = defaultdict(dict)
         for m in run.metrics:
             if m["host"] is None:
                 vals[m["case_id"]][m["name"]] = m["value"]
         per_n: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         for c in last.values():
-            n = int(c.params.get("clients", 5))  # type: ignore[attr-defined]
-            got = vals.get(c.id, {})  # type: ignore[attr-defined]
-            if c.status == "ok" and "failure_rate_pct" in got:  # type: ignore[attr-defined]
+            n = int(c.params.get("clients", 5))
+            got = vals.get(c.id, {})
+            if c.status == "ok" and "failure_rate_pct" in got:
                 per_n[n]["fail"].append(got["failure_rate_pct"])
                 for q in ("p25", "p50", "p75"):
                     if f"response_{q}_ms" in got:
@@ -467,8 +468,8 @@ def build_context(a: Analysis) -> dict:
     headline = a.headline_families()
     overview = [_family_ctx(f) for f in headline if f.better != "none" or len(f.groups) > 1]
     by_profile: dict[str, list[dict]] = defaultdict(list)
-    for f in overview:
-        by_profile[f["profile"]].append(f)
+    for fam in overview:
+        by_profile[fam["profile"]].append(fam)
     # heatmaps: one per headline (label, metric)
     seen = []
     heatmaps = []

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from tunnelbench.analysis.analyze import BASELINE, Analysis, Family
-from tunnelbench.analysis.stats import ALPHA, Tiering, tiers
+from tunnelbench.analysis.stats import ALPHA, Better, Tiering, tiers
 from tunnelbench.report.fmt import num
 from tunnelbench.workloads import WORKLOADS
 
@@ -30,7 +30,7 @@ class Column:
     workload: str
     metric: str
     unit: str
-    better: str
+    better: Better
     family: Family
     tiering: Tiering | None = None  # among the VPNs only: the baseline is the reference, not a contender
 
@@ -145,7 +145,7 @@ def build(a: Analysis) -> Headline:
         for c in cols:
             vpns = {v: g.values for v, g in c.family.groups.items() if v not in base and g.values}
             if len(vpns) > 1 and c.better != "none":
-                c.tiering = tiers(vpns, c.better)  # type: ignore[arg-type]
+                c.tiering = tiers(vpns, c.better)
         rows = []
         for v in base + others:
             run = a.run_of(v)
@@ -161,9 +161,7 @@ def build(a: Analysis) -> Headline:
                 h.findings.append(line)
         under = [c.where for c in cols if c.family.underpowered]
         if under:
-            n = min(
-                c.family.groups[v].desc.n for c in cols for v in c.family.groups if c.family.groups[v].desc
-            )  # type: ignore[union-attr]
+            n = min(g.desc.n for c in cols for g in c.family.groups.values() if g.desc)
             h.findings.append(
                 (
                     f"{profile}: underpowered (n = {n} per VPN: no pair can reach p < {ALPHA} after "
@@ -230,9 +228,9 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
                 failed[k] = failed.get(k, 0) + 1
         for (v, p, lb), n in failed.items():
             out.append((f"{v} {lb} @ {p}: {n} failed attempt(s); errors in the report", "bad"))
-        for v in r.vpns:
-            if v["status"] != "ok":
-                out.append((f"{v['name']}: {v['status']}: {v['reason']}", "warn"))
+        for rec in r.vpns:
+            if rec["status"] != "ok":
+                out.append((f"{rec['name']}: {rec['status']}: {rec['reason']}", "warn"))
         for key, raw in sorted(r.env.items()):
             if not key.startswith("calibration.") or key == "calibration.base":
                 continue

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import escape
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -425,9 +425,12 @@ def history_tables(h: History) -> list[Table]:
         if prev is None:
             title.append("  (first run: nothing to compare)", style="dim")
         t = Table(title=title, title_justify="left")
-        for col, just in [("workload", "left"), ("metric", "left"), ("previous", "right"), ("latest", "right"),
-                          ("change", "right"), ("compare says", "left")]:  # fmt: skip
-            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        cols: list[tuple[str, JustifyMethod]] = [
+            ("workload", "left"), ("metric", "left"), ("previous", "right"), ("latest", "right"),
+            ("change", "right"), ("compare says", "left"),
+        ]  # fmt: skip
+        for col, just in cols:
+            t.add_column(col, justify=just)
         for tr, p, q in rows:
             wl = f"{tr.label} @ {tr.profile}" if multi_profile else tr.label
             prev_txt = "–" if q is None else num(q.median, tr.unit)
@@ -645,7 +648,8 @@ def trend_svg(
 def _shared_css(env: Environment) -> str:
     """The run report's stylesheet (report.html's <style>), read from its template so both pages match."""
     try:
-        src = env.loader.get_source(env, "report.html")[0]  # type: ignore[union-attr]
+        assert env.loader is not None  # the report's environment has its package loader
+        src = env.loader.get_source(env, "report.html")[0]
     except Exception:  # noqa: BLE001
         return ""
     m = re.search(r"<style>(.*?)</style>", src, re.S)

@@ -36,7 +36,7 @@ plt.rcParams.update(
 )
 
 TIER_COLORS = ["#1b7837", "#5aae61", "#a6dba0", "#c2a5cf", "#9970ab", "#762a83"]
-PALETTE = list(plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]
+PALETTE = list(plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]  # tab10 is a ListedColormap
 _counter = itertools.count()
 
 
@@ -112,8 +112,8 @@ def ranking(f: Family) -> str:
 
 def heatmap(a: Analysis, label: str, metric: str) -> str | None:
     """Variants x profiles: cell text = median, colour = median relative to the best variant in the profile."""
-    fams = [a.family(p, label, metric) for p in a.profiles]
-    fams = [f for f in fams if f is not None]
+    found = [a.family(p, label, metric) for p in a.profiles]
+    fams = [f for f in found if f is not None]
     if not fams:
         return None
     better = fams[0].better

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -29,10 +29,12 @@ def summary_table(summary: Summary, order: list[str], versions: dict[str, str]) 
         caption="× internal: median / median of the no-VPN baseline (throughput, latency, time metrics)",
         caption_justify="left",
     )
-    for col, just in [("VPN", "left"), ("workload", "left"), ("metric", "left"), ("median", "right"),
-                      ("min–max", "right"), ("n", "right"), ("× internal", "right"), ("CPU% cli/srv", "right"),
-                      ("RSS MiB", "right")]:  # fmt: skip
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    cols: list[tuple[str, JustifyMethod]] = [
+        ("VPN", "left"), ("workload", "left"), ("metric", "left"), ("median", "right"), ("min–max", "right"),
+        ("n", "right"), ("× internal", "right"), ("CPU% cli/srv", "right"), ("RSS MiB", "right"),
+    ]  # fmt: skip
+    for col, just in cols:
+        t.add_column(col, justify=just)
     rank = {v: i for i, v in enumerate(order)}
     rows = sorted(headline_rows(summary), key=lambda r: (r.profile, rank.get(r.vpn, 99), r.label, r.metric))
     multi_profile = len({r.profile for r in rows}) > 1
@@ -239,11 +241,13 @@ def print_comparison(cmp, console: Console, show_all: bool = False) -> None:
         ),
         caption_justify="left",
     )
-    for col, just in [("VPN", "left"), ("profile", "left"), ("workload", "left"), ("metric", "left"),
-                      ("A median", "right"), ("B median", "right"), ("n A/B", "right"), ("change", "right"),
-                      ("95% CI", "right"), ("p (Holm)", "right"), ("Cliff's δ", "right"),
-                      ("verdict", "left")]:  # fmt: skip
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    cols: list[tuple[str, JustifyMethod]] = [
+        ("VPN", "left"), ("profile", "left"), ("workload", "left"), ("metric", "left"), ("A median", "right"),
+        ("B median", "right"), ("n A/B", "right"), ("change", "right"), ("95% CI", "right"),
+        ("p (Holm)", "right"), ("Cliff's δ", "right"), ("verdict", "left"),
+    ]  # fmt: skip
+    for col, just in cols:
+        t.add_column(col, justify=just)
     shown = [c for c in cmp.changes if c.gated or show_all]
     for c in shown:
         style = {"REGRESSION": "bold red", "improvement": "green"}.get(c.verdict, "")

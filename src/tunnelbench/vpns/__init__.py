@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 
 from tunnelbench.vpns.base import Availability, Mesh, MeshSpec, VpnDriver
 from tunnelbench.vpns.boringtun import Boringtun
@@ -157,7 +158,8 @@ def resolve(spec: str) -> type[VpnDriver]:
         installs = tuple(pinned(s, version) if registry(s) and s.name in names else s for s in cls.installs)
         variant = version.removeprefix("v")
     slug = re.sub(r"\W", "_", variant)
-    return type(cls)(
+    meta: Callable[..., type[VpnDriver]] = type(cls)  # the drivers' metaclass (ABCMeta)
+    return meta(
         f"{cls.__name__}_{slug}",
         (cls,),
         {

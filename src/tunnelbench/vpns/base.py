@@ -17,12 +17,12 @@ import time
 import types
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,9 +34,13 @@ from tunnelbench.vpns.install import (
     binary,
     debian_package_of,
     debian_version,
+    registry,
     source_label,
     upstream_version,
 )
+
+if TYPE_CHECKING:
+    from tunnelbench.workloads.base import Outcome
 
 
 @dataclass
@@ -199,7 +203,7 @@ class VpnDriver(ABC):
     # tunnel addresses: host i (1-based) gets TUNNEL_NET.i; above 253 hosts the net widens to a /16
     # (10.77.0.0/16, host i at 10.77.((i-1)//254).((i-1)%254+1): the first 254 keep their addresses)
     tunnel_prefix: ClassVar[str] = "10.77.0"
-    tunnel_prefixlen: ClassVar[int] = 24
+    tunnel_prefixlen: int = 24  # __init__ widens it for one mesh
     topologies: ClassVar[frozenset[str]] = frozenset({"mesh"})
     # the VPN's packets on the underlay, as an nftables match ("udp dport 51820"); tests count it on the router
     wire: ClassVar[str] = ""
@@ -221,7 +225,7 @@ class VpnDriver(ABC):
         self.options = self.parse_options(spec.options)
         remote = next((h for h in spec.hosts if h.remote), None)
         if remote is not None:  # SSH hosts: self.bin(...) names binaries as the hosts resolve them
-            self.bin = functools.partial(self._remote_bin, remote)  # type: ignore[method-assign]
+            self.bin = functools.partial(self._remote_bin, remote)  # type: ignore[method-assign]  # per instance
         if spec.topology not in self.topologies:
             raise ValueError(
                 f"{self.name} does not support topology {spec.topology!r} "
@@ -238,7 +242,7 @@ class VpnDriver(ABC):
 
     # -- identity ----------------------------------------------------------------------------------
     @classmethod
-    def availability(cls, hosts: list[Host] | None = None) -> Availability:
+    def availability(cls, hosts: Sequence[Host] | None = None) -> Availability:
         """Binaries and version here, or on the hosts when they are remote (SSH lab: version from the first)."""
         remote = [h for h in hosts or [] if h.remote]
         why = cls.impossible_on(hosts)
@@ -253,7 +257,7 @@ class VpnDriver(ABC):
         if remote:
             missing = sorted(
                 {f"{b} on {h.name}" for h in remote for b, p in h.which(cls.binaries).items() if p is None}
-            )  # type: ignore[attr-defined]
+            )
         else:  # bin() gives the bare name when the pinned build (or, for others, PATH) has no such binary
             missing = [b for b in cls.binaries if cls.bin(b) == b]
         if missing:
@@ -293,6 +297,7 @@ class VpnDriver(ABC):
         for s in cls.installs:
             d = s.bin_dir()
             if d is not None and path == str(d / cls.binaries[0]):
+                assert registry(s)  # only registry builds have a cache folder
                 pinned = s.version.removeprefix("v")
                 same = not v or v.split()[0] == pinned
                 return f"{v or pinned} ({source_label(s)}{'' if same else ' ' + s.version})"
@@ -314,16 +319,18 @@ class VpnDriver(ABC):
         return cls.impossible_on(None)
 
     @classmethod
-    def impossible_on(cls, hosts: list[Host] | None = None) -> str | None:
+    def impossible_on(cls, hosts: Sequence[Host] | None = None) -> str | None:
         """Why the VPN cannot run on the machines that would run it: the SSH hosts among `hosts`, else this
         one. Each kernel feature in `kernel_features` is probed there for real (lab/kernel.py)."""
         if not cls.kernel_features:
             return None
         remote = [h for h in hosts or [] if h.remote]
         for h in remote:
-            why = kernel_missing(
-                cls.kernel_features, h.name, lambda argv, h=h: h.run(argv, check=False).stdout
-            )
+
+            def run_there(argv: list[str], h: Host = h) -> str:
+                return h.run(argv, check=False).stdout
+
+            why = kernel_missing(cls.kernel_features, h.name, run_there)
             if why:
                 return f"{h.name}'s kernel has no {why}"
         if not remote:
@@ -340,6 +347,7 @@ class VpnDriver(ABC):
         for s in cls.installs:
             d = s.bin_dir()
             if d is not None and path == str(d / name):
+                assert registry(s)  # only registry builds have a cache folder
                 return s.version.removeprefix("v")
         return None
 
@@ -395,7 +403,8 @@ class VpnDriver(ABC):
     def peers(self, host: Host) -> list[Host]:
         """The hosts `host` has a tunnel to: all others in a mesh; the hub, or (on the hub) all, in a star."""
         if self.spec.topology == "star" and host is not self.spec.hub:
-            return [self.spec.hub]  # type: ignore[list-item]
+            assert self.spec.hub is not None  # __init__ refuses a star without a hub
+            return [self.spec.hub]
         return [h for h in self.spec.hosts if h is not host]
 
     @classmethod
@@ -562,7 +571,7 @@ def _comm(pid: int) -> str:
 
 
 class MeshNotReady(RuntimeError):
-    pass
+    outcome: Outcome  # what a failing case measured, when it set one (the runner stores its metrics)
 
 
 class Mesh:
@@ -625,10 +634,13 @@ class Mesh:
     def probed_pairs(self) -> list[tuple[Host, Host]]:
         """The pairs readiness probes: every ordered pair of peers, or in a star only hub -> spoke (a reply
         proves the spoke's tunnel both ways)."""
-        star = self.driver.spec.topology == "star"
-        return [
-            (a, b) for a in ([self.driver.spec.hub] if star else self.hosts) for b in self.driver.peers(a)
-        ]
+        if self.driver.spec.topology == "star":
+            hub = self.driver.spec.hub
+            assert hub is not None  # VpnDriver.__init__ refuses a star without a hub
+            heads = [hub]
+        else:
+            heads = self.hosts
+        return [(a, b) for a in heads for b in self.driver.peers(a)]
 
     def pairs_down(
         self, per_probe_ms: int | None = None, skip: set[tuple[str, str]] | None = None

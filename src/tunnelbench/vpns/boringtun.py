@@ -27,7 +27,7 @@ class Boringtun(WireguardGo):
         f"WireGuard, userspace Rust implementation (cargo boringtun-cli {VERSION} + wg), full mesh UDP 51820"
     )
     binaries = ("boringtun-cli", "wg")
-    Options = TunnelOptions  # vpn_options: mtu (not wireguard-go's offloads)
+    Options = TunnelOptions  # type: ignore[assignment]  # vpn_options: mtu (not wireguard-go's offloads)
     installs = (Crate("boringtun-cli", VERSION, ("boringtun-cli",)), Apt(("wireguard-tools",)))
     debian_installs = ()  # no Debian package
 

@@ -74,6 +74,8 @@ class Innernet(VpnDriver):
     class Options(TunnelOptions):  # vpn_options: mtu, acl
         acl: AclMode = acl_option()
 
+    options: Options
+
     settle_s = 1.0
     paths = frozenset({"direct"})
     # the WireGuard private key lives in the interface config innernet writes (etc/<network>.conf)

@@ -38,6 +38,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 # where Debian packages put binaries: an `Apt` source's declared binaries are looked up here only
 DEBIAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -149,7 +150,7 @@ class Crate:
 Source = Apt | GoModule | Crate
 
 
-def registry(source: Source) -> bool:
+def registry(source: Source) -> TypeGuard[GoModule | Crate]:
     """A source built into the install cache (Go module proxy, crates.io), as opposed to Debian's."""
     return not isinstance(source, Apt)
 

@@ -10,6 +10,7 @@ import functools
 import json
 import platform
 import re
+from collections.abc import Callable
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import _VERSION_HOST, VpnDriver
@@ -72,11 +73,12 @@ def mtu_variant(spec: str) -> type[Internal]:
         )
     mtu = int(m.group(1))
 
-    @classmethod  # type: ignore[misc]
+    @classmethod  # type: ignore[misc]  # a classmethod made outside a class body, for the variant's dict
     def version(cls) -> str:
-        return f"{Internal.version.__func__(cls)} (underlay MTU {mtu})"  # type: ignore[attr-defined]
+        return f"{Internal.version.__func__(cls)} (underlay MTU {mtu})"  # type: ignore[attr-defined]  # a classmethod's function
 
-    return type(Internal)(
+    meta: Callable[..., type[Internal]] = type(Internal)  # ABCMeta
+    return meta(
         f"Internal_mtu{mtu}",
         (Internal,),
         {

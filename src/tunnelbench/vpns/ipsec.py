@@ -45,11 +45,12 @@ class KernelIpsec(StrongSwan):
         "strongSwan IKEv2 + kernel ESP, policy-based tunnel mode per pair (full mesh, PSK), AES-256-GCM, "
         "trap policies"
     )
-    kernel_features = ("esp",)
+    kernel_features: ClassVar[tuple[str, ...]] = ("esp",)
     wire = "ip protocol esp"
     encrypted: ClassVar[bool] = True
-    default_mtu = ESP_TUNNEL_MTU
-    Options = TunnelOptions  # vpn_options: mtu (the kernel does ESP: no esp option)
+    default_mtu: ClassVar[int | None] = ESP_TUNNEL_MTU
+    # vpn_options: mtu (the kernel does ESP: no esp option); IpsecTransport has none
+    Options: ClassVar[type[DriverOptions]] = TunnelOptions  # type: ignore[assignment]  # not StrongSwan's
     mode: ClassVar[str] = "tunnel"
     install_routes: ClassVar[bool] = True  # charon routes the peers' tunnel addresses (policy-based)
     describe: ClassVar[str] = "policy-based tunnel mode, CHILD_SA 10.77.0.i/32 <-> 10.77.0.j/32 per pair"

@@ -33,7 +33,7 @@ class OverlayIpsec(KernelIpsec):
     overlay: ClassVar[type[VpnDriver]]
     # the overlay's packets: an IP protocol ("gre"), or "udp/<port>" for a UDP overlay on a well-known port
     protects: ClassVar[str]
-    binaries = (*StrongSwan.binaries, "ip")
+    binaries: ClassVar[tuple[str, ...]] = (*StrongSwan.binaries, "ip")
     installs = (*StrongSwan.installs, Apt(("iproute2",)))
     mode = "transport"
     install_routes = False

@@ -49,6 +49,7 @@ class Macsec(KernelTunnel):
         self.keys = {h.name: secrets.token_hex(16) for h in self.spec.hosts}
 
     def start(self, host: Host) -> None:
+        assert self.mtu is not None  # default_mtu is set
         lines = []
         for peer in self.peers(host):
             carrier, dev = self.carrier_name(host, peer), self.link_name(host, peer)

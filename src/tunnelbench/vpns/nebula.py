@@ -87,6 +87,8 @@ class Nebula(VpnDriver):
         )
         acl: AclMode = acl_option()
 
+    options: Options
+
     def __init__(self, spec):
         super().__init__(spec)
         cipher = self.options.cipher

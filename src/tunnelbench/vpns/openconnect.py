@@ -46,7 +46,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
@@ -64,7 +64,7 @@ subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
 subjectAltName = IP:{ip}
 """
-CIPHER = "AES-256-GCM"
+CIPHER: Final = "AES-256-GCM"
 # Debian's packaged default (ocserv.conf: TLS 1.2, no TLS 1.3 for old AnyConnect clients) with one cipher: the
 # DTLS-PSK channel is offered the same priorities (ocserv adds +PSK and the DTLS versions), so both run it
 TLS_PRIORITIES = "NORMAL:%SERVER_PRECEDENCE:%COMPAT:-VERS-SSL3.0:-VERS-TLS1.0:-VERS-TLS1.1:-VERS-TLS1.3"
@@ -131,13 +131,16 @@ class OpenConnect(VpnDriver):
             CIPHER, description="the one cipher offered on the TLS (CSTP) and DTLS channels (tls-priorities)"
         )
 
+    options: Options
+
     def __init__(self, spec):
         super().__init__(spec)
         # pair index k -> (server host, client host); TCP and UDP port BASE_PORT + k
         self.pairs: list[tuple[Host, Host]] = list(itertools.combinations(spec.hosts, 2))
-        cipher = self.options.cipher  # type: ignore[attr-defined]
+        cipher = self.options.cipher
         self.priorities = f"{TLS_PRIORITIES}:-CIPHER-ALL:+{cipher}"
         # ocserv's `mtu` is the link MTU (UDP datagrams on the underlay): the tun MTU plus DTLS's overhead
+        assert self.mtu is not None  # default_mtu is set
         self.link_mtu = self.mtu + DTLS_OVERHEAD[cipher]
         self.settings = {
             "mode": "full mesh of client-server tunnels (per pair one ocserv on the lower-numbered host, "
@@ -324,8 +327,8 @@ compression = false
 
     # -- what ran ----------------------------------------------------------------------------------
     @property
-    def settings(self) -> dict:  # type: ignore[override]
-        s = VpnDriver.settings.fget(self)  # type: ignore[attr-defined]
+    def settings(self) -> dict:
+        s = super().settings
         seen = {}
         for srv, cli in self.pairs:
             log = self.host_dir(cli) / f"client-{srv.name}.log"

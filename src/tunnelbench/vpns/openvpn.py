@@ -24,7 +24,7 @@ import ipaddress
 import itertools
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
@@ -33,7 +33,7 @@ from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
 from tunnelbench.vpns.install import Apt
 
 BASE_PORT = 1194
-CIPHER = "AES-256-GCM"
+CIPHER: Final = "AES-256-GCM"
 CERT_DAYS = 30
 CERT_EXT = """basicConstraints = CA:FALSE
 keyUsage = critical, digitalSignature, keyAgreement
@@ -64,6 +64,8 @@ class OpenVpn(VpnDriver):
         udp_socket_buffer: int | None = udp_socket_buffer(
             "--sndbuf and --rcvbuf (SO_SNDBUF/SO_RCVBUF: the kernel caps them at net.core.wmem_max/rmem_max)"
         )
+
+    options: Options
 
     def __init__(self, spec):
         super().__init__(spec)

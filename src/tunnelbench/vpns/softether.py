@@ -56,6 +56,8 @@ class SoftEther(VpnDriver):
     class Options(TunnelOptions):
         acl: AclMode = acl_option()
 
+    options: Options
+
     def __init__(self, spec):
         super().__init__(spec)
         # the virtual hub: the star's hub (the scenario's server) in a star, else the relay host or the last one

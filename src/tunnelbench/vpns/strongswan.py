@@ -27,7 +27,7 @@ from pydantic import Field
 from tunnelbench.lab.host import Host
 from tunnelbench.lab.mountns import in_mounts_of, private_mounts
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
-from tunnelbench.vpns.install import Apt, debian_version
+from tunnelbench.vpns.install import Apt, Source, debian_version
 
 CHARON = "/usr/lib/ipsec/charon"
 IKE_PROPOSAL = "aes256gcm16-prfsha256-x25519"
@@ -42,8 +42,9 @@ PLUGINS = (
 class StrongSwan(VpnDriver):
     name = "strongswan"
     summary = "strongSwan IKEv2/IPsec full mesh (tunnel mode per pair, PSK), AES-256-GCM, ESP in userspace (kernel-libipsec)"
-    binaries = ("swanctl", "charon")
-    installs = (
+    # annotated: vpns/ipsec.py's drivers replace them
+    binaries: ClassVar[tuple[str, ...]] = ("swanctl", "charon")
+    installs: ClassVar[tuple[Source, ...]] = (
         Apt(
             (
                 "strongswan-swanctl",
@@ -54,7 +55,9 @@ class StrongSwan(VpnDriver):
         ),
     )
     secret_patterns = ("swanctl.conf",)  # its secrets section holds the PSKs
-    default_mtu = 1400  # kernel-libipsec's tun device MTU (charon.plugins.kernel-libipsec.mtu default)
+    default_mtu: ClassVar[int | None] = (
+        1400  # kernel-libipsec's tun device MTU (charon.plugins.kernel-libipsec.mtu default)
+    )
     paths = frozenset({"direct"})
     paths_why = {
         "relay": "IPsec has no relay: every pair needs direct UDP 500/4500",

@@ -73,6 +73,8 @@ class Tailscale(VpnDriver):
     class Options(TunnelOptions):
         acl: AclMode = acl_option()
 
+    options: Options
+
     settle_s = 1.0
     paths = frozenset({"direct", "relay", "nat"})
     revocation = "`headscale nodes delete -i <id>` on the control server"
@@ -119,7 +121,7 @@ class Tailscale(VpnDriver):
         """Headscale's policy (HuJSON; plain JSON is valid). The tags have no owners: only the admin (the
         CLI making the tagged pre-auth keys) may assign them, and no node can advertise them itself."""
         assert self.acl is not None
-        tags = {f"tag:tb-{role}": [] for role in ("client", "server", "isolated")}
+        tags: dict[str, list[str]] = {f"tag:tb-{role}": [] for role in ("client", "server", "isolated")}
         rule = (
             {"action": "accept", "src": ["tag:tb-client"], "dst": ["tag:tb-server:*"]}
             if self.acl.enforced

@@ -94,6 +94,8 @@ class Tinc(VpnDriver):
                     self.digest = STRONG_DIGEST
             return self
 
+    options: Options
+
     def __init__(self, spec):
         super().__init__(spec)
         cipher, digest = self.options.cipher, self.options.digest

@@ -27,12 +27,13 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
-from tunnelbench.vpns.install import Apt, GoModule
+from tunnelbench.vpns.install import Apt, GoModule, Source
 
 LISTEN_PORT = 51820
 UAPI_DIR = Path("/var/run/wireguard")
@@ -74,10 +75,13 @@ def raise_inotify_limit(daemons: int) -> None:
 class WireguardGo(VpnDriver):
     name = "wireguard-go"
     summary = "WireGuard, userspace Go implementation (wireguard-go + wg)"
-    binaries = ("wireguard-go", "wg")
+    # annotated: the kernel and boringtun drivers below replace them
+    binaries: ClassVar[tuple[str, ...]] = ("wireguard-go", "wg")
     topologies = frozenset({"mesh", "star"})
-    installs = (GO, Apt(("wireguard-tools",)))
-    debian_installs = (Apt(("wireguard-go", "wireguard-tools"), ("wireguard-go",)),)
+    installs: ClassVar[tuple[Source, ...]] = (GO, Apt(("wireguard-tools",)))
+    debian_installs: ClassVar[tuple[Source, ...]] = (
+        Apt(("wireguard-go", "wireguard-tools"), ("wireguard-go",)),
+    )
     paths_why = {
         "relay": "WireGuard has no relay: every pair needs direct UDP",
         "nat": "WireGuard has no NAT traversal: peers behind different NATs cannot reach each other",
@@ -173,7 +177,8 @@ class WireguardGo(VpnDriver):
         """Read the TUN's flags back: IFF_VNET_HDR set = TSO/GRO in use. Recorded per host in settings."""
         flags = int(host.run(["cat", f"/sys/class/net/{ifname}/tun_flags"]).stdout.strip(), 16)
         vnet = bool(flags & IFF_VNET_HDR)
-        if vnet and not self.options.offloads:  # type: ignore[attr-defined]
+        assert isinstance(self.options, WireguardGo.Options)  # start() records only with these options
+        if vnet and not self.options.offloads:
             raise RuntimeError(
                 f"{self.name}: offloads = false, but {ifname} on {host.name} still has IFF_VNET_HDR "
                 f"(tun_flags {flags:#x})"

@@ -18,7 +18,7 @@ class WireguardKernel(WireguardGo):
     name = "wireguard"
     summary = "WireGuard in the Linux kernel (wg + ip link type wireguard), full mesh UDP 51820"
     binaries = ("wg",)
-    Options = TunnelOptions  # vpn_options: mtu (not wireguard-go's offloads)
+    Options = TunnelOptions  # type: ignore[assignment]  # vpn_options: mtu (not wireguard-go's offloads)
     installs = (Apt(("wireguard-tools",)),)
     kernel_features = ("wireguard",)
     wire = "udp dport 51820"

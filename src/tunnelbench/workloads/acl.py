@@ -59,6 +59,7 @@ class Acl(Workload):
     )
     tools = ("ping",)
     Params = AclParams
+    params: AclParams
     headline = ("acl_enforced", "acl_allowed_ok", "acl_denied_blocked")
     metrics = (
         MetricSpec(
@@ -76,7 +77,7 @@ class Acl(Workload):
     )
 
     def expected_seconds(self) -> float:
-        return 15 + 12 * (self.params.timeout_s + 0.5)  # type: ignore[attr-defined]
+        return 15 + 12 * (self.params.timeout_s + 0.5)
 
     def _policy(self, ctx: CaseContext) -> tuple[dict, list[Host]]:
         """The driver's policy record and the isolated hosts, checked against the case's placement."""
@@ -148,7 +149,7 @@ class Acl(Workload):
 
     def _flow(self, src: Host, dst: Host, proto: str, ctx: CaseContext) -> dict:
         ip = ctx.mesh.tunnel_ip(dst)
-        t = self.params.timeout_s  # type: ignore[attr-defined]
+        t = self.params.timeout_s
         t0 = time.monotonic()
         if proto == "icmp":  # two probes: the first may wait for the VPN's handshake with a new peer
             r = src.run(

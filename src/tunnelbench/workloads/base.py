@@ -53,7 +53,7 @@ class Outcome:
 
 
 class WorkloadError(RuntimeError):
-    pass
+    outcome: Outcome  # what a failing case measured, when it set one (the runner stores its metrics)
 
 
 class NotApplicable(WorkloadError):
@@ -63,6 +63,9 @@ class NotApplicable(WorkloadError):
 
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+_Params = Params  # Workload's own `Params` (the class attribute) hides this name in its body
 
 
 @dataclass
@@ -94,7 +97,7 @@ class Workload(ABC):
     tools: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type[Params]] = Params
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
-    headline: ClassVar[tuple[str, ...]] = ()  # the metrics the terminal summary shows
+    headline: tuple[str, ...] = ()  # the metrics the terminal summary shows (a workload may set its own)
     restarts_mesh: ClassVar[bool] = False  # the runner lets the tunnel settle again afterwards
 
     def label(self) -> str:
@@ -106,7 +109,7 @@ class Workload(ABC):
         records the case's path share but does not hold it to the scenario's path."""
         return False
 
-    def __init__(self, params: Params):
+    def __init__(self, params: _Params):
         self.params = params
 
     @abstractmethod

@@ -22,6 +22,7 @@ class Connect(Workload):
     restarts_mesh = True
     headline = ("connect_s", "mesh_ready_s")
     Params = ConnectParams
+    params: ConnectParams
     metrics = (
         MetricSpec("connect_s", "s", "lower", "daemon start to first echo reply client -> server"),
         MetricSpec("mesh_ready_s", "s", "lower", "daemon start until every ordered pair answers"),

@@ -62,6 +62,7 @@ class Crr(Workload):
     tools = ("python3",)
     headline = ("crr_tps", "crr_latency_p99_ms", "rr_tps", "rr_latency_p99_ms")
     Params = CrrParams
+    params: CrrParams
     metrics = tuple(
         spec
         for m, what in (("crr", "connect + request + response + close"), ("rr", "request + response"))

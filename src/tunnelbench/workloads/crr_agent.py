@@ -206,14 +206,16 @@ def client(
         push(w)
 
     def push(w: Worker) -> None:
-        n = w.sock.send(w.out)
-        if n < len(w.out):
-            w.out = w.out[n:]
-            ep.modify(w.sock.fileno(), select.EPOLLOUT)
+        sock, out = w.sock, w.out
+        assert sock is not None and out is not None  # a sending worker has both (send_request)
+        n = sock.send(out)
+        if n < len(out):
+            w.out = out[n:]
+            ep.modify(sock.fileno(), select.EPOLLOUT)
             return
         w.out = None
         w.state = RECEIVING
-        ep.modify(w.sock.fileno(), select.EPOLLIN)
+        ep.modify(sock.fileno(), select.EPOLLIN)
 
     def begin(w: Worker, now: float) -> None:
         """Start the worker's next transaction, or retire it when the time is up."""
@@ -272,13 +274,15 @@ def client(
         except InterruptedError:
             continue
         for fd, ev in events:
-            w = fds.get(fd)
-            if w is None:
+            found = fds.get(fd)
+            if found is None:
                 continue
+            w, sock = found, found.sock
+            assert sock is not None  # fds holds workers with a socket (close() drops them)
             now = perf()
             try:
                 if w.state == CONNECTING:
-                    err = w.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                     if err:
                         error(w, errno.errorcode.get(err, str(err)))
                         continue
@@ -287,7 +291,7 @@ def client(
                 elif w.state == SENDING:
                     push(w)
                 elif w.state == RECEIVING:
-                    data = w.sock.recv(resp - w.got)
+                    data = sock.recv(resp - w.got)
                     if not data:
                         error(w, "short_response")
                         continue

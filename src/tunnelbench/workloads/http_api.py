@@ -106,6 +106,7 @@ class HttpApi(Workload):
     tools = ("nginx", "hey")
     headline = ("request_p50_ms", "request_p99_ms", "error_rate_pct")
     Params = HttpApiParams
+    params: HttpApiParams
     metrics = (
         MetricSpec("request_mean_ms", "ms", "lower", "mean response time (what Kjorveziroski et al. plots)"),
         MetricSpec("request_p50_ms", "ms", "lower", "median response time"),

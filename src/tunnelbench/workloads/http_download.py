@@ -58,6 +58,7 @@ class HttpDownload(Workload):
     tools = ("nginx", "curl")
     headline = ("download_s", "goodput_mbps")
     Params = HttpDownloadParams
+    params: HttpDownloadParams
     metrics = (
         MetricSpec("download_s", "s", "lower", "time to fetch the whole file set"),
         MetricSpec("goodput_mbps", "Mbit/s", "higher", "file bytes / download time"),

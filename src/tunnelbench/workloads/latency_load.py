@@ -47,6 +47,7 @@ class LatencyLoad(Workload):
     tools = ("ping", "iperf3", "ss")
     headline = ("added_latency_p50_ms", "added_latency_p99_ms", "load_goodput_mbps")
     Params = LatencyLoadParams
+    params: LatencyLoadParams
     metrics = (
         MetricSpec("idle_rtt_p50_ms", "ms", "lower", "median RTT on the idle tunnel"),
         MetricSpec("idle_rtt_p99_ms", "ms", "lower", "99th percentile RTT on the idle tunnel"),

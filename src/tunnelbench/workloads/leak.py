@@ -299,6 +299,7 @@ class Leak(Workload):
     # follow headline[0])
     headline = (*ROUTER_HEADLINE, *RELAY_HEADLINE)
     Params = LeakParams
+    params: LeakParams
     metrics = (
         MetricSpec("leak_pass", "bool", "higher", "1 = no marker fragment in any underlay frame, 0 = leaked"),
         MetricSpec("leak_plaintext_frames", "frames", "lower", "underlay frames holding a marker fragment"),
@@ -329,10 +330,10 @@ class Leak(Workload):
         ),
     )
 
-    def __init__(self, params: Params) -> None:
+    def __init__(self, params: LeakParams) -> None:
         super().__init__(params)
-        if params.capture_at == "relay":  # type: ignore[attr-defined]
-            self.headline = (*RELAY_HEADLINE, *ROUTER_HEADLINE)  # type: ignore[misc]
+        if params.capture_at == "relay":
+            self.headline = (*RELAY_HEADLINE, *ROUTER_HEADLINE)
 
     def label(self) -> str:
         return "leak" if self.params.capture_at == "router" else "leak-relay"
@@ -367,7 +368,7 @@ class Leak(Workload):
         p = self.params
         at = self._capture_host(ctx)
         t0 = time.monotonic()
-        streams = {
+        streams: dict[tuple[str, int], bytes] = {
             (pr, n): new_marker(PING_PATTERN if pr == "icmp" else 32) for pr in p.protocols for n in p.sizes
         }
         with Capture(at, ctx.artifact_dir, "underlay" if p.capture_at == "router" else "relay") as cap:

@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from typing import cast
 
 
 def payload(marker: bytes, size: int) -> bytes:
@@ -63,7 +64,7 @@ def recv(bind: str, port: int, streams: dict[str, bytes], count: int, total_s: f
     try:
         while time.monotonic() < end and any(n < count for n in got.values()):
             for key, _ in sel.select(timeout=0.2):
-                s = key.fileobj
+                s = cast(socket.socket, key.fileobj)  # only sockets are registered
                 if s is lst:
                     c, _ = lst.accept()
                     c.setblocking(False)

@@ -57,6 +57,7 @@ class ManyClients(Workload):
     tools = ("nginx",)
     headline = ("response_p50_ms", "response_p99_ms", "failure_rate_pct")
     Params = ManyClientsParams
+    params: ManyClientsParams
     metrics = (
         MetricSpec("response_mean_ms", "ms", "lower", "mean response time of successful calls"),
         MetricSpec("response_p25_ms", "ms", "lower", "25th percentile response time (the seed's box)"),
@@ -118,7 +119,7 @@ class ManyClients(Workload):
                     "keepalive": p.keepalive,
                     "go": str(go),
                     "n_total": p.clients,
-                    "clients": [[clients.index(h), f"/run/netns/{h.netns}"] for h in mine],  # type: ignore[attr-defined]
+                    "clients": [[clients.index(h), f"/run/netns/{h.netns}"] for h in mine],  # type: ignore[attr-defined]  # NetnsHosts (checked above)
                     "out": str(ctx.artifact_dir / f"calls-{w}.npy"),
                 }
                 spec_path = ctx.artifact_dir / f"generator-{w}.json"

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from tunnelbench.lab.host import Host
 from tunnelbench.workloads.base import (
     CaseContext,
     MetricSpec,
@@ -47,6 +48,7 @@ class Multihost(Workload):
     tools = ("iperf3", "ss")
     headline = ("aggregate_goodput_mbps", "stream_fairness")
     Params = MultihostParams
+    params: MultihostParams
     metrics = (
         MetricSpec("aggregate_goodput_mbps", "Mbit/s", "higher", "sum of every stream's receiver goodput"),
         MetricSpec("tx_aggregate_goodput_mbps", "Mbit/s", "higher", "sum of streams from the one host"),
@@ -76,7 +78,7 @@ class Multihost(Workload):
             raise WorkloadError("multihost needs at least two hosts")
         mss = (p.mss if p.mss is not None else ctx.options.get("mss")) or None
         directions = ["tx", "rx"] if p.mode == "bidir" else [p.mode]
-        runs: list[tuple[str, object, Iperf3Run]] = []
+        runs: list[tuple[str, Host, Iperf3Run]] = []
         try:
             for d in directions:
                 for k, peer in enumerate(peers):

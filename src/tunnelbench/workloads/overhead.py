@@ -38,6 +38,7 @@ class Overhead(Workload):
     tools = ("iperf3", "ss")
     headline = ("underlay_bytes_per_payload_byte", "small_packet_pps")
     Params = OverheadParams
+    params: OverheadParams
     metrics = (
         MetricSpec(
             "underlay_bytes_per_payload_byte", "ratio", "lower", "client eth0 tx bytes / payload bytes"
@@ -85,7 +86,7 @@ class Overhead(Workload):
         k0 = link_counters(ctx.client, tif) if tif and tif != uif else None
         data, _ = run_client(ctx, [], p.duration_s, 0, "overhead-tcp")
         c1, s1 = link_counters(ctx.client, uif), link_counters(ctx.server, uif)
-        k1 = link_counters(ctx.client, tif) if k0 else None
+        k1 = link_counters(ctx.client, tif) if k0 and tif else None
         payload = data["end"]["sum_sent"]["bytes"]
         if not payload:
             raise WorkloadError("the bulk transfer moved no bytes")

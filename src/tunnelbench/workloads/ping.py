@@ -82,6 +82,7 @@ class Ping(Workload):
     tools = ("ping",)
     headline = ("rtt_p50_ms", "rtt_p99_ms", "ping_loss_pct")
     Params = PingParams
+    params: PingParams
     metrics = (
         MetricSpec("rtt_min_ms", "ms", "lower", "minimum RTT"),
         MetricSpec("rtt_avg_ms", "ms", "lower", "mean RTT"),

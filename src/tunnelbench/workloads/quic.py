@@ -76,6 +76,7 @@ class Quic(Workload):
     tools = ("quicperf",)
     headline = ("quic_handshake_p50_ms", "quic_ttfb_p50_ms", "quic_goodput_mbps")
     Params = QuicParams
+    params: QuicParams
     metrics = (
         MetricSpec(
             "quic_handshake_p50_ms",

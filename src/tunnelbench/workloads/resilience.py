@@ -252,6 +252,7 @@ class Resilience(Workload):
     restarts_mesh = True
     headline = ("reconnect_one_s", "reconnect_all_s", "failover_s")
     Params = ResilienceParams
+    params: ResilienceParams
     metrics = (
         MetricSpec("reconnect_one_s", "s", "lower", "server daemon restart -> first reply"),
         MetricSpec("outage_one_s", "s", "lower", "longest reply gap around the server daemon restart"),
@@ -406,7 +407,7 @@ class Resilience(Workload):
                         f"{p.each_timeout_s:g} s of its restart (or the case's time left)"
                     )
         except WorkloadError as e:
-            e.outcome = out  # type: ignore[attr-defined]  # the runner stores a failed case's metrics
+            e.outcome = out  # the runner stores a failed case's metrics
             raise
         finally:
             for name, value, unit, host in summarise_each(results):
@@ -562,13 +563,13 @@ class Resilience(Workload):
             first = probe.wait_reply_after(t_restore, limit)
             if first is None:
                 err = WorkloadError(f"{ev}: no reply within {limit:.0f} s after {hole.host.name} came back")
-                err.outcome = out  # type: ignore[attr-defined]  # the runner stores a failed case's metrics
+                err.outcome = out  # the runner stores a failed case's metrics
                 raise err
             out.add(f"{kind}_restore_s", first - t_restore, "s")
             try:  # every pair, not only the probe's (a peer may learn the rejoined one later)
                 ctx.mesh.wait_ready(timeout=min(p.control_restore_timeout_s, ctx.remaining()))
             except MeshNotReady as e:
-                e.outcome = out  # type: ignore[attr-defined]
+                e.outcome = out
                 raise
             out.add(f"{kind}_mesh_restore_s", time.time() - t_restore, "s")
             time.sleep(p.after_s)

@@ -56,6 +56,7 @@ class Revoke(Workload):
     restarts_mesh = True
     headline = ("revocation_s",)
     Params = RevokeParams
+    params: RevokeParams
     metrics = (
         MetricSpec("revocation_s", "s", "lower", "revoke call returned -> last echo reply h2 sent h3"),
         MetricSpec("revoke_call_s", "s", "lower", "duration of the operator's revoke action itself"),

@@ -165,6 +165,7 @@ class Rr(Workload):
     tools = ("sockperf", "iperf3", "ss")
     headline = ("rr_tps", "rr_latency_p50_ms", "rr_latency_p99_ms")
     Params = RrParams
+    params: RrParams
     metrics = (
         MetricSpec("rr_tps", "1/s", "higher", "request/response transactions per second, one in flight"),
         MetricSpec("rr_latency_p50_ms", "ms", "lower", "median transaction round trip"),

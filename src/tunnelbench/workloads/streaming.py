@@ -60,6 +60,7 @@ class Streaming(Workload):
     tools = ("ristsender", "ristreceiver")
     headline = ("quality_mos", "lost_pct", "late_pct")
     Params = StreamingParams
+    params: StreamingParams
     metrics = (
         MetricSpec("lost_pct", "%", "lower", "datagrams that never arrived"),
         MetricSpec("late_pct", "%", "lower", "datagrams that arrived after their playout deadline"),

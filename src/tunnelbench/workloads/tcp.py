@@ -88,6 +88,7 @@ class Tcp(Workload):
     tools = ("iperf3", "iperf", "ss")
     headline = ("goodput_mbps", "retransmit_rate")
     Params = TcpParams
+    params: TcpParams
     metrics = TCP_METRICS
 
     def label(self) -> str:

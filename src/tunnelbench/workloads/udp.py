@@ -59,6 +59,7 @@ class Udp(Workload):
     tools = ("iperf3", "iperf", "ss")
     headline = ("goodput_mbps", "udp_loss_pct", "udp_jitter_ms")
     Params = UdpParams
+    params: UdpParams
     metrics = (
         MetricSpec("goodput_mbps", "Mbit/s", "higher", "received bit rate"),
         MetricSpec("goodput_sender_mbps", "Mbit/s", "none", "offered bit rate"),

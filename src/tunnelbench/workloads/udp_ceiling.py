@@ -225,6 +225,7 @@ class UdpCeiling(Workload):
     tools = ("iperf3", "ss")
     headline = ("udp_ceiling_mbps", "udp_ceiling_loss_pct")
     Params = UdpCeilingParams
+    params: UdpCeilingParams
     metrics = (
         MetricSpec(
             "udp_ceiling_mbps",
@@ -270,7 +271,7 @@ class UdpCeiling(Workload):
         ),
     )
 
-    def __init__(self, params: Params) -> None:
+    def __init__(self, params: UdpCeilingParams) -> None:
         super().__init__(params)
         self._last: dict[str, float] = {}  # warm start: case folder's parent -> the last ceiling found there
 
@@ -318,7 +319,9 @@ class UdpCeiling(Workload):
             m = {s.name: s.value for s in o.samples}
             if "udp_loss_pct" not in m:
                 raise WorkloadError(f"iperf3 at {rate:g} Mbit/s reported no loss figure")
-            extra = {k: m[k] for k in ("iperf_cpu_client_pct", "iperf_cpu_server_pct") if k in m}
+            extra: dict[str, float] = {
+                k: m[k] for k in ("iperf_cpu_client_pct", "iperf_cpu_server_pct") if k in m
+            }
             return ProbeResult(m["udp_loss_pct"], m.get("goodput_mbps"), m.get("goodput_sender_mbps"), extra)
 
         # warm start: the previous ceiling of this VPN x profile x label (its case folders' parent)
