@@ -546,7 +546,12 @@ def _comm(pid: int) -> str:
 
 
 class MeshNotReady(RuntimeError):
-    pass
+    """The mesh is not ready. `down` lists the pairs that never answered when every daemon still runs (the
+    tunnels may carry some traffic, as under heavy loss); empty when a daemon exited."""
+
+    def __init__(self, msg: str, down: list[tuple[str, str]] | None = None):
+        super().__init__(msg)
+        self.down = down or []
 
 
 class Mesh:
@@ -674,7 +679,8 @@ class Mesh:
             if late and down:
                 raise MeshNotReady(
                     f"{self.vpn}: pairs not answering after {timeout:.0f} s (not once since the wait began;"
-                    f" {len(answered)} others did): {down}"
+                    f" {len(answered)} others did): {down}",
+                    down,
                 )
             if late:  # every pair answers: the case runs, and its byte-counted path verdict judges the path
                 self.unsettled_at_ready = unsettled
