@@ -216,6 +216,63 @@ def test_a_profile_that_breaks_the_mesh_is_measured_as_failures_or_skipped(tmp_p
         assert [r[1] for r in lossy] == ["skipped"] * len(lossy) and lossy, rows
 
 
+MEASURE = """
+name = "measure"
+vpns = ["wireguard-go"]
+profiles = ["baseline", "xloss-100"]
+[run]
+repetitions = 1
+retries = 0
+tunnel_timeout_s = 2
+drift_check_s = 0
+unreachable = "measure"
+[lab]
+hosts = 3
+topology = "star"
+[impair]
+tax_check_s = 0
+[[workloads]]
+name = "many_clients"
+clients = 2
+duration_s = 2
+interval_s = 0.25
+timeout_s = 1
+"""
+
+
+@pytest.mark.lab
+def test_measure_runs_the_clients_under_a_profile_no_probe_gets_through(tmp_path):
+    """unreachable = "measure" (Goethals et al. applied netem to a running deployment): under 100% loss the
+    probes never answer, yet the case runs on the tunnels already up and its calls are what fails: every call
+    a timeout, case status ok. The shortfall is on record."""
+    import sqlite3
+
+    from conftest import lab_missing
+
+    if lab_missing():
+        pytest.skip(lab_missing())
+    (tmp_path / "s.toml").write_text(MEASURE)
+    res = tb("run", str(tmp_path / "s.toml"), "--results", str(tmp_path / "r"), "--no-html", timeout=600)
+    (run_dir,) = (tmp_path / "r").iterdir()
+    db = sqlite3.connect(run_dir / DB_NAME)
+    rows = dict(db.execute('SELECT profile, status || ": " || coalesce(error, "") FROM "case"').fetchall())
+    assert rows == {"baseline": "ok: ", "xloss-100": "ok: "}, (rows, res.stdout[-2000:], res.stderr[-2000:])
+    m = {
+        (p, n): v
+        for p, n, v in db.execute(
+            'SELECT c.profile, m.name, m.value FROM metric m JOIN "case" c ON c.id = m.case_id WHERE m.host IS NULL'
+        )
+    }
+    assert m[("baseline", "failure_rate_pct")] == 0
+    assert m[("xloss-100", "failure_rate_pct")] == 100
+    # a client calls again only after its last call ended: each 1 s timeout holds it, 2 calls per client in 2 s
+    assert 4 <= m[("xloss-100", "calls")] <= 6, m
+    assert m[("xloss-100", "timeouts")] == m[("xloss-100", "calls")]
+    env = dict(db.execute("SELECT key, value FROM environment WHERE key LIKE 'unreachable.%'").fetchall())
+    assert json.loads(env["unreachable.wireguard-go.xloss-100"]) == {"never_answered": 2, "pairs": 2}
+    assert "never answered a probe" in res.stdout + res.stderr
+
+
 CAPPED = """
 name = "capped"
 vpns = ["wireguard-go"]

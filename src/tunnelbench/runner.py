@@ -39,7 +39,7 @@ from tunnelbench.security import keys
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.vpns import Mesh, MeshSpec
 from tunnelbench.vpns import resolve as resolve_driver
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import MeshNotReady, VpnDriver
 from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
 from tunnelbench.workloads.base import NotApplicable, Series
 
@@ -670,14 +670,33 @@ class Runner:
                     self.backend.apply(p)
             mesh.wait_ready(self.sc.run.tunnel_timeout_s + 4 * (p.delay_ms + p.jitter_ms) / 1000)
             return None
+        except MeshNotReady as e:
+            pairs = len(mesh.probed_pairs())
+            # every daemon still runs (e.down): the tunnels carry what they can
+            if e.down and self.sc.run.unreachable == "measure":
+                self._say(
+                    f"{mesh.vpn}: under profile {name}, {len(e.down)} of {pairs} pairs never answered a probe; "
+                    "the cases run on the tunnels already up (run.unreachable = measure)",
+                    "yellow",
+                )
+                self.store.set_env(
+                    self.run_id,
+                    {f"unreachable.{mesh.vpn}.{name}": {"never_answered": len(e.down), "pairs": pairs}},
+                )
+                return None
+            return self._not_answering(name, tuning, e)
         except CASE_ERRORS as e:  # ImpairError included
-            return (
-                f"mesh not answering under profile {name}"
-                + (f", tuning {tuning}" if tuning != "default" else "")
-                + f": {e}"
-            )
+            return self._not_answering(name, tuning, e)
         finally:
             self._phase(mesh.vpn, "tunnel_wait", time.monotonic() - t0)
+
+    @staticmethod
+    def _not_answering(profile: str, tuning: str, e: Exception) -> str:
+        return (
+            f"mesh not answering under profile {profile}"
+            + (f", tuning {tuning}" if tuning != "default" else "")
+            + f": {e}"
+        )
 
     # -- host TCP tunings (sysctls per host namespace) ----------------------------------------------
     def _set_tuning(self, tuning: str) -> None:

@@ -44,10 +44,12 @@ class RunCfg(Strict):
         None, gt=0, description="per-case limit; default: expected time x 2 + 30 s"
     )
     tunnel_timeout_s: float = Field(60.0, gt=0, le=3600, description="limit for a mesh to come up")
-    unreachable: Literal["skip", "fail"] = Field(
+    unreachable: Literal["skip", "fail", "measure"] = Field(
         "skip",
         description="cases under a profile where the mesh does not answer: skip = skipped with the reason; fail = "
-        "recorded as failed cases (Goethals et al.'s degradation sweeps: a mesh that cannot come up is a measured failure)",
+        "recorded as failed cases; measure = when every daemon still runs, the cases run on the tunnels already up "
+        "and measure what gets through (Goethals et al.'s degradation sweeps: netem on a running deployment, calls "
+        "that fail are measured failures); a daemon that exited still fails them",
     )
     monitor_interval_s: float = Field(0.5, ge=0.05, le=10, description="daemon CPU/RSS sampling period")
     results_dir: str = Field("results", description="where run folders are written")

@@ -426,9 +426,13 @@ def history_tables(h: History) -> list[Table]:
             title.append("  (first run: nothing to compare)", style="dim")
         t = Table(title=title, title_justify="left")
         cols: list[tuple[str, JustifyMethod]] = [
-            ("workload", "left"), ("metric", "left"), ("previous", "right"), ("latest", "right"),
-            ("change", "right"), ("compare says", "left"),
-        ]  # fmt: skip
+            ("workload", "left"),
+            ("metric", "left"),
+            ("previous", "right"),
+            ("latest", "right"),
+            ("change", "right"),
+            ("compare says", "left"),
+        ]
         for col, just in cols:
             t.add_column(col, justify=just)
         for tr, p, q in rows:

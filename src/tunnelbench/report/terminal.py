@@ -30,9 +30,16 @@ def summary_table(summary: Summary, order: list[str], versions: dict[str, str]) 
         caption_justify="left",
     )
     cols: list[tuple[str, JustifyMethod]] = [
-        ("VPN", "left"), ("workload", "left"), ("metric", "left"), ("median", "right"), ("min–max", "right"),
-        ("n", "right"), ("× internal", "right"), ("CPU% cli/srv", "right"), ("RSS MiB", "right"),
-    ]  # fmt: skip
+        ("VPN", "left"),
+        ("workload", "left"),
+        ("metric", "left"),
+        ("median", "right"),
+        ("min–max", "right"),
+        ("n", "right"),
+        ("× internal", "right"),
+        ("CPU% cli/srv", "right"),
+        ("RSS MiB", "right"),
+    ]
     for col, just in cols:
         t.add_column(col, justify=just)
     rank = {v: i for i, v in enumerate(order)}
@@ -242,10 +249,19 @@ def print_comparison(cmp, console: Console, show_all: bool = False) -> None:
         caption_justify="left",
     )
     cols: list[tuple[str, JustifyMethod]] = [
-        ("VPN", "left"), ("profile", "left"), ("workload", "left"), ("metric", "left"), ("A median", "right"),
-        ("B median", "right"), ("n A/B", "right"), ("change", "right"), ("95% CI", "right"),
-        ("p (Holm)", "right"), ("Cliff's δ", "right"), ("verdict", "left"),
-    ]  # fmt: skip
+        ("VPN", "left"),
+        ("profile", "left"),
+        ("workload", "left"),
+        ("metric", "left"),
+        ("A median", "right"),
+        ("B median", "right"),
+        ("n A/B", "right"),
+        ("change", "right"),
+        ("95% CI", "right"),
+        ("p (Holm)", "right"),
+        ("Cliff's δ", "right"),
+        ("verdict", "left"),
+    ]
     for col, just in cols:
         t.add_column(col, justify=just)
     shown = [c for c in cmp.changes if c.gated or show_all]

@@ -571,7 +571,14 @@ def _comm(pid: int) -> str:
 
 
 class MeshNotReady(RuntimeError):
+    """The mesh is not ready. `down` lists the pairs that never answered when every daemon still runs (the
+    tunnels may carry some traffic, as under heavy loss); empty when a daemon exited."""
+
     outcome: Outcome  # what a failing case measured, when it set one (the runner stores its metrics)
+
+    def __init__(self, msg: str, down: list[tuple[str, str]] | None = None):
+        super().__init__(msg)
+        self.down = down or []
 
 
 class Mesh:
@@ -702,7 +709,8 @@ class Mesh:
             if late and down:
                 raise MeshNotReady(
                     f"{self.vpn}: pairs not answering after {timeout:.0f} s (not once since the wait began;"
-                    f" {len(answered)} others did): {down}"
+                    f" {len(answered)} others did): {down}",
+                    down,
                 )
             if late:  # every pair answers: the case runs, and its byte-counted path verdict judges the path
                 self.unsettled_at_ready = unsettled
