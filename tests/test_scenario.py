@@ -121,6 +121,29 @@ def test_builtin_scenarios_load_by_name(tmp_path, monkeypatch):
     assert load_scenario("seeds")[0].name == "mine"  # a file of that name wins
 
 
+def test_every_builtin_scenario_loads_and_names_itself(tmp_path, monkeypatch):
+    """Each scenario file shipped in the package parses, validates and carries its own name (a suite is
+    checked by its parts); quic-rr carries the seeds' quic and rr parameters."""
+    from importlib import resources
+
+    from tunnelbench.scenario import builtin_scenarios
+
+    monkeypatch.chdir(tmp_path)
+    folder = resources.files("tunnelbench").joinpath("scenarios")
+    shipped = sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+    assert sorted(builtin_scenarios()) == shipped and "quic-rr" in shipped
+    for name in shipped:
+        if name == "security":  # a suite
+            continue
+        assert load_scenario(name)[0].name == name
+
+    def built(name: str) -> list[str]:
+        wls = [w.build() for w in load_scenario(name)[0].workloads if w.name in ("quic", "rr")]
+        return sorted(w.label() + repr(w.params) for w in wls)
+
+    assert built("quic-rr") == built("seeds") and len(built("quic-rr")) == 5
+
+
 def test_fractional_iperf3_seconds_are_refused():
     """iperf3 -t and -O take whole seconds: 0.5 became 0, which iperf3 reads as "run forever"."""
     from tunnelbench.scenario import ScenarioError, parse_scenario
