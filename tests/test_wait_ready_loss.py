@@ -44,3 +44,29 @@ def test_a_star_of_50_spokes_comes_up_at_10pct_loss_and_never_at_100pct(lab_fact
         be.clear()
         mesh.stop()
     assert mesh.leftovers() == []
+
+
+@pytest.mark.lab
+def test_round_trips_over_10_s_count_as_answers(lab_factory):
+    """fping forgets a probe after 10 s, so at 5200 ms one way (10.4 s round trip) it never sees a reply;
+    readiness probes that may wait that long go out as iputils ping and the pair is up. The reference is the
+    profile's delay: the wait cannot end before one round trip."""
+    import time
+
+    lab = lab_factory(2)
+    driver = DRIVERS["internal"](MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
+    driver.configure()
+    mesh = Mesh(driver)
+    be = make_backend("auto", lab.router, lab.hosts, lab.run_dir / "impair")
+    mesh.start()
+    try:
+        mesh.wait_ready(30)
+        be.apply(Profile(name="d5200", delay_ms=5200))
+        mesh.probe_ms = int(300 + 4 * 5200)  # what the runner allows a probe under this profile
+        t0 = time.monotonic()
+        mesh.wait_ready(40)
+        assert time.monotonic() - t0 >= 10.4
+    finally:
+        be.clear()
+        mesh.stop()
+    assert mesh.leftovers() == []

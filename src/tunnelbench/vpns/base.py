@@ -9,6 +9,7 @@ import contextvars
 import difflib
 import fnmatch
 import functools
+import math
 import os
 import platform
 import re
@@ -570,6 +571,12 @@ def _comm(pid: int) -> str:
         return "?"
 
 
+# fping (5.1, Debian 12) forgets a probe 10 s after sending it (seqmap.c, SEQMAP_TIMEOUT_IN_S): a later reply
+# is dropped as unknown, so a round trip of 10 s or more (Goethals et al.'s 5000 ms one way) never counts.
+# Probes allowed that long go out as iputils ping instead.
+FPING_FORGETS_MS = 10_000
+
+
 class MeshNotReady(RuntimeError):
     """The mesh is not ready. `down` lists the pairs that never answered when every daemon still runs (the
     tunnels may carry some traffic, as under heavy loss); empty when a daemon exited."""
@@ -664,6 +671,10 @@ class Mesh:
                 by_src.setdefault(a.name, (a, {}))[1][self.tunnel_ip(b)] = b
         for a, targets in by_src.values():
             limit = 10 + 2 * per_probe_ms / 1000 + (len(targets) / 1000 if star else 0)
+            if per_probe_ms >= FPING_FORGETS_MS:
+                alive = self._ping_alive(a, list(targets), per_probe_ms, limit)
+                down += [(a.name, b.name) for ip, b in targets.items() if ip not in alive]
+                continue
             iv = ["-i", "1"] if star else []
             p = a.run(
                 ["fping", "-q", "-r", "0", *iv, "-t", str(per_probe_ms), *targets], check=False, timeout=limit
@@ -680,14 +691,24 @@ class Mesh:
             down += [(a.name, b.name) for ip, b in targets.items() if ip not in alive]
         return down
 
+    @staticmethod
+    def _ping_alive(a: Host, targets: list[str], per_probe_ms: int, limit: float) -> set[str]:
+        """The targets that answer one iputils ping each (all at once, from a), for round trips too long
+        for fping."""
+        wait_s = str(math.ceil(per_probe_ms / 1000))
+        script = (
+            'for ip in "$@"; do (ping -n -q -c 1 -W "$0" "$ip" >/dev/null 2>&1 && echo "$ip") & done; wait'
+        )
+        return set(a.run(["sh", "-c", script, wait_s, *targets], check=False, timeout=limit).stdout.split())
+
     def wait_ready(self, timeout: float) -> float:
         """Wait until every ordered pair has answered over the tunnel since the wait began, and then (within
         the same timeout) until the driver reports its paths settled (VpnDriver.unsettled); returns seconds
         waited. A pair counts once it answered: under a lossy profile (Goethals et al.'s degradation sweeps
         lose 10..90%) the chance that all of 100 spokes answer in the same round is 0.81^100 at 10% loss, so
-        a round-by-round "all at once" would call a working mesh down. Pairs that never answer raise MeshNotReady; paths
-        that never settle are kept in unsettled_at_ready and left to the case's path check
-        (lab/pathcheck.py), which counts the bytes rather than trusting the VPN's view."""
+        a round-by-round "all at once" would call a working mesh down. Pairs that never answer raise
+        MeshNotReady; paths that never settle are kept in unsettled_at_ready and left to the case's path
+        check (lab/pathcheck.py), which counts the bytes rather than trusting the VPN's view."""
         t0 = time.monotonic()
         self.unsettled_at_ready = []
         answered: set[tuple[str, str]] = set()
