@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelbench.lab.host import Host
+from tunnelbench.lab.host import THIS_MACHINE, Host
 from tunnelbench.vpns import DRIVERS, MeshSpec
 
 
@@ -56,7 +56,7 @@ def test_nebula_config_for_3_hosts_parses_and_passes_nebula_test(tmp_path):
         assert conf["pki"]["key"] == str(d.host_dir(h) / "host.key")
         assert mode(d.host_dir(h) / "host.key") == 0o600 and mode(path) == 0o600
         # the certificate nebula-cert signed carries the host's tunnel address
-        crt = subprocess.run([d.bin("nebula-cert"), "print", "-json", "-path", conf["pki"]["cert"]],
+        crt = subprocess.run([THIS_MACHINE.binary("nebula-cert", d.installs), "print", "-json", "-path", conf["pki"]["cert"]],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
         cert = json.loads(crt)
         cert = cert[0] if isinstance(cert, list) else cert
@@ -64,7 +64,7 @@ def test_nebula_config_for_3_hosts_parses_and_passes_nebula_test(tmp_path):
         nets = details.get("networks") or details.get("ips")
         assert nets == [f"10.77.0.{h.name[1]}/24"] and details["name"] == h.name, details
         # nebula's own check: it loads the config, the CA, the certificate and the key, then exits
-        r = subprocess.run([d.bin("nebula"), "-test", "-config", str(path)], capture_output=True, text=True,
+        r = subprocess.run([THIS_MACHINE.binary("nebula", d.installs), "-test", "-config", str(path)], capture_output=True, text=True,
                            timeout=30)  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
     assert mode(d.host_dir(hosts[0]) / "ca" / "ca.key") == 0o600
@@ -76,7 +76,7 @@ def test_fastd_config_for_3_hosts_names_each_peer_key_and_passes_verify_config(t
     for h in hosts:
         secret = d.host_dir(h) / "secret.key.conf"
         assert mode(secret) == 0o600
-        pubs[h.name] = subprocess.run([d.bin("fastd"), "--show-key", "--machine-readable", "--config",
+        pubs[h.name] = subprocess.run([THIS_MACHINE.binary("fastd", d.installs), "--show-key", "--machine-readable", "--config",
                                        str(secret)], capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert len(set(pubs.values())) == 3
     for h in hosts:
@@ -90,7 +90,7 @@ def test_fastd_config_for_3_hosts_names_each_peer_key_and_passes_verify_config(t
                 continue
             line = next(x for x in peers if x.startswith(f'peer "{p.name}"'))
             assert f'key "{pubs[p.name]}";' in line
-        r = subprocess.run([d.bin("fastd"), "--verify-config", "--config", str(d.host_dir(h) / "fastd.conf")],
+        r = subprocess.run([THIS_MACHINE.binary("fastd", d.installs), "--verify-config", "--config", str(d.host_dir(h) / "fastd.conf")],
                            capture_output=True, text=True, timeout=30)  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import shutil
 import socket
@@ -33,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tunnelbench.lab.host import Host, Process, Result
+from tunnelbench.lab.host import THIS_MACHINE, Host, Process, Result
 from tunnelbench.vpns import DRIVERS, MeshSpec
 
 
@@ -70,9 +71,13 @@ class RecordingHost(FolderHost):
 
     def run(self, argv, **kw):
         argv = list(argv)
-        if argv[0] in ("ip", "ss", "cat") or argv[:2] == ["wg", "set"]:
-            self.ran.append(argv)
-            return Result(argv, 0, "0x1001\n" if argv[0] == "cat" else "recorded\n", "", 0.0)
+        cmd = [
+            os.path.basename(argv[0]),
+            *argv[1:],
+        ]  # drivers run binaries by their resolved path (/usr/bin/wg)
+        if cmd[0] in ("ip", "ss", "cat") or cmd[:2] == ["wg", "set"]:
+            self.ran.append(cmd)
+            return Result(argv, 0, "0x1001\n" if cmd[0] == "cat" else "recorded\n", "", 0.0)
         return super().run(argv, **kw)
 
     def exists(self, path: Path) -> bool:  # wireguard-go's UAPI socket
@@ -88,7 +93,7 @@ def mesh(name: str, tmp_path: Path, host_cls=FolderHost, kernel: bool = True, **
         if not a.ok:
             pytest.skip(f"{name}: {a.reason}")
     else:
-        missing = [b for b in cls.binaries if shutil.which(cls.bin(b)) is None]
+        missing = [b for b in cls.binaries if shutil.which(THIS_MACHINE.binary(b, cls.installs)) is None]
         if missing:
             pytest.skip(f"{name}: missing binaries: {', '.join(missing)}")
     hosts = [host_cls(i, tmp_path) for i in (1, 2, 3)]
@@ -205,7 +210,7 @@ def test_wireguard_peers_carry_the_public_key_of_each_peers_private_key(tmp_path
 def test_vpncloud_shares_one_password_and_dials_every_peer(tmp_path):
     d, hosts = mesh("vpncloud", tmp_path, host_cls=RecordingHost, mtu=1400)
     started(d, hosts)
-    help_text = sh(d.bin("vpncloud"), "--help")
+    help_text = sh(THIS_MACHINE.binary("vpncloud", d.installs), "--help")
     passwords = set()
     for h in hosts:
         path = d.host_dir(h) / "vpncloud.yaml"
@@ -230,7 +235,7 @@ def test_vpncloud_shares_one_password_and_dials_every_peer(tmp_path):
 def test_n2n_edges_register_with_one_supernode_and_share_the_community_key(tmp_path):
     d, hosts = mesh("n2n", tmp_path, host_cls=RecordingHost, mtu=1380)
     started(d, hosts)
-    usage = subprocess.run([d.bin("edge"), "-h"], capture_output=True, text=True)
+    usage = subprocess.run([THIS_MACHINE.binary("edge", d.installs), "-h"], capture_output=True, text=True)
     usage = usage.stdout + usage.stderr
     supernodes = [(h, argv) for h in hosts for label, argv, _ in h.spawned if label == "supernode"]
     assert [(h.name, argv[1:]) for h, argv in supernodes] == [("h1", ["-l", "7654"])]
@@ -454,7 +459,7 @@ def test_tailscale_headscale_config_passes_configtest_and_its_policy_check(tmp_p
     assert Path(conf["unix_socket"]).parent == tmp_path / "sock"
     for p in (conf["noise"]["private_key_path"], conf["database"]["sqlite"]["path"]):
         assert Path(p).parent == infra
-    hs = [d.bin("headscale"), "-c", str(path), "--force"]
+    hs = [THIS_MACHINE.binary("headscale", d.installs), "-c", str(path), "--force"]
     r = subprocess.run([*hs, "configtest"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr  # headscale loads the config (and the policy file)
     if acl == "off":

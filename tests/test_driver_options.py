@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelbench.lab.host import Host
+from tunnelbench.lab.host import THIS_MACHINE, Host
 from tunnelbench.scenario import ScenarioError, parse_scenario
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 from tunnelbench.vpns.base import DriverOptions, OptionsError, TunnelOptions
@@ -210,11 +210,11 @@ def test_wireguard_go_without_offloads_starts_through_the_tun_fd_helper(tmp_path
     d._spawn_daemon(h, "tboptv1", tmp_path)
     argv = spawned[0]
     assert argv[1:4] == ["-c", TUN_FD_HELPER, "tboptv1"]
-    assert argv[4:] == [d.bin("wireguard-go"), "-f", "tboptv1"]
+    assert argv[4:] == [THIS_MACHINE.binary("wireguard-go", d.installs), "-f", "tboptv1"]
     # a build without offloads (Debian's 0.0.20220316) is started as is
     monkeypatch.setattr(d, "_has_offloads", lambda host: False)
     d._spawn_daemon(h, "tboptv1", tmp_path)
-    assert spawned[1] == [d.bin("wireguard-go"), "-f", "tboptv1"]
+    assert spawned[1] == [THIS_MACHINE.binary("wireguard-go", d.installs), "-f", "tboptv1"]
 
 
 # -- the offloads switch takes effect (root) -----------------------------------------------------

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from tunnelbench.lab.host import find_binary
 from tunnelbench.scenario import ScenarioError, parse_scenario
 from tunnelbench.vpns import DRIVERS
 from tunnelbench.vpns.impossible import IMPOSSIBLE
-from tunnelbench.vpns.install import Crate, GoModule, binary
+from tunnelbench.vpns.install import Crate, GoModule
 
 
 def test_cache_is_keyed_by_name_and_version(tmp_path, monkeypatch):
@@ -23,8 +24,8 @@ def test_cache_is_keyed_by_name_and_version(tmp_path, monkeypatch):
     (c.bin_dir() / "boringtun-cli").write_text("#!/bin/sh\n")
     assert c.cached()
     # the cache wins over PATH
-    assert binary("boringtun-cli", (c,)) == str(c.bin_dir() / "boringtun-cli")
-    assert binary("no-such-binary-here", (c,)) is None
+    assert find_binary("boringtun-cli", (c,)) == str(c.bin_dir() / "boringtun-cli")
+    assert find_binary("no-such-binary-here", (c,)) is None
 
 
 def test_every_driver_declares_installs_and_paths():

@@ -48,7 +48,7 @@ class FakeVpn(VpnDriver):
     summary = "test-only driver"
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         return "1.0 (test)"
 
     def tunnel_ip(self, host: Host) -> str:

@@ -321,6 +321,15 @@ time.sleep(0.3)
 assert p.alive() and p.start is not None and "started" in p.log_tail()
 p.stop(grace=2)
 assert not p.alive()
+# binaries resolve there, with `command -v` on its PATH, plus a system package's folders off PATH
+import os, shutil
+from tunnelbench.vpns.install import Apt
+assert os.path.realpath(h.binary("sh")) == os.path.realpath(shutil.which("sh")), h.binary("sh")
+assert h.binary("tb-no-such-binary") == "tb-no-such-binary"
+h.write_file(Path("/var/tmp/tunnelbench/t/libexec/tbprobe"), "#!/bin/sh\\n", 0o755)
+assert h.binary("tbprobe") == "tbprobe"  # off PATH
+probe = Apt(("tbprobe-pkg",), ("tbprobe",), libexec=("/var/tmp/tunnelbench/t/libexec",))
+assert h.binary("tbprobe", (probe,)) == "/var/tmp/tunnelbench/t/libexec/tbprobe", h.binary("tbprobe", (probe,))
 h.run(["rm", "-rf", "/var/tmp/tunnelbench/t"])
 # a host that cannot be reached, or refuses the key, raises SshError naming the host and what went wrong
 import dataclasses

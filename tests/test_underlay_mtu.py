@@ -13,6 +13,7 @@ import pytest
 from conftest import lab_missing, tb
 
 from tunnelbench.lab import make_lab
+from tunnelbench.lab.host import THIS_MACHINE
 from tunnelbench.scenario import LabCfg
 from tunnelbench.vpns import resolve
 from tunnelbench.vpns.internal import Internal
@@ -22,7 +23,7 @@ def test_internal_mtu_variants_resolve_and_refuse_what_is_not_an_mtu():
     c = resolve("internal@mtu1450")
     assert issubclass(c, Internal) and c.key == "internal@mtu1450" and c.underlay_mtu == 1450
     assert c is resolve("internal@mtu1450")  # the same spec, the same class
-    assert c.version().endswith("(underlay MTU 1450)") and Internal.underlay_mtu is None
+    assert c.version(THIS_MACHINE).endswith("(underlay MTU 1450)") and Internal.underlay_mtu is None
     for bad in ("internal@mtu100", "internal@mtu9001", "internal@debian", "internal@1.0.0"):
         with pytest.raises(ValueError, match="mtuNNNN"):
             resolve(bad)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tunnelbench.lab.host import THIS_MACHINE, find_binary
 from tunnelbench.scenario import ScenarioError, parse_scenario
 from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec, resolve
-from tunnelbench.vpns.install import Apt, Crate, GoModule, binary, registry, upstream_version
+from tunnelbench.vpns.install import Apt, Crate, GoModule, registry, upstream_version
 
 
 def _sc(vpns, **extra) -> dict:
@@ -132,10 +133,13 @@ def test_a_variant_runs_its_own_cache_build_and_reports_its_version(tmp_path, mo
     a = cls.availability()
     assert not a.ok and a.installable and "tunnelbench install nebula@1.9.0" in a.reason
     # a pinned build never falls back to PATH (the Debian nebula may be there)
-    assert binary("nebula", cls.installs) is None and cls.bin("nebula") == "nebula"
+    assert (
+        find_binary("nebula", cls.installs) is None
+        and THIS_MACHINE.binary("nebula", cls.installs) == "nebula"
+    )
     for b in ("nebula", "nebula-cert"):
         _fake_build(tmp_path / "nebula-1.9.0" / "bin", b, "Version: 1.9.0")
-    assert cls.bin("nebula") == str(tmp_path / "nebula-1.9.0" / "bin" / "nebula")
+    assert THIS_MACHINE.binary("nebula", cls.installs) == str(tmp_path / "nebula-1.9.0" / "bin" / "nebula")
     a = cls.availability()
     assert a.ok and a.version == "1.9.0 (go proxy)", a
     # a build that reports no version gets the pinned version of the cache build it came from
@@ -153,7 +157,7 @@ def test_module_version_is_shown_when_the_build_reports_another(tmp_path, monkey
         "wireguard-go",
         "wireguard-go v0.0.20250522",
     )
-    if binary("wg") is None:
+    if find_binary("wg") is None:
         pytest.skip("wg (wireguard-tools) is not installed")
     assert cls.availability().version == "0.0.20250522 (go proxy v0.0.0-20260522210424-ecfc5a8d5446)"
 
@@ -170,7 +174,7 @@ def test_debian_variant_reports_the_debian_version():
     a = cls.availability()
     if not a.ok:
         pytest.skip(f"nebula@debian: {a.reason}")
-    assert cls.bin("nebula").startswith(("/usr/", "/bin", "/sbin"))
+    assert THIS_MACHINE.binary("nebula", cls.installs).startswith(("/usr/", "/bin", "/sbin"))
     assert "(debian " in a.version and "unknown" not in a.version
 
 
@@ -255,7 +259,7 @@ def test_debian_and_default_builds_come_up_with_different_versions(name, lab_fac
             assert mesh.pairs_down() == []
             # the running daemon is the build the variant names
             exe = os.path.realpath(f"/proc/{driver.daemons(lab.hosts[0])[0].pid}/exe")
-            assert exe == os.path.realpath(cls.bin(cls.binaries[0])), (s, exe)
+            assert exe == os.path.realpath(THIS_MACHINE.binary(cls.binaries[0], cls.installs)), (s, exe)
         finally:
             mesh.stop()
         assert mesh.leftovers() == []
@@ -268,14 +272,11 @@ def test_debian_and_default_builds_come_up_with_different_versions(name, lab_fac
 
 def test_every_driver_carries_its_own_feature_record():
     """A subclass (boringtun of wireguard-go, the kernel IPsec family of strongswan) once showed its parent's
-    record: kernel WireGuard listed as "userspace (Go)". Each documented driver has exactly its own."""
+    record: kernel WireGuard listed as "userspace (Go)". Each subclassed driver has a record of its own."""
     from tunnelbench.vpns import DRIVERS
-    from tunnelbench.vpns.feature_data import DOCUMENTED
 
-    wrong = [n for n, rec in DOCUMENTED.items() if n in DRIVERS and DRIVERS[n].features is not rec]
-    assert not wrong
     parents = [(n, b.name) for n, d in DRIVERS.items() for b in d.__mro__[1:] if b in DRIVERS.values()]
     assert parents  # the case that broke: subclassed drivers exist
     for n, parent in parents:
-        if n in DOCUMENTED and parent in DOCUMENTED:
-            assert DRIVERS[n].features != DRIVERS[parent].features or DOCUMENTED[n] == DOCUMENTED[parent], n
+        assert "features" in DRIVERS[n].__dict__, n
+        assert DRIVERS[n].features != DRIVERS[parent].features, (n, parent)

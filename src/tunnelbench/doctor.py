@@ -213,7 +213,11 @@ def vpn_and_workload_checks(
             detail = a.version if a.ok else f"{a.state}: {a.reason}"
             checks.append(Check("vpns", name, a.ok, detail or "", cls.summary, a.state))
             continue
-        missing = [b for b in cls.binaries if where.get(b) is None]
+        missing = [  # not on its PATH: the host may still keep it off PATH (strongSwan's charon)
+            b
+            for b in cls.binaries
+            if where.get(b) is None and (host is None or host.binary(b, cls.installs) == b)
+        ]
         why = cls.impossible_on([host]) if host is not None else None  # its kernel's own answer
         detail = (
             f"impossible here: {why}"

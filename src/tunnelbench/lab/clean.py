@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunnelbench.lab.host import Host
+from tunnelbench.lab.host import THIS_MACHINE, Host
 from tunnelbench.lab.journal import Leftovers, process_alive, registered_runs, registry_files, undo_handler
 from tunnelbench.lab.netns import NetnsHost, destroy_netns, netns_exists
 from tunnelbench.lab.tags import TAG_PREFIX
@@ -31,22 +30,10 @@ class CleanReport:
     unknown: list[str] = field(default_factory=list)  # look like ours but are in no journal: not touched
 
 
-class _ThisMachine(Host):
-    """Where `clean` runs: the host a registered undo handler gets for an entry made outside any namespace."""
-
-    name = "local"
-    underlay_ip = ""
-    journal = None
-    workdir = Path("/")
-
-    def argv(self, argv: Sequence[str]) -> list[str]:
-        return list(argv)
-
-
 def _host_of(entry: dict) -> Host:
     if entry.get("netns"):
         return NetnsHost("local", entry["netns"], "", Path("/"), None)
-    return _ThisMachine()
+    return THIS_MACHINE
 
 
 def _kill(entry: dict) -> str | None:

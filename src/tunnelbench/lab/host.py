@@ -19,6 +19,37 @@ from typing import Protocol
 
 from tunnelbench.lab.journal import HostJournaling, process_alive
 
+# where Debian packages put binaries: a binary that a system-package source declares is looked up here only
+DEBIAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class BinarySource(Protocol):
+    """Where binaries come from (vpns/install.py's Apt, GoModule, Crate), as `Host.binary` reads it."""
+
+    @property
+    def binaries(self) -> tuple[str, ...]: ...
+
+    def bin_dir(self) -> Path | None:
+        """The registry build's cache folder; None for a system package (found on DEBIAN_PATH)."""
+
+    @property
+    def libexec(self) -> tuple[str, ...]:
+        """Folders off PATH where a system package keeps a daemon (strongSwan's charon in /usr/lib/ipsec)."""
+
+
+def find_binary(name: str, installs: Sequence[BinarySource] = ()) -> str | None:
+    """Absolute path of a binary on this machine, else None. A registry source that declares it: its cache
+    build only (a pinned version never silently becomes whatever PATH has); a system-package source: Debian's
+    folders and its libexec folders; a binary no source declares: PATH."""
+    for s in installs:
+        if name not in s.binaries:
+            continue
+        d = s.bin_dir()
+        if d is None:
+            return shutil.which(name, path=":".join((*s.libexec, DEBIAN_PATH)))
+        return str(d / name) if (d / name).is_file() else None
+    return shutil.which(name)
+
 
 class _Killable(Protocol):  # a Popen, or the SSH lab's handle on a remote command
     def kill(self) -> None: ...
@@ -250,6 +281,12 @@ class Host(ABC):
     def mkdir(self, path: Path, mode: int = 0o755) -> None:
         path.mkdir(parents=True, exist_ok=True, mode=mode)
 
+    def binary(self, name: str, installs: Sequence[BinarySource] = ()) -> str:
+        """The binary `name` as this host runs it: the absolute path `find_binary` gives, or the bare name
+        when the host has none (then `binary(...) == name` says it is missing, and a spawn fails naming it).
+        Every driver resolves its binaries here, with its `installs`: namespaces share this machine's files."""
+        return find_binary(name, installs) or name
+
     def which(self, tools: Iterable[str]) -> dict[str, str | None]:
         """Each tool's path on the host's own PATH (None: missing): remote hosts only (SshHost)."""
         raise NotImplementedError(f"{type(self).__name__}.which: look tools up here with shutil.which")
@@ -262,3 +299,20 @@ class Host(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.underlay_ip}>"
+
+
+class ThisMachine(Host):
+    """This machine outside any namespace: where version checks ask a binary for its version and where `clean`
+    undoes an entry made outside any namespace."""
+
+    name = "local"
+    underlay_ip = ""
+    underlay_if = ""
+    journal = None
+    workdir = Path("/")
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        return list(argv)
+
+
+THIS_MACHINE = ThisMachine()

@@ -40,7 +40,7 @@ from typing import Any
 from tunnelbench.lab import LabError
 from tunnelbench.lab import host as _hostmod
 from tunnelbench.lab.addressing import TUNNEL_RANGES_V4, TUNNEL_RANGES_V6
-from tunnelbench.lab.host import CommandError, Host, Process, Result
+from tunnelbench.lab.host import BinarySource, CommandError, Host, Process, Result
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.journal import Journal, read_open_entries, undo_handler
 from tunnelbench.lab.procstat import ProcStat, parse_stat, starttime_sh, stat_argv
@@ -296,6 +296,7 @@ class SshHost(Host):
         self.use_channel = True  # False: one SSH session per command (the fallback, and for comparison)
         # where `install --inventory` copies binaries; first on PATH for every command tunnelbench runs there
         self.bin_dir = str(inv.vars.get("tunnelbench_bin_dir") or DEFAULT_BIN_DIR)
+        self._binaries: dict[tuple[str, tuple[str, ...]], str | None] = {}  # binary(): what `command -v` said
 
     # -- connection ------------------------------------------------------------------------------------
     def _connect_kwargs(self) -> dict[str, Any]:
@@ -628,6 +629,19 @@ class SshHost(Host):
 
     def mkdir(self, path: Path, mode: int = 0o700) -> None:
         self.run(["mkdir", "-p", "-m", f"{mode:o}", "--", str(path)])
+
+    def binary(self, name: str, installs: Sequence[BinarySource] = ()) -> str:
+        """`name` as this machine runs it: `command -v` there, on its own PATH (bin_dir first, where `install
+        --inventory` puts pinned builds) plus a system package's libexec folders; the bare name when it has
+        none. This machine's install cache never applies: its paths are not the remote's."""
+        libexec = next((s.libexec for s in installs if name in s.binaries and s.bin_dir() is None), ())
+        key = (name, libexec)
+        if key not in self._binaries:
+            extra = "".join(f":{shlex.quote(d)}" for d in libexec)
+            out = self.run(["sh", "-c", f'PATH="$PATH{extra}"; command -v {shlex.quote(name)}'], check=False)
+            found = out.stdout.strip()
+            self._binaries[key] = found if found.startswith("/") else None
+        return self._binaries[key] or name
 
     def which(self, tools: Iterable[str]) -> dict[str, str | None]:
         tools = list(tools)

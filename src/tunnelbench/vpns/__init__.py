@@ -77,14 +77,6 @@ DRIVERS: dict[str, type[VpnDriver]] = {
     )
 }
 
-from tunnelbench.vpns.feature_data import DOCUMENTED  # noqa: E402
-
-# each driver its own record: a subclass (boringtun of wireguard-go, the kernel IPsec family of strongswan)
-# must not keep its parent's, so the test is on the class's own attribute, not an inherited one
-for _name, _d in DRIVERS.items():
-    if "features" not in _d.__dict__ and _name in DOCUMENTED:
-        _d.features = DOCUMENTED[_name]
-
 
 def debian_build(cls: type[VpnDriver]) -> tuple:
     """The install sources of the driver's Debian build (`NAME@debian`): its own `debian_installs`, or its

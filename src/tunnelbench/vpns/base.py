@@ -5,34 +5,29 @@ hands the mesh (hosts + tunnel addresses) to workloads."""
 
 from __future__ import annotations
 
-import contextvars
 import difflib
 import fnmatch
-import functools
 import math
 import os
 import platform
 import re
-import subprocess
 import time
 import types
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tunnelbench.lab.host import CommandError, Host, Process
+from tunnelbench.lab.host import THIS_MACHINE, CommandError, Host, Process
 from tunnelbench.lab.kernel import FALLBACK_LINKS
 from tunnelbench.lab.kernel import missing as kernel_missing
 from tunnelbench.vpns.install import (
     Source,
-    binary,
     debian_package_of,
     debian_version,
     registry,
@@ -172,10 +167,6 @@ SECRET_PATTERNS = ("*.key", "*key*", "*.priv", "*secret*", "*private*", "*.state
 PUBLIC_PATTERNS = ("*.pub", "*pub*", "*.crt", "*.csr", "*.log")
 
 
-# set while availability() asks a remote host for a driver's version: _first_line runs there
-_VERSION_HOST: ContextVar[Host | None] = ContextVar("_VERSION_HOST", default=None)
-
-
 class VpnDriver(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -224,9 +215,6 @@ class VpnDriver(ABC):
     def __init__(self, spec: MeshSpec):
         self.spec = spec
         self.options = self.parse_options(spec.options)
-        remote = next((h for h in spec.hosts if h.remote), None)
-        if remote is not None:  # SSH hosts: self.bin(...) names binaries as the hosts resolve them
-            self.bin = functools.partial(self._remote_bin, remote)  # type: ignore[method-assign]  # per instance
         if spec.topology not in self.topologies:
             raise ValueError(
                 f"{self.name} does not support topology {spec.topology!r} "
@@ -244,7 +232,8 @@ class VpnDriver(ABC):
     # -- identity ----------------------------------------------------------------------------------
     @classmethod
     def availability(cls, hosts: Sequence[Host] | None = None) -> Availability:
-        """Binaries and version here, or on the hosts when they are remote (SSH lab: version from the first)."""
+        """Binaries and version here, or on the hosts when they are remote (SSH lab: version from the first).
+        Every binary is looked up the way a run will start it, `host.binary(name, installs)`."""
         remote = [h for h in hosts or [] if h.remote]
         why = cls.impossible_on(hosts)
         if why:
@@ -255,12 +244,13 @@ class VpnDriver(ABC):
                 f"{cls.key}: versions (NAME@VERSION) run on the namespace lab only; SSH "
                 f"hosts run the build on their own PATH (use {cls.name!r})",
             )
-        if remote:
-            missing = sorted(
-                {f"{b} on {h.name}" for h in remote for b, p in h.which(cls.binaries).items() if p is None}
-            )
-        else:  # bin() gives the bare name when the pinned build (or, for others, PATH) has no such binary
-            missing = [b for b in cls.binaries if cls.bin(b) == b]
+        machines = remote or [THIS_MACHINE]  # namespaces share this machine's files
+        missing = [  # binary() gives the bare name when the host has no such binary
+            f"{b} on {h.name}" if h.remote else b
+            for h in machines
+            for b in cls.binaries
+            if h.binary(b, cls.installs) == b
+        ]
         if missing:
             blocked = [w for s in cls.installs if (w := s.possible())]
             if cls.installs and not blocked and not remote:
@@ -273,15 +263,12 @@ class VpnDriver(ABC):
                 False,
                 f"missing binaries: {', '.join(missing)}" + (f" ({'; '.join(blocked)})" if blocked else ""),
             )
-        token = _VERSION_HOST.set(remote[0] if remote else None)
         try:
-            reported = cls.version()
+            reported = cls.version(machines[0])
             version = f"{reported} (on {remote[0].name})" if remote else cls.version_label(reported)
             return Availability(True, version=version)
         except Exception as e:  # a binary that cannot report its version is broken
             return Availability(False, f"version check failed: {e}")
-        finally:
-            _VERSION_HOST.reset(token)
 
     @classmethod
     def version_label(cls, reported: str) -> str:
@@ -294,7 +281,7 @@ class VpnDriver(ABC):
             return v  # the kernel's (internal, vxlan), or the driver already said where its build comes from
         if v.lower() in ("", "unknown", "(devel)", "devel"):
             v = ""
-        path = cls.bin(cls.binaries[0])
+        path = THIS_MACHINE.binary(cls.binaries[0], cls.installs)
         for s in cls.installs:
             d = s.bin_dir()
             if d is not None and path == str(d / cls.binaries[0]):
@@ -312,7 +299,8 @@ class VpnDriver(ABC):
 
     @classmethod
     @abstractmethod
-    def version(cls) -> str: ...
+    def version(cls, host: Host) -> str:
+        """What the VPN's build on `host` reports as its version (THIS_MACHINE for the namespace lab)."""
 
     @classmethod
     def impossible_here(cls) -> str | None:
@@ -344,7 +332,7 @@ class VpnDriver(ABC):
     def cached_version(cls, name: str) -> str | None:
         """The pinned version of the install-cache build that `name` resolves to, else None (builds made with
         `go install` often print "unknown" or a dev version: the cache key is the version that was built)."""
-        path = cls.bin(name)
+        path = THIS_MACHINE.binary(name, cls.installs)
         for s in cls.installs:
             d = s.bin_dir()
             if d is not None and path == str(d / name):
@@ -352,32 +340,10 @@ class VpnDriver(ABC):
                 return s.version.removeprefix("v")
         return None
 
-    @classmethod
-    def bin(cls, name: str) -> str:
-        """The binary to run: the install cache first (vpns/install.py), then PATH; the bare name if neither
-        (an SSH host resolves it on its own PATH)."""
-        if _VERSION_HOST.get() is not None:
-            return name
-        return binary(name, cls.installs) or name
-
-    @classmethod
-    def _remote_bin(cls, host: Host, name: str) -> str:
-        """cls.bin as seen from a remote host: the bare name (its own PATH), never a local cache path;
-        driver overrides (e.g. strongSwan's charon in /usr/lib/ipsec) still apply."""
-        token = _VERSION_HOST.set(host)
-        try:
-            return cls.bin(name)
-        finally:
-            _VERSION_HOST.reset(token)
-
     @staticmethod
-    def _first_line(argv: list[str], contains: str = "") -> str:
-        host = _VERSION_HOST.get()
-        p = (
-            host.run(argv, check=False, timeout=10)
-            if host
-            else subprocess.run(argv, capture_output=True, text=True, timeout=10)
-        )
+    def _first_line(host: Host, argv: list[str], contains: str = "") -> str:
+        """The first line `argv` prints on `host` that holds `contains` (a version check's answer)."""
+        p = host.run(argv, check=False, timeout=10)
         for line in (p.stdout + p.stderr).splitlines():
             if contains.lower() in line.lower() and line.strip():
                 return line.strip()
@@ -632,13 +598,12 @@ class Mesh:
             self.driver.stop(hub)
 
     def _each_spoke(self, step: Callable[[Host], None], hub: Host) -> None:
-        """step(spoke) for every spoke, SPOKES_AT_ONCE at a time (each in a copy of the caller's context, so the
-        driver sees the same binary-resolution context); every spoke is attempted, the first error raised.
+        """step(spoke) for every spoke, SPOKES_AT_ONCE at a time; every spoke is attempted, the first error raised.
         On Ctrl-C the spokes not begun are dropped and those under way finish before it propagates."""
         spokes = [h for h in self.hosts if h is not hub]
         pool = ThreadPoolExecutor(max_workers=self.SPOKES_AT_ONCE, thread_name_prefix="spoke")
         try:
-            futures = [pool.submit(contextvars.copy_context().run, step, h) for h in spokes]
+            futures = [pool.submit(step, h) for h in spokes]
             errors = [e for f in futures if (e := f.exception()) is not None]
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions
+from tunnelbench.vpns.features import wireguard_record
 from tunnelbench.vpns.install import Apt, Crate
 from tunnelbench.vpns.wireguard_go import WireguardGo
 
@@ -24,7 +25,13 @@ VERSION = "0.7.1"
 class Boringtun(WireguardGo):
     name = "boringtun"
     summary = (
-        f"WireGuard, userspace Rust implementation (cargo boringtun-cli {VERSION} + wg), full mesh UDP 51820"
+        "WireGuard, userspace Rust implementation (boringtun-cli from crates.io + wg), full mesh UDP 51820"
+    )
+    # the feature record (vpns/features.py): each fact with its source
+    features = wireguard_record(
+        "userspace (Rust), TUN",
+        "https://github.com/cloudflare/boringtun",
+        ("BSD-3-Clause", "https://github.com/cloudflare/boringtun"),
     )
     binaries = ("boringtun-cli", "wg")
     Options = TunnelOptions  # type: ignore[assignment]  # vpn_options: mtu (not wireguard-go's offloads)
@@ -42,11 +49,13 @@ class Boringtun(WireguardGo):
         }
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # "boringtun 0.7.1"
-        return cls._first_line([cls.bin("boringtun-cli"), "--version"], "boringtun").split()[-1]
+        return cls._first_line(
+            host, [host.binary("boringtun-cli", cls.installs), "--version"], "boringtun"
+        ).split()[-1]
 
     def _spawn_daemon(self, host: Host, ifname: str, d: Path):
-        argv = [self.bin("boringtun-cli"), "-f", "--disable-drop-privileges", "--log", str(d / "boringtun.log"),
+        argv = [host.binary("boringtun-cli", self.installs), "-f", "--disable-drop-privileges", "--log", str(d / "boringtun.log"),
                 "--verbosity", "error", ifname]  # fmt: skip
         return host.spawn(argv, label="boringtun", log_path=d / "daemon.log", env={"WG_SUDO": "true"})

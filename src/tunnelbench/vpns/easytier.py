@@ -16,7 +16,12 @@ import secrets
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Crate
+
+# documentation pages the feature record cites
+ET_GH = "https://github.com/EasyTier/EasyTier"
+ET_P2P = "https://www.easytier.cn/en/guide/network/p2p-optimize.html"
 
 VERSION = "2.0.3"
 PORT = 11010
@@ -24,7 +29,24 @@ PORT = 11010
 
 class EasyTier(VpnDriver):
     name = "easytier"
-    summary = f"EasyTier {VERSION} mesh (UDP {PORT}), nodes route and relay for each other, encrypted"
+    summary = f"EasyTier mesh (UDP {PORT}), nodes route and relay for each other, encrypted"
+    # the feature record (vpns/features.py): each fact with its source
+    features = {
+        "protocol": fact("own protocol over UDP/TCP/WebSocket/QUIC/WireGuard transports", ET_GH),
+        "ciphers": fact(
+            "AES-GCM (default) with a key from the network secret",
+            "https://wiki.metacubex.one/en/config/proxies/easytier/",
+        ),
+        "data_plane": fact("userspace (Rust, tokio), TUN", ET_GH),
+        "topology": fact("decentralised mesh; every node routes and relays", ET_GH),
+        "nat_traversal": fact("UDP hole punching", ET_P2P),
+        "relay": fact("any node relays (UDP or TCP links)", ET_P2P),
+        "acl": fact("network name + secret; whitelists for relaying", ET_GH),
+        "unattended_join": fact("yes (config file with the network secret)", ET_GH),
+        "self_hosted_control": fact("no control plane needed (public or own relay nodes)", ET_GH),
+        "platforms": fact("Linux, macOS, Windows (iOS/Android later)", ET_GH),
+        "license": fact("LGPL-3.0", ET_GH),
+    }
     binaries = ("easytier-core",)
     installs = (
         Crate(
@@ -61,9 +83,11 @@ class EasyTier(VpnDriver):
         return spec.relay if spec.path != "direct" else None
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # "easytier-core 2.0.3-<git>"
-        return cls._first_line([cls.bin("easytier-core"), "--version"], "easytier").split()[-1]
+        return cls._first_line(
+            host, [host.binary("easytier-core", cls.installs), "--version"], "easytier"
+        ).split()[-1]
 
     def _dials(self, host: Host) -> list[Host]:
         if self.spec.path == "direct" or self.spec.relay is None:
@@ -104,7 +128,7 @@ class EasyTier(VpnDriver):
     def start(self, host: Host) -> None:
         d = self.host_dir(host)
         proc = host.spawn(
-            [self.bin("easytier-core"), "-c", str(d / "easytier.toml")],
+            [host.binary("easytier-core", self.installs), "-c", str(d / "easytier.toml")],
             label="easytier",
             log_path=d / "daemon.log",
         )
@@ -128,7 +152,11 @@ class EasyTier(VpnDriver):
             return []
         out: list[str] = []
         for h in self.spec.hosts:
-            res = h.run([self.bin("easytier-cli"), "-p", "127.0.0.1:15888", "route"], check=False, timeout=10)
+            res = h.run(
+                [h.binary("easytier-cli", self.installs), "-p", "127.0.0.1:15888", "route"],
+                check=False,
+                timeout=10,
+            )
             hops = route_next_hops(res.stdout) if res.returncode == 0 else {}
             for p in self.peers(h):
                 hop = hops.get(p.name)

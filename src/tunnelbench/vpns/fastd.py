@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt
 
 PORT = 10000
@@ -21,6 +22,25 @@ METHOD = "salsa2012+umac"
 class Fastd(VpnDriver):
     name = "fastd"
     summary = f"fastd full mesh in TAP mode (one daemon per host, UDP {PORT}), {METHOD}"
+    # the feature record (vpns/features.py): each fact with its source
+    features = {
+        "protocol": fact("fastd over UDP (tun or tap)", "https://fastd.readthedocs.io/"),
+        "ciphers": fact(
+            "salsa2012+umac (used), chacha20-poly1305, aes128-gcm, null",
+            "https://fastd.readthedocs.io/en/stable/crypto/methods.html",
+        ),
+        "data_plane": fact("userspace (C)", "https://fastd.readthedocs.io/"),
+        "topology": fact("peer lists; TAP mode switches between peers", "https://fastd.readthedocs.io/"),
+        "nat_traversal": fact(
+            "one side behind NAT (the other must be reachable)", "https://fastd.readthedocs.io/"
+        ),
+        "relay": fact("none (a node may forward with `forward yes`)", "https://fastd.readthedocs.io/"),
+        "acl": fact("per-peer public keys or on-verify hook", "https://fastd.readthedocs.io/"),
+        "unattended_join": fact("static configs", "https://fastd.readthedocs.io/"),
+        "self_hosted_control": fact("no control plane", "https://fastd.readthedocs.io/"),
+        "platforms": fact("Linux, BSD, macOS", "https://fastd.readthedocs.io/"),
+        "license": fact("BSD-2-Clause", "https://github.com/NeoRaider/fastd"),
+    }
     binaries = ("fastd",)
     installs = (Apt(("fastd",)),)
     default_mtu = 1406  # fastd's documented recommendation for IPv4 underlays (its built-in default is 1500)
@@ -42,18 +62,20 @@ class Fastd(VpnDriver):
         }
 
     @classmethod
-    def version(cls) -> str:
-        return cls._first_line([cls.bin("fastd"), "--version"], "fastd").split()[-1]
+    def version(cls, host: Host) -> str:
+        return cls._first_line(host, [host.binary("fastd", cls.installs), "--version"], "fastd").split()[-1]
 
     def configure(self) -> None:
         pubs: dict[str, str] = {}
         for h in self.spec.hosts:
             d = self.host_dir(h)
-            secret = h.run([self.bin("fastd"), "--generate-key", "--machine-readable"]).stdout.strip()
+            secret = h.run(
+                [h.binary("fastd", self.installs), "--generate-key", "--machine-readable"]
+            ).stdout.strip()
             h.write_file(d / "secret.key.conf", f'secret "{secret}";\n', 0o600)
             pub = h.run(
                 [
-                    self.bin("fastd"),
+                    h.binary("fastd", self.installs),
                     "--show-key",
                     "--machine-readable",
                     "--config",
@@ -88,7 +110,9 @@ class Fastd(VpnDriver):
     def start(self, host: Host) -> None:
         d = self.host_dir(host)
         proc = host.spawn(
-            [self.bin("fastd"), "--config", str(d / "fastd.conf")], label="fastd", log_path=d / "daemon.log"
+            [host.binary("fastd", self.installs), "--config", str(d / "fastd.conf")],
+            label="fastd",
+            log_path=d / "daemon.log",
         )
         self.procs[host.name].append(proc)
         ifname = self.ifname(host)

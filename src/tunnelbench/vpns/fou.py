@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.features import kernel_tunnel_record
 from tunnelbench.vpns.kernel_tunnel import KernelTunnel
 
 
 class Fou(KernelTunnel):
     name = "fou"
     summary = "FOU (IP in IP over UDP 5555) in the kernel, one tunnel per peer, no encryption"
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_tunnel_record(("FOU: IP in IP over UDP", "https://lwn.net/Articles/614348/"))
     kernel_features = ("fou",)
     default_mtu = 1472  # 1500 - 20 (IPv4) - 8 (UDP)
     port: ClassVar[int] = 5555

@@ -5,6 +5,7 @@ encryption, no authentication; 50 bytes of overhead (IPv4 + UDP + GENEVE + inner
 from __future__ import annotations
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.features import kernel_tunnel_record
 from tunnelbench.vpns.kernel_tunnel import KernelTunnel
 
 VNI_BASE = 7700
@@ -13,6 +14,8 @@ VNI_BASE = 7700
 class Geneve(KernelTunnel):
     name = "geneve"
     summary = "GENEVE (Ethernet over UDP 6081) in the kernel, one device per peer, no encryption"
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_tunnel_record(("GENEVE (RFC 8926), UDP 6081", "https://www.rfc-editor.org/rfc/rfc8926"))
     kernel_features = ("geneve",)
     default_mtu = 1450  # 1500 - 20 (IPv4) - 8 (UDP) - 8 (GENEVE) - 14 (inner Ethernet)
     l2 = True

@@ -4,12 +4,17 @@ encryption, no authentication; Gentile et al.'s lightest L3 tunnel (24 bytes of 
 from __future__ import annotations
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.features import kernel_tunnel_record
 from tunnelbench.vpns.kernel_tunnel import KernelTunnel
 
 
 class Gre(KernelTunnel):
     name = "gre"
     summary = "GRE in the kernel, one tunnel per peer (full mesh), no encryption: L3 tunnel baseline"
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_tunnel_record(
+        ("GRE (RFC 2784), IP protocol 47", "https://www.rfc-editor.org/rfc/rfc2784")
+    )
     kernel_features = ("gre",)
     default_mtu = 1476  # 1500 - 20 (IPv4) - 4 (GRE)
     wire = "ip protocol gre"

@@ -5,6 +5,7 @@ Ethernet). Also the Ethernet carrier the MACsec driver runs over on a routed und
 from __future__ import annotations
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.features import KTUN, kernel_tunnel_record
 from tunnelbench.vpns.kernel_tunnel import KernelTunnel
 
 
@@ -13,6 +14,8 @@ class GreTap(KernelTunnel):
     summary = (
         "GREtap (Ethernet over GRE) in the kernel, one tunnel per peer, no encryption: L2 tunnel baseline"
     )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_tunnel_record(("Ethernet over GRE (protocol 0x6558)", KTUN))
     kernel_features = ("gretap",)
     default_mtu = 1462  # 1500 - 20 (IPv4) - 4 (GRE) - 14 (inner Ethernet)
     l2 = True

@@ -4,6 +4,7 @@ peer. Not a VPN: no encryption, no authentication; 32 bytes of overhead (IPv4 + 
 
 from __future__ import annotations
 
+from tunnelbench.vpns.features import kernel_tunnel_record
 from tunnelbench.vpns.fou import Fou
 
 
@@ -11,6 +12,13 @@ class Gue(Fou):
     name = "gue"
     summary = (
         "GUE (IP in IP over UDP 5556 with a GUE header) in the kernel, one tunnel per peer, no encryption"
+    )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_tunnel_record(
+        (
+            "GUE: IP in IP over UDP with a GUE header",
+            "https://datatracker.ietf.org/doc/html/draft-ietf-intarea-gue",
+        )
     )
     kernel_features = ("gue",)
     default_mtu = 1468  # 1500 - 20 (IPv4) - 8 (UDP) - 4 (GUE)

@@ -35,14 +35,17 @@ is whole again. The coordination server itself cannot be revoked."""
 from __future__ import annotations
 
 import itertools
-import shutil
 import sys
 from pathlib import Path as Path
 
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.vpns.acl import OFF, AclMode, AclPolicy, acl_option, acl_policy, may_open
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt, Crate
+
+# documentation pages the feature record cites
+INNERNET_GH = "https://github.com/tonarino/innernet"
 
 VERSION = "2.0.0"
 PORT = 51820
@@ -59,7 +62,22 @@ ASSOCIATE = (
 
 class Innernet(VpnDriver):
     name = "innernet"
-    summary = f"innernet {VERSION} WireGuard mesh with a coordination server (userspace wireguard-go)"
+    summary = "innernet WireGuard mesh with a coordination server (userspace wireguard-go)"
+    # the feature record (vpns/features.py): each fact with its source
+    features = one_source(
+        INNERNET_GH,
+        protocol="WireGuard, coordination server API over the tunnel",
+        ciphers="WireGuard (ChaCha20-Poly1305, Curve25519)",
+        data_plane="kernel WireGuard or userspace (wireguard-go, used here)",
+        topology="full mesh, peers grouped in CIDRs",
+        nat_traversal="endpoint discovery and NAT traversal via the server (since 1.5)",
+        relay="none",
+        acl="CIDR associations between groups",
+        unattended_join="one-time invitation files",
+        self_hosted_control="yes (innernet-server)",
+        platforms="Linux, macOS",
+        license="MIT",
+    )
     binaries = ("innernet", "innernet-server", "wireguard-go")
     installs = (
         Crate("innernet", VERSION, ("innernet",)),
@@ -121,8 +139,10 @@ class Innernet(VpnDriver):
         return spec.relay or spec.hosts[-1]
 
     @classmethod
-    def version(cls) -> str:
-        return cls._first_line([cls.bin("innernet"), "--version"], "innernet").split()[-1]
+    def version(cls, host: Host) -> str:
+        return cls._first_line(
+            host, [host.binary("innernet", cls.installs), "--version"], "innernet"
+        ).split()[-1]
 
     def peers(self, host: Host) -> list[Host]:
         return may_open(self.acl, host, super().peers(host))
@@ -151,18 +171,18 @@ class Innernet(VpnDriver):
         d = self.host_dir(host)
         return ["--config-dir", str(d / "etc"), "--data-dir", str(d / "data")]
 
-    def _env(self) -> dict[str, str]:
-        return {
-            "WG_USERSPACE_IMPLEMENTATION": shutil.which("wireguard-go") or "wireguard-go",
+    def _env(self, host: Host) -> dict[str, str]:
+        return {  # innernet's userspace backend runs the wireguard-go on the host's PATH
+            "WG_USERSPACE_IMPLEMENTATION": host.binary("wireguard-go"),
             "WG_LOG_LEVEL": "error",
         }
 
     def configure(self) -> None:
         s = self.server
         net = self.ifname(s)
-        srv = [self.bin("innernet-server"), *self._dirs(s)]
+        srv = [s.binary("innernet-server", self.installs), *self._dirs(s)]
         s.run([*srv, "new", "--network-name", net, "--network-cidr", "10.77.0.0/24",
-               "--external-endpoint", f"{s.public_ip}:{PORT}", "--listen-port", str(PORT)], env=self._env())  # fmt: skip
+               "--external-endpoint", f"{s.public_ip}:{PORT}", "--listen-port", str(PORT)], env=self._env(s))  # fmt: skip
         if self.acl is None:
             s.run(
                 [
@@ -215,8 +235,8 @@ class Innernet(VpnDriver):
             )
         net = self.ifname(self.server)
         # the server also removes the peer from its own WireGuard device: its backend, as for serve
-        self.server.run([self.bin("innernet-server"), *self._dirs(self.server), "--backend", "userspace",
-                         "disable-peer", net, "--name", host.name, "--yes"], env=self._env())  # fmt: skip
+        self.server.run([self.server.binary("innernet-server", self.installs), *self._dirs(self.server), "--backend", "userspace",
+                         "disable-peer", net, "--name", host.name, "--yes"], env=self._env(self.server))  # fmt: skip
         self.revoked.add(host.name)
         return f"innernet-server disable-peer {net} --name {host.name} on {self.server.name}"
 
@@ -227,12 +247,12 @@ class Innernet(VpnDriver):
         ifname = self.ifname(host)
         if host is self.server:
             for name in sorted(self.revoked):  # a revoked peer is welcome again in a restarted mesh
-                host.run([self.bin("innernet-server"), *self._dirs(host), "--backend", "userspace", "enable-peer",
-                          ifname, "--name", name, "--yes"], env=self._env())  # fmt: skip
+                host.run([host.binary("innernet-server", self.installs), *self._dirs(host), "--backend", "userspace", "enable-peer",
+                          ifname, "--name", name, "--yes"], env=self._env(host))  # fmt: skip
             self.revoked.clear()
-            argv = [self.bin("innernet-server"), *self._dirs(host), "serve", ifname, "--backend", "userspace",
+            argv = [host.binary("innernet-server", self.installs), *self._dirs(host), "serve", ifname, "--backend", "userspace",
                     "--mtu", str(self.mtu), "--no-write-hosts"]  # fmt: skip
-            proc = host.spawn(argv, label="innernet-server", log_path=d / "daemon.log", env=self._env())
+            proc = host.spawn(argv, label="innernet-server", log_path=d / "daemon.log", env=self._env(host))
             self.procs[host.name].append(proc)
             self.wait_for(
                 "innernet-server API",
@@ -244,12 +264,19 @@ class Innernet(VpnDriver):
             )
         else:
             self.start(self.server)
-            cli = [self.bin("innernet"), "--backend", "userspace", "--mtu", str(self.mtu), *self._dirs(host)]
+            cli = [
+                host.binary("innernet", self.installs),
+                "--backend",
+                "userspace",
+                "--mtu",
+                str(self.mtu),
+                *self._dirs(host),
+            ]
             if host.exists(d / "invite.toml"):
                 host.run([*cli, "install", str(d / "invite.toml"), "--name", ifname, "--delete-invite",
-                          "--no-write-hosts"], env=self._env(), timeout=60)  # fmt: skip
+                          "--no-write-hosts"], env=self._env(host), timeout=60)  # fmt: skip
             argv = [*cli, "up", ifname, "--daemon", "--interval", "2", "--no-write-hosts"]
-            proc = host.spawn(argv, label="innernet", log_path=d / "daemon.log", env=self._env())
+            proc = host.spawn(argv, label="innernet", log_path=d / "daemon.log", env=self._env(host))
             self.procs[host.name].append(proc)
         self.wait_for(
             f"innernet interface {ifname}",

@@ -7,9 +7,10 @@ Registry builds (Go proxy, crates.io) go into a cache keyed by name and version:
     $TUNNELBENCH_CACHE/<name>-<version>/installed.json   what was built, how, and how long it took
 
 so a second `tunnelbench install` (or CI with the cache restored) does not rebuild. Drivers find their
-binaries with `binary(name, sources)`: a binary that a registry source declares runs from that source's
-cache build only (never whatever else is on PATH: the pinned version is the one that runs); a binary an
-`Apt` source declares runs from Debian's directories only; anything else from PATH. Debian packages are
+binaries through the host that runs them, `host.binary(name, installs)` (lab/host.py): a binary that a
+registry source declares runs from that source's cache build only (never whatever else is on PATH: the
+pinned version is the one that runs); a binary an `Apt` source declares runs from Debian's directories (and
+the source's `libexec` folders) only; anything else from PATH. Debian packages are
 installed with apt-get and their version is the package's.
 
 Versions: `pinned(source, version)` is the same source at another version (`tunnelbench install
@@ -38,10 +39,8 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypeGuard
+from typing import ClassVar, TypeGuard
 
-# where Debian packages put binaries: an `Apt` source's declared binaries are looked up here only
-DEBIAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # versions a user may ask for (NAME@VERSION): semver-like, optional "v", Go pseudo-versions included
 VERSION_RE = re.compile(r"v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.+-]+)?")
 
@@ -60,6 +59,8 @@ class Apt:
 
     packages: tuple[str, ...]
     binaries: tuple[str, ...] = ()
+    # folders off PATH where the packages keep a declared binary (strongSwan's charon: /usr/lib/ipsec)
+    libexec: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -108,6 +109,8 @@ class GoModule:
     def bin_dir(self) -> Path:
         return self.cache_dir() / "bin"
 
+    libexec: ClassVar[tuple[str, ...]] = ()  # a cache build has every binary in bin_dir
+
     def cached(self) -> bool:
         return all((self.bin_dir() / b).is_file() for b in self.binaries)
 
@@ -139,6 +142,8 @@ class Crate:
 
     def bin_dir(self) -> Path:
         return self.cache_dir() / "bin"
+
+    libexec: ClassVar[tuple[str, ...]] = ()  # a cache build has every binary in bin_dir
 
     def cached(self) -> bool:
         return all((self.bin_dir() / b).is_file() for b in self.binaries)
@@ -172,20 +177,6 @@ def source_label(source: Source) -> str:
 
 
 # -- lookups -----------------------------------------------------------------------------------------
-def binary(name: str, sources: tuple[Source, ...] = ()) -> str | None:
-    """Absolute path of a binary. A registry source that declares it: its cache build, else None (a pinned
-    version never silently becomes whatever PATH has); an Apt source that declares it: Debian's directories;
-    otherwise PATH."""
-    for s in sources:
-        if name not in s.binaries:
-            continue
-        d = s.bin_dir()
-        if d is None:
-            return shutil.which(name, path=DEBIAN_PATH)
-        return str(d / name) if (d / name).is_file() else None
-    return shutil.which(name)
-
-
 def debian_package_of(path: str) -> str | None:
     """The Debian package that installed a file (also through the /bin -> /usr/bin merge), else None."""
     if shutil.which("dpkg-query") is None:

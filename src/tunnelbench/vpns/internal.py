@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import json
-import platform
 import re
 from collections.abc import Callable
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import _VERSION_HOST, VpnDriver
+from tunnelbench.vpns.base import VpnDriver
 
 MTU_VARIANT = re.compile(r"mtu(\d{3,4})")
 MTU_RANGE = (576, 9000)  # IPv4 minimum (below 1280 the kernel takes IPv6 off the link; internal is IPv4)
@@ -26,11 +25,9 @@ class Internal(VpnDriver):
     underlay_mtu: int | None = None  # internal@mtuNNNN: the hosts' underlay MTU while this baseline runs
 
     @classmethod
-    def version(cls) -> str:
-        """The kernel the traffic crosses: the target's own on an SSH lab (uname -r there)."""
-        if _VERSION_HOST.get() is not None:
-            return f"linux {cls._first_line(['uname', '-r'])}"
-        return f"linux {platform.release()}"
+    def version(cls, host: Host) -> str:
+        """The kernel the traffic crosses: `host`'s (an SSH lab's target; this machine's for namespaces)."""
+        return f"linux {cls._first_line(host, ['uname', '-r'])}"
 
     def tunnel_ip(self, host: Host) -> str:
         return host.underlay_ip
@@ -74,8 +71,8 @@ def mtu_variant(spec: str) -> type[Internal]:
     mtu = int(m.group(1))
 
     @classmethod  # type: ignore[misc]  # a classmethod made outside a class body, for the variant's dict
-    def version(cls) -> str:
-        return f"{Internal.version.__func__(cls)} (underlay MTU {mtu})"  # type: ignore[attr-defined]  # a classmethod's function
+    def version(cls, host: Host) -> str:
+        return f"{Internal.version.__func__(cls, host)} (underlay MTU {mtu})"  # type: ignore[attr-defined]  # a classmethod's function
 
     meta: Callable[..., type[Internal]] = type(Internal)  # ABCMeta
     return meta(

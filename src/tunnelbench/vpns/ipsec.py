@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import DriverOptions, TunnelOptions
+from tunnelbench.vpns.features import SS_ROUTE, XFRM_DATA_PLANE, kernel_ipsec_record
 from tunnelbench.vpns.strongswan import ESP_PROPOSAL, IKE_PROPOSAL, StrongSwan
 
 # tunnel mode, AES-GCM, IPv4: 20 (outer IP) + 8 (ESP header) + 8 (IV) + 16 (ICV) + 2 (trailer) + 0..3
@@ -44,6 +45,12 @@ class KernelIpsec(StrongSwan):
     summary = (
         "strongSwan IKEv2 + kernel ESP, policy-based tunnel mode per pair (full mesh, PSK), AES-256-GCM, "
         "trap policies"
+    )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_ipsec_record(
+        "IKEv2 + ESP tunnel mode (policy-based)",
+        XFRM_DATA_PLANE,
+        "traffic selectors per CHILD_SA (trap policies)",
     )
     kernel_features: ClassVar[tuple[str, ...]] = ("esp",)
     wire = "ip protocol esp"
@@ -186,6 +193,12 @@ class IpsecTransport(KernelIpsec):
         "strongSwan IKEv2 + kernel ESP, transport mode between the underlay addresses (full mesh, PSK), "
         "AES-256-GCM, trap policies: no cleartext between the hosts"
     )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_ipsec_record(
+        "IKEv2 + ESP transport mode between the hosts' addresses",
+        XFRM_DATA_PLANE,
+        "traffic selectors per CHILD_SA (trap policies: nothing in clear)",
+    )
     # no tunnel device: workloads use the underlay interface and its MTU; the kernel's PMTU accounting of
     # the ESP overhead (1500 - 34..37 for TCP) is what limits packet sizes
     default_mtu = None
@@ -221,6 +234,12 @@ class IpsecVti(KernelIpsec):
     summary = (
         "strongSwan IKEv2 + kernel ESP, route-based with one VTI device per peer (marks), tunnel mode, "
         "AES-256-GCM, full mesh, PSK"
+    )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_ipsec_record(
+        "IKEv2 + ESP tunnel mode, route-based (VTI devices, marks)",
+        ("kernel XFRM via VTI devices (ip_vti)", SS_ROUTE),
+        "routes to the VTI devices; selectors per CHILD_SA",
     )
     kernel_features = ("esp", "vti")
     install_routes = False  # the peer's /32 is on its device
@@ -281,6 +300,12 @@ class IpsecXfrmi(IpsecVti):
     summary = (
         "strongSwan IKEv2 + kernel ESP, route-based with one XFRM interface per peer (if_id), tunnel "
         "mode, AES-256-GCM, full mesh, PSK"
+    )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_ipsec_record(
+        "IKEv2 + ESP tunnel mode, route-based (XFRM interfaces, if_id)",
+        ("kernel XFRM via XFRM interfaces (xfrm_interface)", SS_ROUTE),
+        "routes to the XFRM interfaces; selectors per CHILD_SA",
     )
     kernel_features = ("esp", "xfrmi")
     describe = "route-based tunnel mode, one XFRM interface per peer (if_id = if_id_in/if_id_out)"

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.features import XFRM_DATA_PLANE, kernel_ipsec_record
 from tunnelbench.vpns.geneve import Geneve
 from tunnelbench.vpns.gre import Gre
 from tunnelbench.vpns.gretap import GreTap
@@ -88,6 +89,12 @@ class GreIpsec(OverlayIpsec):
     summary = (
         "GRE tunnels per peer (kernel) in IPsec transport mode (strongSwan IKEv2, kernel ESP AES-256-GCM)"
     )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_ipsec_record(
+        "GRE (RFC 2784) in IKEv2 + ESP transport mode",
+        XFRM_DATA_PLANE,
+        "CHILD_SA selectors: GRE between the pair",
+    )
     kernel_features = ("esp", "gre")
     overlay = Gre
     protects = "gre"
@@ -99,6 +106,12 @@ class GreTapIpsec(OverlayIpsec):
     summary = (
         "GREtap tunnels per peer (kernel) in IPsec transport mode (strongSwan IKEv2, kernel ESP AES-256-GCM)"
     )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_ipsec_record(
+        "GREtap (Ethernet over GRE) in IKEv2 + ESP transport mode",
+        XFRM_DATA_PLANE,
+        "CHILD_SA selectors: GRE between the pair",
+    )
     kernel_features = ("esp", "gretap")
     overlay = GreTap
     protects = "gre"
@@ -108,6 +121,12 @@ class GreTapIpsec(OverlayIpsec):
 class VxlanIpsec(OverlayIpsec):
     name = "vxlan-ipsec"
     summary = "VXLAN static mesh (kernel) in IPsec transport mode (strongSwan IKEv2, kernel ESP AES-256-GCM)"
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_ipsec_record(
+        "VXLAN (RFC 7348, UDP 4789) in IKEv2 + ESP transport mode",
+        XFRM_DATA_PLANE,
+        "CHILD_SA selectors: UDP to/from port 4789 between the pair",
+    )
     binaries = (*OverlayIpsec.binaries, "bridge")
     kernel_features = ("esp", "vxlan")
     overlay = Vxlan
@@ -119,6 +138,12 @@ class GeneveIpsec(OverlayIpsec):
     name = "geneve-ipsec"
     summary = (
         "GENEVE devices per peer (kernel) in IPsec transport mode (strongSwan IKEv2, kernel ESP AES-256-GCM)"
+    )
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_ipsec_record(
+        "GENEVE (RFC 8926, UDP 6081) in IKEv2 + ESP transport mode",
+        XFRM_DATA_PLANE,
+        "CHILD_SA selectors: UDP to/from port 6081 between the pair",
     )
     kernel_features = ("esp", "geneve")
     overlay = Geneve

@@ -43,8 +43,8 @@ class KernelTunnel(VpnDriver):
         }
 
     @classmethod
-    def version(cls) -> str:
-        return f"linux {cls._first_line(['uname', '-r'])}"
+    def version(cls, host: Host) -> str:
+        return f"linux {cls._first_line(host, ['uname', '-r'])}"
 
     def configure(self) -> None:
         pass

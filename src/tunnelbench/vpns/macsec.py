@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.features import IPROUTE_MACSEC, kernel_tunnel_record
 from tunnelbench.vpns.gretap import GreTap
 from tunnelbench.vpns.kernel_tunnel import KernelTunnel
 
@@ -23,6 +24,11 @@ MACSEC_OVERHEAD = 32  # SecTAG with SCI (16) + ICV (16)
 class Macsec(KernelTunnel):
     name = "macsec"
     summary = "MACsec (802.1AE, GCM-AES-128, static keys) in the kernel, over a GREtap carrier per peer"
+    # the feature record (vpns/features.py): each fact with its source
+    features = kernel_tunnel_record(
+        ("MACsec (IEEE 802.1AE) over a GREtap carrier per peer", IPROUTE_MACSEC),
+        ("GCM-AES-128, static keys (no MKA), replay protection", IPROUTE_MACSEC),
+    )
     kernel_features = ("gretap", "macsec")
     default_mtu = GreTap.default_mtu - MACSEC_OVERHEAD  # 1430: the carrier's own default, 1462
     l2 = True

@@ -14,6 +14,7 @@ import secrets
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt, debian_version
 
 SUPERNODE_PORT = 7654
@@ -22,6 +23,25 @@ SUPERNODE_PORT = 7654
 class N2n(VpnDriver):
     name = "n2n"
     summary = "n2n v1 (Debian), supernode on the relay host / h1, edges peer to peer, Twofish, TAP"
+    # the feature record (vpns/features.py): each fact with its source
+    features = {
+        "protocol": fact("n2n v1 over UDP, layer 2 (TAP)", "https://www.ntop.org/products/n2n/"),
+        "ciphers": fact("Twofish with a shared community key (v1)", "driver: edge -k / N2N_KEY"),
+        "data_plane": fact("userspace (C), TAP", "https://www.ntop.org/products/n2n/"),
+        "topology": fact("peer to peer edges, supernode for discovery", "https://www.ntop.org/products/n2n/"),
+        "nat_traversal": fact(
+            "via the supernode (registration keeps NAT mappings)", "https://www.ntop.org/products/n2n/"
+        ),
+        "relay": fact(
+            "supernode forwards when edges cannot reach each other (UDP)",
+            "https://www.ntop.org/products/n2n/",
+        ),
+        "acl": fact("community name + key only", "https://www.ntop.org/products/n2n/"),
+        "unattended_join": fact("yes (command line)", "driver"),
+        "self_hosted_control": fact("yes (supernode)", "https://www.ntop.org/products/n2n/"),
+        "platforms": fact("Linux, BSD, macOS, Windows", "https://www.ntop.org/products/n2n/"),
+        "license": fact("GPL-3.0", "https://github.com/ntop/n2n"),
+    }
     binaries = ("edge", "supernode")
     installs = (Apt(("n2n",)),)
     default_mtu = 1400  # edge's default -M
@@ -47,8 +67,8 @@ class N2n(VpnDriver):
         return spec.relay or spec.hosts[0]
 
     @classmethod
-    def version(cls) -> str:
-        line = cls._first_line([cls.bin("edge"), "-h"], "n2n v.")
+    def version(cls, host: Host) -> str:
+        line = cls._first_line(host, [host.binary("edge", cls.installs), "-h"], "n2n v.")
         v = line.split("n2n v.", 1)[1].split()[0]
         deb = debian_version("n2n")
         return f"{v} (debian {deb})" if deb else v
@@ -69,7 +89,7 @@ class N2n(VpnDriver):
             # edges register once at start and then only every minute or so: the supernode comes first,
             # whichever host starts first
             sn = sh.spawn(
-                [self.bin("supernode"), "-l", str(SUPERNODE_PORT)],
+                [sh.binary("supernode", self.installs), "-l", str(SUPERNODE_PORT)],
                 label="supernode",
                 log_path=self.host_dir(sh) / "supernode.log",
             )
@@ -85,7 +105,7 @@ class N2n(VpnDriver):
             if not sn.alive():
                 raise RuntimeError(f"n2n supernode exited: {sn.log_tail()}")
         ifname = self.ifname(host)
-        argv = [self.bin("edge"), "-d", ifname, "-a", self.tunnel_ip(host), "-s", "255.255.255.0",
+        argv = [host.binary("edge", self.installs), "-d", ifname, "-a", self.tunnel_ip(host), "-s", "255.255.255.0",
                 "-c", self.community, "-l", f"{self.super_host.public_ip}:{SUPERNODE_PORT}",
                 "-m", self.mac(host), "-M", str(self.mtu), "-r"]  # fmt: skip
         proc = host.spawn(argv, label="edge", log_path=d / "edge.log", env={"N2N_KEY": self.community_key})

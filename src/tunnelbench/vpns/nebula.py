@@ -41,7 +41,12 @@ from pydantic import Field
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.acl import NOT_APPLIED, OFF, AclMode, acl_option, acl_policy, may_open
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
+from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt, GoModule
+
+# documentation pages the feature record cites
+NEBULA_PUNCHY = "https://nebula.defined.net/docs/config/punchy"
+NEBULA_RELAY = "https://nebula.defined.net/docs/config/relay/"
 
 LISTEN_PORT = 4242
 CIPHERS = {"aes": "AES-256-GCM", "chachapoly": "ChaCha20-Poly1305"}
@@ -57,6 +62,35 @@ GO = GoModule(
 class Nebula(VpnDriver):
     name = "nebula"
     summary = "Nebula full mesh (lighthouse h1, static host map), Noise IX + AES-256-GCM over UDP 4242"
+    # the feature record (vpns/features.py): each fact with its source
+    features = {
+        "protocol": fact("Noise IX handshakes over UDP", "https://nebula.defined.net/docs/"),
+        "ciphers": fact(
+            "AES-256-GCM or ChaCha20-Poly1305 (network-wide choice)",
+            "https://nebula.defined.net/docs/config/cipher/",
+        ),
+        "data_plane": fact("userspace (Go), TUN", "https://github.com/slackhq/nebula"),
+        "topology": fact(
+            "full mesh with lighthouses for discovery",
+            "https://manpages.ubuntu.com/manpages/lunar/man5/nebula.yml.5.html",
+        ),
+        "nat_traversal": fact("lighthouse-coordinated UDP hole punching (punchy)", NEBULA_PUNCHY),
+        "relay": fact("relay hosts over UDP (since 1.6.0)", NEBULA_RELAY),
+        "acl": fact(
+            "built-in stateful firewall by certificate name/group, port, proto",
+            "https://nebula.defined.net/docs/config/firewall/",
+        ),
+        "unattended_join": fact(
+            "per-host certificates signed by the CA (offline)", "https://nebula.defined.net/docs/"
+        ),
+        "self_hosted_control": fact(
+            "yes (lighthouses are ordinary nodes)", "https://nebula.defined.net/docs/"
+        ),
+        "platforms": fact(
+            "Linux, macOS, Windows, iOS, Android, FreeBSD", "https://github.com/slackhq/nebula"
+        ),
+        "license": fact("MIT", "https://github.com/slackhq/nebula"),
+    }
     binaries = ("nebula", "nebula-cert")
     installs = (GO,)
     debian_installs = (Apt(("nebula",), ("nebula", "nebula-cert")),)
@@ -129,10 +163,14 @@ class Nebula(VpnDriver):
         return may_open(self.acl, host, super().peers(host))
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # nebula -version prints "Version: 1.6.1"; a `go install` build of 1.9 and older prints "Version: " (its
         # version comes from release ldflags): "", and availability() takes the cache build's pinned version
-        return cls._first_line([cls.bin("nebula"), "-version"], "version").partition(":")[2].strip()
+        return (
+            cls._first_line(host, [host.binary("nebula", cls.installs), "-version"], "version")
+            .partition(":")[2]
+            .strip()
+        )
 
     # -- paths -------------------------------------------------------------------------------------
     def _ca_dir(self) -> Path:
@@ -147,7 +185,7 @@ class Nebula(VpnDriver):
         signer = hosts[0]
         ca = self._ca_dir()
         signer.mkdir(ca)
-        cert = self.bin("nebula-cert")
+        cert = signer.binary("nebula-cert", self.installs)
         # the certificate's address: -networks since 1.10 (-ip deprecated there), -ip before
         sign_help = signer.run([cert, "sign", "-h"], check=False)
         ip_flag = "-networks" if "-networks" in sign_help.stdout + sign_help.stderr else "-ip"
@@ -240,7 +278,9 @@ class Nebula(VpnDriver):
     # -- revocation --------------------------------------------------------------------------------
     def fingerprint(self, host: Host) -> str:
         crt = self.host_dir(host) / "host.crt"
-        certs = json.loads(host.run([self.bin("nebula-cert"), "print", "-json", "-path", str(crt)]).stdout)
+        certs = json.loads(
+            host.run([host.binary("nebula-cert", self.installs), "print", "-json", "-path", str(crt)]).stdout
+        )
         return (certs[0] if isinstance(certs, list) else certs)["fingerprint"]  # 1.11 prints a list
 
     def revoke(self, host: Host) -> str:
@@ -264,7 +304,7 @@ class Nebula(VpnDriver):
             self.blocked.clear()  # a start of the whole mesh: a revoked host is welcome again
         self._write_config(host)
         proc = host.spawn(
-            [self.bin("nebula"), "-config", str(self._config_path(host))],
+            [host.binary("nebula", self.installs), "-config", str(self._config_path(host))],
             label="nebula",
             log_path=d / "daemon.log",
         )

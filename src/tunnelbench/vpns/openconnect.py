@@ -53,7 +53,13 @@ from pydantic import Field
 from tunnelbench.lab.host import CommandError, Host, Process
 from tunnelbench.lab.mountns import private_mounts
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt, debian_version
+
+# documentation pages the feature record cites
+OCSERV = "https://www.infradead.org/ocserv/manual.html"
+OCSERV_TECH = "https://ocserv.gitlab.io/www/technical.html"
+OPENCONNECT = "https://en.wikipedia.org/wiki/OpenConnect"
 
 BASE_PORT = 8443
 CERT_DAYS = 30
@@ -117,6 +123,29 @@ class OpenConnect(VpnDriver):
         "OpenConnect (ocserv + openconnect, Debian) full mesh of client-server tunnels (one per pair, TCP/UDP "
         "8443+k), DTLS data channel with TLS fallback, certificate auth, userspace"
     )
+    # the feature record (vpns/features.py): each fact with its source
+    features = one_source(
+        OCSERV,
+        protocol="AnyConnect-compatible SSL VPN: control and backup data channel over HTTPS (TLS/TCP), "
+        "data over DTLS/UDP, TLS fallback when UDP fails",
+        ciphers="negotiated TLS/DTLS cipher suites (GnuTLS priorities; here AES-256-GCM, DTLS 1.2 with PSK "
+        "from the TLS session)",
+        data_plane="userspace (C, GnuTLS), TUN; one unprivileged worker process per client",
+        topology=(
+            "client-server (the server is the hub); full mesh of per-pair servers by the driver",
+            "driver: one ocserv per pair",
+        ),
+        nat_traversal="clients dial out over TCP/UDP (443 by default) to a reachable server",
+        relay=("the server routes between its clients (kernel forwarding, not ocserv)", OCSERV_TECH),
+        acl="per-user/group config: routes, restrict-user-to-routes/ports (firewall script)",
+        unattended_join="client certificates (or passwords, PAM, RADIUS); openconnect --non-inter",
+        self_hosted_control="yes (the server)",
+        platforms=(
+            "server: Linux, BSD; openconnect client: Linux, BSD, macOS, Solaris, Windows, Android",
+            OPENCONNECT,
+        ),
+        license=("GPL-2.0+ (ocserv), LGPL-2.1 (openconnect)", "https://gitlab.com/openconnect/ocserv"),
+    )
     binaries = ("ocserv", "openconnect", "openssl")
     installs = (Apt(("ocserv", "openconnect")),)
     paths_why = {
@@ -156,10 +185,16 @@ class OpenConnect(VpnDriver):
         }
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # "ocserv 1.1.6", "OpenConnect version v9.01-3"
-        v = cls._first_line(["ocserv", "--version"], "ocserv ").split()[1]
-        c = cls._first_line(["openconnect", "--version"], "openconnect version").split()[2].lstrip("v")
+        v = cls._first_line(host, [host.binary("ocserv", cls.installs), "--version"], "ocserv ").split()[1]
+        c = (
+            cls._first_line(
+                host, [host.binary("openconnect", cls.installs), "--version"], "openconnect version"
+            )
+            .split()[2]
+            .lstrip("v")
+        )
         deb, cdeb = debian_version("ocserv"), debian_version("openconnect")
         return f"{v} (debian {deb}), openconnect {c.split('-')[0]} (debian {cdeb})"
 
@@ -298,7 +333,8 @@ compression = false
     def _start_server(self, host: Host, cli: Host):
         pd = self._pair_dir(host, cli)
         argv = private_mounts(
-            {"/run": pd / "run"}, ["ocserv", "--foreground", "--config", str(pd / "ocserv.conf")]
+            {"/run": pd / "run"},
+            [host.binary("ocserv", self.installs), "--foreground", "--config", str(pd / "ocserv.conf")],
         )
         proc = host.spawn(argv, label=f"ocserv-{cli.name}", log_path=pd / "daemon.log")
         self.procs[host.name].append(proc)
@@ -313,7 +349,7 @@ compression = false
     def _start_client(self, host: Host, srv: Host, k: int):
         d = self.host_dir(host)
         argv = [
-            "openconnect", "--protocol=anyconnect", "--non-inter", "--no-passwd", "--no-proxy",
+            host.binary("openconnect", self.installs), "--protocol=anyconnect", "--non-inter", "--no-passwd", "--no-proxy",
             "--no-system-trust", f"--cafile={d / 'ca.crt'}",
             f"--certificate={d / 'host.crt'}", f"--sslkey={d / 'host.key'}",
             f"--interface={self.peer_ifname(host, srv)}", "--disable-ipv6", "--no-deflate",

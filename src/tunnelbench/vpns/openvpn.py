@@ -30,7 +30,11 @@ from pydantic import Field
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
+from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt
+
+# documentation pages the feature record cites
+OPENVPN_MANUAL = "https://openvpn.net/community-resources/reference-manual-for-openvpn-2-6/"
 
 BASE_PORT = 1194
 CIPHER: Final = "AES-256-GCM"
@@ -47,6 +51,21 @@ class OpenVpn(VpnDriver):
     name = "openvpn"
     summary = (
         "OpenVPN 2.6 full mesh of p2p TLS tunnels (one per pair, UDP 1194+k), AES-256-GCM, userspace (no DCO)"
+    )
+    # the feature record (vpns/features.py): each fact with its source
+    features = one_source(
+        OPENVPN_MANUAL,
+        protocol="OpenVPN (TLS control channel, custom data channel) over UDP/TCP",
+        ciphers="negotiated data ciphers (here AES-256-GCM)",
+        data_plane="userspace (or kernel with ovpn-dco; off here)",
+        topology="client-server or point-to-point; full mesh of p2p tunnels by the driver",
+        nat_traversal="client behind NAT to a reachable server",
+        relay="server-side client-to-client forwarding",
+        acl="per-client config (CCD), packet filter plugins",
+        unattended_join="certificates",
+        self_hosted_control="yes (the server)",
+        platforms="Linux, BSD, macOS, Windows, Android, iOS",
+        license="GPL-2.0",
     )
     binaries = ("openvpn", "openssl")
     installs = (Apt(("openvpn", "openssl")),)
@@ -95,9 +114,11 @@ class OpenVpn(VpnDriver):
         }
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # "OpenVPN 2.6.14 x86_64-pc-linux-gnu [SSL (OpenSSL)] ..."
-        return cls._first_line(["openvpn", "--version"], "openvpn ").split()[1]
+        return cls._first_line(host, [host.binary("openvpn", cls.installs), "--version"], "openvpn ").split()[
+            1
+        ]
 
     # -- names -------------------------------------------------------------------------------------
     def peer_ifname(self, host: Host, peer: Host) -> str:
@@ -161,7 +182,7 @@ class OpenVpn(VpnDriver):
     def _argv(self, host: Host, peer: Host, k: int, server: bool) -> list[str]:
         d = self.host_dir(host)
         argv = [
-            "openvpn",
+            host.binary("openvpn", self.installs),
             "--dev", self.peer_ifname(host, peer), "--dev-type", "tun", "--topology", "p2p",
             "--proto", "udp", "--port", str(BASE_PORT + k), "--remote", peer.underlay_ip,
             "--ifconfig", self.tunnel_ip(host), self.tunnel_ip(peer),
@@ -186,7 +207,7 @@ class OpenVpn(VpnDriver):
         d, hub = self.host_dir(host), self.spec.hub
         assert hub is not None
         argv = [
-            "openvpn",
+            host.binary("openvpn", self.installs),
             "--dev", self.ifname(host), "--dev-type", "tun", "--proto", "udp",
             "--tun-mtu", str(self.mtu),
             "--ca", str(d / "ca.crt"), "--cert", str(d / "host.crt"), "--key", str(d / "host.key"),

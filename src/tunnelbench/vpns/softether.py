@@ -32,7 +32,11 @@ from tunnelbench.lab.host import Host, Process
 from tunnelbench.lab.mountns import in_mounts_of, private_mounts
 from tunnelbench.vpns.acl import OFF, AclMode, acl_option, acl_policy, may_open
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt, debian_version
+
+# documentation pages the feature record cites
+SOFTETHER_DOC = "https://www.softether.org/1-features"
 
 PORT = 443
 CIPHER = "ECDHE-RSA-AES256-GCM-SHA384"
@@ -43,6 +47,21 @@ class SoftEther(VpnDriver):
     name = "softether"
     summary = (
         "SoftEther VPN 5.01 (Debian): star around a virtual hub, L2 over TLS/TCP 443 (+UDP acceleration)"
+    )
+    # the feature record (vpns/features.py): each fact with its source
+    features = one_source(
+        SOFTETHER_DOC,
+        protocol="SSL-VPN (SoftEther protocol, L2 over TLS/TCP) plus L2TP/IPsec, OpenVPN, SSTP servers",
+        ciphers="TLS cipher suites (here ECDHE-RSA-AES256-GCM-SHA384)",
+        data_plane="userspace (C), TAP",
+        topology="star around a virtual hub",
+        nat_traversal="clients dial out over TCP 443; NAT-T and VPN Azure",
+        relay="the hub carries all traffic (TCP)",
+        acl="per-user/group access lists on the virtual hub",
+        unattended_join="accounts via vpncmd",
+        self_hosted_control="yes (the server is the hub)",
+        platforms="Windows, Linux, macOS, FreeBSD, Solaris",
+        license=("Apache-2.0", "https://github.com/SoftEtherVPN/SoftEtherVPN"),
     )
     binaries = ("vpnserver", "vpnclient", "vpncmd")
     installs = (Apt(("softether-vpnserver", "softether-vpnclient", "softether-vpncmd")),)
@@ -101,7 +120,7 @@ class SoftEther(VpnDriver):
         ]
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         return f"debian {debian_version('softether-vpnserver')}"
 
     def _mounts(self, host: Host) -> dict:
@@ -144,7 +163,10 @@ class SoftEther(VpnDriver):
     def _vpncmd(self, host: Host, proc, target: list[str], cmds) -> None:
         """vpncmd exits 0 whatever happens: its output says whether every command worked."""
         for _ in range(20):
-            out = host.run(in_mounts_of(proc.pid, ["vpncmd", *target, f"/IN:{cmds}"]), timeout=60).stdout
+            out = host.run(
+                in_mounts_of(proc.pid, [host.binary("vpncmd", self.installs), *target, f"/IN:{cmds}"]),
+                timeout=60,
+            ).stdout
             if "Connection to the server failed" not in out:  # the daemon listens before it serves
                 break
             time.sleep(0.5)
@@ -184,7 +206,7 @@ class SoftEther(VpnDriver):
             host.mkdir(src)
         if host is self.hub:
             proc = host.spawn(
-                private_mounts(self._mounts(host), ["vpnserver", "execsvc"]),
+                private_mounts(self._mounts(host), [host.binary("vpnserver", self.installs), "execsvc"]),
                 label="vpnserver",
                 log_path=d / "daemon.log",
             )
@@ -193,7 +215,7 @@ class SoftEther(VpnDriver):
             self._vpncmd(host, proc, ["127.0.0.1:5555", "/SERVER"], d / "server.cmds")
         else:
             proc = host.spawn(
-                private_mounts(self._mounts(host), ["vpnclient", "execsvc"]),
+                private_mounts(self._mounts(host), [host.binary("vpnclient", self.installs), "execsvc"]),
                 label="vpnclient",
                 log_path=d / "daemon.log",
             )

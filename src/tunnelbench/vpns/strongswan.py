@@ -18,7 +18,6 @@ believe there is a NAT, so ESP goes in UDP 4500) and makes a tun device (ipsec0)
 from __future__ import annotations
 
 import itertools
-import os
 import secrets
 from typing import ClassVar, Literal
 
@@ -27,9 +26,12 @@ from pydantic import Field
 from tunnelbench.lab.host import Host
 from tunnelbench.lab.mountns import in_mounts_of, private_mounts
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt, Source, debian_version
 
-CHARON = "/usr/lib/ipsec/charon"
+# documentation pages the feature record cites
+KERNEL_LIBIPSEC_DOC = "https://docs.strongswan.org/docs/5.9/plugins/kernel-libipsec.html"
+
 IKE_PROPOSAL = "aes256gcm16-prfsha256-x25519"
 ESP_PROPOSAL = "aes256gcm16"
 PLUGINS_USERSPACE = "kernel-libipsec"
@@ -42,6 +44,27 @@ PLUGINS = (
 class StrongSwan(VpnDriver):
     name = "strongswan"
     summary = "strongSwan IKEv2/IPsec full mesh (tunnel mode per pair, PSK), AES-256-GCM, ESP in userspace (kernel-libipsec)"
+    # the feature record (vpns/features.py): each fact with its source
+    features = one_source(
+        "https://docs.strongswan.org/docs/5.9/swanctl/swanctlConf.html",
+        protocol="IKEv2 + ESP (IPsec)",
+        ciphers="negotiated IKE/ESP proposals (here AES-256-GCM, X25519)",
+        data_plane=(
+            "kernel XFRM, or userspace ESP-in-UDP with kernel-libipsec (used here)",
+            KERNEL_LIBIPSEC_DOC,
+        ),
+        topology="site-to-site SAs; full mesh as configured by the driver",
+        nat_traversal=(
+            "NAT-T (ESP in UDP 4500) to a reachable responder",
+            "https://docs.strongswan.org/docs/5.9/features/natTraversal.html",
+        ),
+        relay="none",
+        acl="traffic selectors per CHILD_SA",
+        unattended_join="static configs, PSK or certificates",
+        self_hosted_control="no control plane",
+        platforms="Linux, BSD, macOS, Android, Windows (client)",
+        license=("GPL-2.0", "https://github.com/strongswan/strongswan"),
+    )
     # annotated: vpns/ipsec.py's drivers replace them
     binaries: ClassVar[tuple[str, ...]] = ("swanctl", "charon")
     installs: ClassVar[tuple[Source, ...]] = (
@@ -51,7 +74,9 @@ class StrongSwan(VpnDriver):
                 "strongswan-charon",
                 "libcharon-extra-plugins",
                 "libstrongswan-standard-plugins",
-            )
+            ),
+            ("swanctl", "charon"),
+            libexec=("/usr/lib/ipsec",),  # Debian keeps charon off PATH
         ),
     )
     secret_patterns = ("swanctl.conf",)  # its secrets section holds the PSKs
@@ -85,14 +110,10 @@ class StrongSwan(VpnDriver):
         }
 
     @classmethod
-    def bin(cls, name: str) -> str:
-        if name == "charon":  # not on PATH: Debian keeps it in /usr/lib/ipsec
-            return CHARON if os.path.exists(CHARON) else name
-        return super().bin(name)
-
-    @classmethod
-    def version(cls) -> str:
-        v = cls._first_line(["swanctl", "--version"], "strongSwan ").split()[1]  # "strongSwan 5.9.8 swanctl"
+    def version(cls, host: Host) -> str:
+        v = cls._first_line(host, [host.binary("swanctl", cls.installs), "--version"], "strongSwan ").split()[
+            1
+        ]  # "strongSwan 5.9.8 swanctl"
         return f"{v} (debian {debian_version('strongswan-charon')})"
 
     # inside charon's private /run; swanctl enters that mount namespace (a socket path in the run folder
@@ -102,7 +123,10 @@ class StrongSwan(VpnDriver):
     def swanctl(self, host: Host, *args: str):
         charon = next(p for p in self.procs[host.name] if p.label == "charon")
         env = {"STRONGSWAN_CONF": str(self.host_dir(host) / "strongswan.conf")}
-        return host.run(in_mounts_of(charon.pid, ["swanctl", *args, "--uri", self.VICI]), env=env)
+        return host.run(
+            in_mounts_of(charon.pid, [host.binary("swanctl", self.installs), *args, "--uri", self.VICI]),
+            env=env,
+        )
 
     # -- configuration hooks (vpns/ipsec.py's kernel-ESP drivers override them) ---------------------------
     lo_address: ClassVar[bool] = True  # the tunnel address 10.77.0.i/32 lives on lo
@@ -215,7 +239,7 @@ class StrongSwan(VpnDriver):
 
     def start_charon(self, host: Host) -> None:
         d = self.host_dir(host)
-        argv = private_mounts({"/run": d / "run"}, [CHARON])
+        argv = private_mounts({"/run": d / "run"}, [host.binary("charon", self.installs)])
         proc = host.spawn(
             argv,
             label="charon",

@@ -39,7 +39,12 @@ from pathlib import Path
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.acl import OFF, AclMode, AclPolicy, acl_option, acl_policy, may_open
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import GoModule
+
+# documentation pages the feature record cites
+HS_DERP = "https://headscale.net/latest/ref/derp"
+TS_DERP = "https://tailscale.com/kb/1232/derp-servers"
 
 TS = GoModule(
     "tailscale",
@@ -63,9 +68,32 @@ SOCK_DIR = Path("/run/tbsock")
 
 class Tailscale(VpnDriver):
     name = "tailscale"
-    summary = (
-        "Tailscale v1.102.5 + Headscale v0.29.3 + self-hosted DERP (no public services), userspace WireGuard"
-    )
+    summary = "Tailscale + Headscale + self-hosted DERP (no public services), userspace WireGuard"
+    # the feature record (vpns/features.py): each fact with its source
+    features = {
+        "protocol": fact(
+            "WireGuard data plane; disco + DERP control side channel", "https://pkg.go.dev/tailscale.com/derp"
+        ),
+        "ciphers": fact("ChaCha20-Poly1305 / Curve25519 (WireGuard); DERP over TLS", TS_DERP),
+        "data_plane": fact(
+            "userspace (wireguard-go in tailscaled) on a kernel TUN with GSO/GRO",
+            "https://tailscale.com/blog/more-throughput",
+        ),
+        "topology": fact("full mesh, coordinated by a control server", TS_DERP),
+        "nat_traversal": fact(
+            "STUN + disco hole punching", "https://tailscale.com/blog/how-nat-traversal-works"
+        ),
+        "relay": fact("DERP over HTTPS/TCP (and peer relays over UDP)", TS_DERP),
+        "acl": fact("tailnet policy (users, groups, tags, ports)", "https://tailscale.com/kb/1018/acls"),
+        "unattended_join": fact(
+            "pre-auth keys (reusable, ephemeral)", "https://headscale.net/latest/ref/integration/"
+        ),
+        "self_hosted_control": fact("yes with Headscale (and self-hosted derper)", HS_DERP),
+        "platforms": fact("Linux, Windows, macOS, iOS, Android, BSD", "https://tailscale.com/download"),
+        "license": fact(
+            "BSD-3-Clause (client, derper); Headscale BSD-3-Clause", "https://pkg.go.dev/tailscale.com/derp"
+        ),
+    }
     binaries = ("tailscaled", "tailscale", "derper", "headscale")
     installs = (TS, HS)
     default_mtu = 1280  # tailscaled's tun MTU
@@ -130,11 +158,11 @@ class Tailscale(VpnDriver):
         return {"tagOwners": tags, "acls": [rule]}
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # `tailscaled --version` prints "1.102.5\n  tailscale commit: ..."; the control server's version too
-        ts = cls._first_line([cls.bin("tailscaled"), "--version"]).split()[0]
+        ts = cls._first_line(host, [host.binary("tailscaled", cls.installs), "--version"]).split()[0]
         ts = ts.split("-ERR-")[0]  # `go install` builds lack the build info: "1.102.5-ERR-BuildInfo"
-        hs = cls._first_line([cls.bin("headscale"), "version"]).split()[-1]
+        hs = cls._first_line(host, [host.binary("headscale", cls.installs), "version"]).split()[-1]
         return f"{ts} (headscale {hs})"
 
     def tunnel_ip(self, host: Host) -> str:
@@ -213,7 +241,7 @@ class Tailscale(VpnDriver):
         ip = h.underlay_ip
         derper = h.spawn(
             [
-                self.bin("derper"),
+                h.binary("derper", self.installs),
                 "-a",
                 f"{ip}:{DERP_PORT}",
                 "--http-port=-1",
@@ -246,7 +274,7 @@ class Tailscale(VpnDriver):
         if h.journal:
             h.journal.path_entry(str(self._hs_sock()))
         hs = h.spawn(
-            [self.bin("headscale"), "serve", "-c", str(d / "headscale.yaml")],
+            [h.binary("headscale", self.installs), "serve", "-c", str(d / "headscale.yaml")],
             label="headscale",
             log_path=d / "headscale.log",
         )
@@ -261,7 +289,7 @@ class Tailscale(VpnDriver):
         )
         if not hs.alive():
             raise RuntimeError(f"headscale exited: {hs.log_tail()}")
-        hsctl = [self.bin("headscale"), "-c", str(d / "headscale.yaml"), "--force"]
+        hsctl = [h.binary("headscale", self.installs), "-c", str(d / "headscale.yaml"), "--force"]
         # a restart (the connect workload restarts the mesh) finds the user already in Headscale's database
         users = json.loads(h.run([*hsctl, "users", "list", "-o", "json"]).stdout or "null") or []
         if not any(u["name"] == "tunnelbench" for u in users):
@@ -281,7 +309,12 @@ class Tailscale(VpnDriver):
 
     # -- revocation --------------------------------------------------------------------------------
     def _hsctl(self) -> list[str]:
-        return [self.bin("headscale"), "-c", str(self._infra_dir() / "headscale.yaml"), "--force"]
+        return [
+            self.infra.binary("headscale", self.installs),
+            "-c",
+            str(self._infra_dir() / "headscale.yaml"),
+            "--force",
+        ]
 
     def revoke(self, host: Host) -> str:
         """Delete the host's node on Headscale, what an operator does to remove a machine for good (`nodes
@@ -313,7 +346,7 @@ class Tailscale(VpnDriver):
         env = {"TS_NO_LOGS_NO_SUPPORT": "true", "TS_DEBUG_MTU": str(self.mtu)}
         proc = host.spawn(
             [
-                self.bin("tailscaled"),
+                host.binary("tailscaled", self.installs),
                 f"--tun={self.ifname(host)}",
                 f"--statedir={d / 'state'}",
                 f"--socket={sock}",
@@ -328,7 +361,7 @@ class Tailscale(VpnDriver):
         self.wait_for("tailscaled socket", lambda: host.exists(sock) or not proc.alive(), timeout=20)
         if not proc.alive():
             raise RuntimeError(f"tailscaled exited: {proc.log_tail()}")
-        ts = [self.bin("tailscale"), f"--socket={sock}"]
+        ts = [host.binary("tailscale", self.installs), f"--socket={sock}"]
         host.run(
             [
                 *ts,

@@ -28,7 +28,11 @@ from pydantic import Field, model_validator
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
+from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt
+
+# documentation pages the feature record cites
+TINC_DOC = "https://www.tinc-vpn.org/documentation-1.0/"
 
 PORT = 655
 RSA_BITS = 2048
@@ -55,6 +59,21 @@ activate = 1
 class Tinc(VpnDriver):
     name = "tinc"
     summary = "tinc 1.0 full mesh (direct UDP 655, meta star via h1), router mode, blowfish-CBC + HMAC-SHA1 (default)"
+    # the feature record (vpns/features.py): each fact with its source
+    features = one_source(
+        TINC_DOC,
+        protocol="tinc 1.0 meta protocol (TCP) + UDP data",
+        ciphers="OpenSSL EVP (default Blowfish-CBC + HMAC-SHA1)",
+        data_plane="userspace (C), TUN/TAP",
+        topology="full mesh data, meta connections as configured",
+        nat_traversal="relays via meta connections when UDP fails",
+        relay="forwarding through other nodes (TCP/UDP)",
+        acl="host files per node",
+        unattended_join="exchange of host files",
+        self_hosted_control="no control plane",
+        platforms="Linux, BSD, macOS, Windows",
+        license="GPL-2.0+",
+    )
     binaries = ("tincd",)
     installs = (Apt(("tinc",)),)
     paths_why = {
@@ -115,9 +134,9 @@ class Tinc(VpnDriver):
         }
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # "tinc version 1.0.36 (built ...)"
-        line = cls._first_line(["tincd", "--version"], "tinc version")
+        line = cls._first_line(host, [host.binary("tincd", cls.installs), "--version"], "tinc version")
         return line.split("version", 1)[1].split()[0]
 
     # -- paths -------------------------------------------------------------------------------------
@@ -174,7 +193,9 @@ class Tinc(VpnDriver):
             own = conf / "hosts" / h.name
             h.write_file(own, "\n".join(host_conf) + "\n", 0o644)
             # appends the public key to hosts/<name>, writes rsa_key.priv (0600); stdin is a pipe: no prompts
-            h.run(["tincd", "-c", str(conf), f"--generate-keys={RSA_BITS}"], input="")
+            h.run(
+                [h.binary("tincd", self.installs), "-c", str(conf), f"--generate-keys={RSA_BITS}"], input=""
+            )
             priv = conf / "rsa_key.priv"
             h.run(["chmod", "600", str(priv)])
             host_files[h.name] = h.read_file(own)
@@ -215,7 +236,7 @@ class Tinc(VpnDriver):
     def start(self, host: Host) -> None:
         d = self.host_dir(host)
         log = d / "daemon.log"
-        argv = ["tincd", f"--net={self.netname}", "-c", str(self.confdir(host)), "-D", "--debug=1",
+        argv = [host.binary("tincd", self.installs), f"--net={self.netname}", "-c", str(self.confdir(host)), "-D", "--debug=1",
                 f"--pidfile={self.pidfile(host)}", f"--logfile={log}"]  # fmt: skip
         # -D keeps stdout/stderr open: spawn sends them to the same log (both append)
         proc = host.spawn(argv, label="tincd", log_path=log, env=self._env(host))

@@ -21,7 +21,11 @@ import secrets
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Crate
+
+# documentation pages the feature record cites
+VPNCLOUD_GH = "https://github.com/dswd/vpncloud"
 
 VERSION = "2.3.0"
 PORT = 3210
@@ -29,7 +33,21 @@ PORT = 3210
 
 class VpnCloud(VpnDriver):
     name = "vpncloud"
-    summary = f"VpnCloud {VERSION} full mesh (peer exchange, UDP {PORT}), tun, password-derived keys"
+    summary = f"VpnCloud full mesh (peer exchange, UDP {PORT}), tun, password-derived keys"
+    # the feature record (vpns/features.py): each fact with its source
+    features = {
+        "protocol": fact("own peer-to-peer protocol over UDP", VPNCLOUD_GH),
+        "ciphers": fact("Curve25519 keys; AES-256-GCM / AES-128-GCM / ChaCha20-Poly1305", VPNCLOUD_GH),
+        "data_plane": fact("userspace (Rust), TUN or TAP", VPNCLOUD_GH),
+        "topology": fact("automatic full mesh, no central server", VPNCLOUD_GH),
+        "nat_traversal": fact("hole punching, UPnP port forwarding", VPNCLOUD_GH),
+        "relay": fact("none", VPNCLOUD_GH),
+        "acl": fact("shared password or trusted public keys", VPNCLOUD_GH),
+        "unattended_join": fact("yes (password or key in config)", VPNCLOUD_GH),
+        "self_hosted_control": fact("no control plane", VPNCLOUD_GH),
+        "platforms": fact("Linux", VPNCLOUD_GH),
+        "license": fact("GPL-3.0", "https://docs.rs/crate/vpncloud/2.3.0/source/"),
+    }
     binaries = ("vpncloud",)
     installs = (Crate("vpncloud", VERSION, ("vpncloud",)),)
     default_mtu = 1427  # what vpncloud 2.3.0 sets on its tun device itself over a 1500-byte IPv4 underlay
@@ -54,8 +72,12 @@ class VpnCloud(VpnDriver):
         }
 
     @classmethod
-    def version(cls) -> str:
-        return cls._first_line([cls.bin("vpncloud"), "--version"], "vpncloud").split()[-1].lstrip("v")
+    def version(cls, host: Host) -> str:
+        return (
+            cls._first_line(host, [host.binary("vpncloud", cls.installs), "--version"], "vpncloud")
+            .split()[-1]
+            .lstrip("v")
+        )
 
     def configure(self) -> None:
         password = secrets.token_urlsafe(24)
@@ -66,7 +88,7 @@ class VpnCloud(VpnDriver):
         d = self.host_dir(host)
         ifname = self.ifname(host)
         peers = [p for p in self.spec.hosts if p is not host and not p.behind_nat]
-        argv = [self.bin("vpncloud"), "--config", str(d / "vpncloud.yaml"), "-t", "tun", "-d", ifname,
+        argv = [host.binary("vpncloud", self.installs), "--config", str(d / "vpncloud.yaml"), "-t", "tun", "-d", ifname,
                 "-l", str(PORT), "--claim", f"{self.tunnel_ip(host)}/32", "--no-auto-claim",
                 "--no-port-forwarding", "--log-file", str(d / "vpncloud.log")]  # fmt: skip
         for p in peers:

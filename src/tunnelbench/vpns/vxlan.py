@@ -8,10 +8,9 @@ of encapsulation alone (kernel data plane, no crypto): the floor every VPN is co
 
 from __future__ import annotations
 
-import platform
-
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt
 
 VNI = 77
@@ -23,6 +22,20 @@ class Vxlan(VpnDriver):
     summary = (
         "VXLAN in the kernel, static full mesh (FDB + neighbour entries), no encryption: overlay baseline"
     )
+    # the feature record (vpns/features.py): each fact with its source
+    features = {
+        "protocol": fact("VXLAN (RFC 7348), UDP 4789", "https://www.rfc-editor.org/rfc/rfc7348"),
+        "ciphers": fact("none (no encryption, no authentication)", "https://www.rfc-editor.org/rfc/rfc7348"),
+        "data_plane": fact("kernel", "https://docs.kernel.org/networking/vxlan.html"),
+        "topology": fact("static full mesh (FDB entries)", "driver: bridge fdb per peer"),
+        "nat_traversal": fact("none", "https://www.rfc-editor.org/rfc/rfc7348"),
+        "relay": fact("none", "https://www.rfc-editor.org/rfc/rfc7348"),
+        "acl": fact("none", "https://www.rfc-editor.org/rfc/rfc7348"),
+        "unattended_join": fact("static", "driver"),
+        "self_hosted_control": fact("no control plane", "driver"),
+        "platforms": fact("Linux, BSD, most switches", "https://docs.kernel.org/networking/vxlan.html"),
+        "license": fact("GPL-2.0 (Linux)", "https://docs.kernel.org/networking/vxlan.html"),
+    }
     binaries = ("ip", "bridge")
     installs = (Apt(("iproute2",)),)
     kernel_features = ("vxlan",)
@@ -46,8 +59,8 @@ class Vxlan(VpnDriver):
         }
 
     @classmethod
-    def version(cls) -> str:
-        return f"linux {platform.release()}"
+    def version(cls, host: Host) -> str:
+        return f"linux {cls._first_line(host, ['uname', '-r'])}"
 
     def mac(self, host: Host) -> str:
         i = self.index(host)

@@ -33,6 +33,7 @@ from pydantic import Field
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import wireguard_record
 from tunnelbench.vpns.install import Apt, GoModule, Source
 
 LISTEN_PORT = 51820
@@ -75,6 +76,12 @@ def raise_inotify_limit(daemons: int) -> None:
 class WireguardGo(VpnDriver):
     name = "wireguard-go"
     summary = "WireGuard, userspace Go implementation (wireguard-go + wg)"
+    # the feature record (vpns/features.py): each fact with its source
+    features = wireguard_record(
+        "userspace (Go), TUN",
+        "https://git.zx2c4.com/wireguard-go/about/",
+        ("MIT", "https://git.zx2c4.com/wireguard-go/about/"),
+    )
     # annotated: the kernel and boringtun drivers below replace them
     binaries: ClassVar[tuple[str, ...]] = ("wireguard-go", "wg")
     topologies = frozenset({"mesh", "star"})
@@ -98,10 +105,10 @@ class WireguardGo(VpnDriver):
         )
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # "wireguard-go v0.0.20250522" (Debian: "wireguard-go v0.0.20220316")
         return (
-            cls._first_line([cls.bin("wireguard-go"), "--version"], "wireguard-go")
+            cls._first_line(host, [host.binary("wireguard-go", cls.installs), "--version"], "wireguard-go")
             .split()[-1]
             .removeprefix("v")
         )
@@ -111,10 +118,10 @@ class WireguardGo(VpnDriver):
         raise_inotify_limit(len(self.spec.hosts))
         for h in self.spec.hosts:
             d = self.host_dir(h)
-            priv = h.run(["wg", "genkey"]).stdout.strip()
+            priv = h.run([h.binary("wg", self.installs), "genkey"]).stdout.strip()
             key_path = d / "private.key"
             h.write_file(key_path, priv + "\n", 0o600)
-            pub = h.run(["wg", "pubkey"], input=priv + "\n").stdout.strip()
+            pub = h.run([h.binary("wg", self.installs), "pubkey"], input=priv + "\n").stdout.strip()
             self.keys[h.name] = (key_path, pub)
 
     def start(self, host: Host) -> None:
@@ -129,7 +136,15 @@ class WireguardGo(VpnDriver):
         if not proc.alive():
             raise RuntimeError(f"{self.name} exited: {proc.log_tail()}")
         key_path, _ = self.keys[host.name]
-        cmd = ["wg", "set", ifname, "listen-port", str(LISTEN_PORT), "private-key", str(key_path)]
+        cmd = [
+            host.binary("wg", self.installs),
+            "set",
+            ifname,
+            "listen-port",
+            str(LISTEN_PORT),
+            "private-key",
+            str(key_path),
+        ]
         for peer in self.peers(host):  # every other host in a mesh; the hub only (or all, on it) in a star
             cmd += [
                 "peer",
@@ -155,12 +170,12 @@ class WireguardGo(VpnDriver):
         pub = self.keys[host.name][1]
         others = [h for h in self.spec.hosts if h is not host and host in self.peers(h)]
         for h in others:
-            h.run(["wg", "set", self.ifname(h), "peer", pub, "remove"])
+            h.run([h.binary("wg", self.installs), "set", self.ifname(h), "peer", pub, "remove"])
         return f"wg set <if> peer {pub} remove on {', '.join(h.name for h in others)}"
 
     def _spawn_daemon(self, host: Host, ifname: str, d: Path):
         # -f keeps it in the foreground so the PID we hold is the daemon's
-        argv = [self.bin("wireguard-go"), "-f", ifname]
+        argv = [host.binary("wireguard-go", self.installs), "-f", ifname]
         off = isinstance(self.options, WireguardGo.Options) and not self.options.offloads
         if off and self._has_offloads(host):
             python = "python3" if host.remote else sys.executable
@@ -169,7 +184,7 @@ class WireguardGo(VpnDriver):
 
     def _has_offloads(self, host: Host) -> bool:
         """Whether this build opens its TUN with IFF_VNET_HDR (>= 0.0.20230223); unknown versions: assume so."""
-        out = host.run([self.bin("wireguard-go"), "--version"], check=False).stdout
+        out = host.run([host.binary("wireguard-go", self.installs), "--version"], check=False).stdout
         m = re.search(r"v?0\.0\.(\d{8})", out)
         return m is None or int(m.group(1)) >= OFFLOADS_SINCE
 

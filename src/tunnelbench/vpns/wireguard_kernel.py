@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import wireguard_record
 from tunnelbench.vpns.install import Apt
 from tunnelbench.vpns.wireguard_go import WireguardGo
 
@@ -17,6 +18,10 @@ from tunnelbench.vpns.wireguard_go import WireguardGo
 class WireguardKernel(WireguardGo):
     name = "wireguard"
     summary = "WireGuard in the Linux kernel (wg + ip link type wireguard), full mesh UDP 51820"
+    # the feature record (vpns/features.py): each fact with its source
+    features = wireguard_record(
+        "kernel", "https://www.wireguard.com/", ("GPL-2.0", "https://www.wireguard.com/")
+    )
     binaries = ("wg",)
     Options = TunnelOptions  # type: ignore[assignment]  # vpn_options: mtu (not wireguard-go's offloads)
     installs = (Apt(("wireguard-tools",)),)
@@ -24,19 +29,27 @@ class WireguardKernel(WireguardGo):
     wire = "udp dport 51820"
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # on the machine that runs it (an SSH host's own kernel): a built-in module has no version file
         try:
-            v = cls._first_line(["cat", "/sys/module/wireguard/version"])
+            v = cls._first_line(host, ["cat", "/sys/module/wireguard/version"])
         except RuntimeError:
             v = "built-in"
-        return f"{v} (linux {cls._first_line(['uname', '-r'])})"
+        return f"{v} (linux {cls._first_line(host, ['uname', '-r'])})"
 
     def start(self, host: Host) -> None:
         ifname = self.ifname(host)
         host.run(["ip", "link", "add", ifname, "type", "wireguard"])
         key_path, _ = self.keys[host.name]
-        cmd = ["wg", "set", ifname, "listen-port", "51820", "private-key", str(key_path)]
+        cmd = [
+            host.binary("wg", self.installs),
+            "set",
+            ifname,
+            "listen-port",
+            "51820",
+            "private-key",
+            str(key_path),
+        ]
         for peer in self.spec.hosts:
             if peer is not host:
                 cmd += [

@@ -27,7 +27,11 @@ import json
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt, GoModule
+
+# documentation pages the feature record cites
+YGG = "https://yggdrasil-network.github.io/"
 
 PORT = 9001
 _VERSION_PKG = "github.com/yggdrasil-network/yggdrasil-go/src/version"
@@ -48,6 +52,26 @@ GO = GoModule(
 class Yggdrasil(VpnDriver):
     name = "yggdrasil"
     summary = "Yggdrasil IPv6 overlay (200::/7), direct TCP links between every pair (relay/nat: via the relay host)"
+    # the feature record (vpns/features.py): each fact with its source
+    features = {
+        "protocol": fact(
+            "own routing protocol (spanning tree + greedy routing) over TCP/TLS/QUIC links", YGG
+        ),
+        "ciphers": fact("Ed25519 node keys, end-to-end encrypted sessions", YGG),
+        "data_plane": fact(
+            "userspace (Go), TUN, IPv6 200::/7 only", "https://pkg.go.dev/github.com/vikulin/yggdrasil-go"
+        ),
+        "topology": fact("self-arranging mesh over configured peerings", YGG),
+        "nat_traversal": fact("outbound peerings to a reachable node (no hole punching)", YGG),
+        "relay": fact("every node routes for others (TCP links)", YGG),
+        "acl": fact("AllowedPublicKeys for incoming peerings only", YGG),
+        "unattended_join": fact("yes (generated config)", YGG),
+        "self_hosted_control": fact("no control plane", YGG),
+        "platforms": fact(
+            "Linux, macOS, Windows, BSD, OpenWrt", "https://pkg.go.dev/github.com/vikulin/yggdrasil-go"
+        ),
+        "license": fact("LGPL-3.0", "https://openwrt.org/packages/pkgdata/yggdrasil"),
+    }
     binaries = ("yggdrasil",)
     installs = (GO,)
     debian_installs = (Apt(("yggdrasil",), ("yggdrasil",)),)
@@ -70,10 +94,12 @@ class Yggdrasil(VpnDriver):
         }
 
     @classmethod
-    def version(cls) -> str:
+    def version(cls, host: Host) -> str:
         # "Build version: 0.5.10" (stamped by the install); unstamped builds (Debian's, a plain `go install`)
         # say "unknown": availability() then takes the cache key's or the Debian package's version
-        return cls._first_line([cls.bin("yggdrasil"), "-version"], "version").split()[-1]
+        return cls._first_line(host, [host.binary("yggdrasil", cls.installs), "-version"], "version").split()[
+            -1
+        ]
 
     def tunnel_ip(self, host: Host) -> str:
         return self.addrs[host.name]
@@ -88,7 +114,7 @@ class Yggdrasil(VpnDriver):
 
     def configure(self) -> None:
         for h in self.spec.hosts:
-            conf = json.loads(h.run([self.bin("yggdrasil"), "-genconf", "-json"]).stdout)
+            conf = json.loads(h.run([h.binary("yggdrasil", self.installs), "-genconf", "-json"]).stdout)
             listen = not h.behind_nat and (self.spec.path == "direct" or h is self.spec.relay)
             conf.update(
                 {
@@ -103,7 +129,7 @@ class Yggdrasil(VpnDriver):
             )
             h.write_file(self._conf(h), json.dumps(conf, indent=2) + "\n", 0o600)
             self.addrs[h.name] = h.run(
-                [self.bin("yggdrasil"), "-useconffile", str(self._conf(h)), "-address"]
+                [h.binary("yggdrasil", self.installs), "-useconffile", str(self._conf(h)), "-address"]
             ).stdout.strip()
 
     def start(self, host: Host) -> None:
@@ -113,7 +139,7 @@ class Yggdrasil(VpnDriver):
         if relay is not None and self.spec.path != "direct" and host is not relay:
             self.start(relay)  # everyone dials it: its listener must be up first (else a 60 s retry)
         d = self.host_dir(host)
-        proc = host.spawn([self.bin("yggdrasil"), "-useconffile", str(self._conf(host)), "-logto", "stdout"],
+        proc = host.spawn([host.binary("yggdrasil", self.installs), "-useconffile", str(self._conf(host)), "-logto", "stdout"],
                           label="yggdrasil", log_path=d / "daemon.log")  # fmt: skip
         self.procs[host.name].append(proc)
         ifname = self.ifname(host)
