@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -12,6 +13,18 @@ from rich.table import Table
 from rich.text import Text
 
 from tunnelbench import __version__
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tunnelbench.impair.backend import Backend
+    from tunnelbench.impair.calibrate import Calibration
+    from tunnelbench.impair.profiles import Profile
+    from tunnelbench.lab.inventory import Inventory
+    from tunnelbench.lab.netns import NetnsLab
+    from tunnelbench.runner import ResumePlan
+    from tunnelbench.scenario import Scenario
+    from tunnelbench.suite import Suite
 
 # tables are wide: keep them readable when piped or in CI logs (rich assumes 80 columns off a terminal)
 # a pipe or a log file gets 160 columns (rich's 80 would fold every table), unless COLUMNS says otherwise
@@ -171,7 +184,12 @@ def run(
 
 
 def _execute(
-    sc, text: str, overrides: dict, plan, results: Path | None, no_html: bool
+    sc: Scenario,
+    text: str,
+    overrides: dict[str, Any],
+    plan: ResumePlan | None,
+    results: Path | None,
+    no_html: bool,
 ) -> tuple[int, Path, str]:
     """Run one scenario to the end, print its summary, write its report; (exit code, run folder, run id)."""
     from tunnelbench.runner import ResumeError
@@ -227,7 +245,7 @@ def _execute(
 
 
 def _run_suite(
-    suite,
+    suite: Suite,
     vpns: tuple[str, ...],
     repetitions: int | None,
     profiles: tuple[str, ...],
@@ -300,7 +318,9 @@ def _run_suite(
     return 130 if 130 in codes else max(codes, default=0)
 
 
-def _suite_parts(suite, vpns: tuple[str, ...], common: dict) -> tuple[list[tuple], list[str]]:
+def _suite_parts(
+    suite: Suite, vpns: tuple[str, ...], common: dict[str, Any]
+) -> tuple[list[tuple[str, Scenario, str, dict[str, Any]]], list[str]]:
     """Each part's (name, scenario, text, overrides) with the command line applied, `--vpn` narrowed to the
     VPNs that can take the part's check; and notes on what was left out. Raises ScenarioError."""
     from tunnelbench.scenario import load_scenario
@@ -335,7 +355,7 @@ def _suite_parts(suite, vpns: tuple[str, ...], common: dict) -> tuple[list[tuple
     return parts, notes
 
 
-def _with_overrides(text: str, overrides: dict, source: str):
+def _with_overrides(text: str, overrides: dict[str, Any], source: str) -> Scenario:
     """The scenario of `text` with the command-line overrides of `run` (as kept in run.overrides)."""
     import tomllib
 
@@ -411,7 +431,7 @@ def doctor(inventory: Path | None = None, insecure: bool = False) -> None:
         sys.exit(1)
 
 
-def _load_inventory(path: Path, insecure: bool):
+def _load_inventory(path: Path, insecure: bool) -> Inventory:
     from tunnelbench.lab.inventory import InventoryError, load_inventory
 
     try:
@@ -551,7 +571,7 @@ def calibrate(
     sys.exit(1 if flagged else 0)
 
 
-def _calibration_backends(lab, names: list[str]) -> list:
+def _calibration_backends(lab: NetnsLab, names: list[str]) -> list[Backend]:
     """One backend per name over the same lab (the router's interfaces toward each host); `auto` resolves to
     netem where the kernel has it. Two names that resolve to the same backend are refused."""
     from tunnelbench.impair.backend import ImpairError, make_backend
@@ -564,7 +584,7 @@ def _calibration_backends(lab, names: list[str]) -> list:
     return bes
 
 
-def _calibration_table(results: list, names: list[str], known: dict) -> Table:
+def _calibration_table(results: list[Calibration], names: list[str], known: dict[str, Profile]) -> Table:
     """One column of measured values per backend, next to the configured value, per profile and quantity."""
     from tunnelbench.report.fmt import num
 
@@ -669,14 +689,14 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
         )
         for c in ("VPN", "engine mode", "without engine Mbit/s", "with engine Mbit/s", "tax", "engine CPU %"):
             tt.add_column(c, justify="left" if c in ("VPN", "engine mode") else "right")
-        for c in checks:
+        for tc in checks:
             tt.add_row(
-                c.vpn,
-                c.mode,
-                f"{statistics.median(c.off_mbps):,.0f}",
-                f"{statistics.median(c.on_mbps):,.0f}",
-                Text(f"{c.tax_pct:+.1f}%", style="red" if c.flagged else ""),
-                f"{statistics.median(c.engine_cpu_pct):.0f}" if c.engine_cpu_pct else "–",
+                tc.vpn,
+                tc.mode,
+                f"{statistics.median(tc.off_mbps):,.0f}",
+                f"{statistics.median(tc.on_mbps):,.0f}",
+                Text(f"{tc.tax_pct:+.1f}%", style="red" if tc.flagged else ""),
+                f"{statistics.median(tc.engine_cpu_pct):.0f}" if tc.engine_cpu_pct else "–",
             )
         console.print(tt)
 
@@ -907,6 +927,7 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
     from tunnelbench.scenario import ScenarioError, load_scenario
     from tunnelbench.suite import load_suite
 
+    parts: Sequence[tuple[str | None, Scenario, str, dict[str, Any]]]  # a single scenario's part: None
     try:
         suite = load_suite(scenario)
         if suite is not None:  # a suite: each part planned as it would run
@@ -941,7 +962,7 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
         )
 
 
-def _print_plan(sc, results: Path) -> float:
+def _print_plan(sc: Scenario, results: Path) -> float:
     from tunnelbench.plan import make_plan
     from tunnelbench.vpns import resolve
 

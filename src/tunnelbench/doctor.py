@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tunnelbench.lab.tags import TAG_PREFIX
 from tunnelbench.lab.tools import DOCTOR_TOOLS
@@ -22,6 +22,7 @@ from tunnelbench.workloads import WORKLOADS
 
 if TYPE_CHECKING:
     from tunnelbench.lab.inventory import Inventory, InvHost
+    from tunnelbench.lab.kernel import Runner
     from tunnelbench.lab.ssh import SshHost
 
 
@@ -38,11 +39,21 @@ class Check:
 TOOLS = DOCTOR_TOOLS  # the lab's tools and what each is for: lab/tools.py
 
 
-def _sh(argv: list[str], input: str | None = None) -> subprocess.CompletedProcess:
+class _Ran(Protocol):  # a subprocess.CompletedProcess, or an SSH host's lab.host.Result
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class _Sh(Protocol):
+    def __call__(self, argv: list[str], input: str | None = None) -> _Ran: ...
+
+
+def _sh(argv: list[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=20, input=input)
 
 
-def tunnel_checks(where: str = "local", run=None) -> list[Check]:
+def tunnel_checks(where: str = "local", run: Runner | None = None) -> list[Check]:
     """Every kernel data path lab/kernel.py probes (on this machine, or on the SSH host `where` through `run`),
     with the drivers that need it: `doctor` lists which tunnel types each target's kernel has."""
     from tunnelbench.lab import kernel
@@ -67,7 +78,7 @@ def tunnel_checks(where: str = "local", run=None) -> list[Check]:
     return out
 
 
-def _probe_kernel(sh=_sh) -> list[Check]:
+def _probe_kernel(sh: _Sh = _sh) -> list[Check]:
     """`sh(argv, input=None)` runs a command here or, for `doctor --inventory`, on an SSH host."""
     ns = f"{TAG_PREFIX}doc{secrets.token_hex(2)}"
     checks: list[Check] = []
@@ -77,7 +88,7 @@ def _probe_kernel(sh=_sh) -> list[Check]:
         ]
     try:
 
-        def run(*argv: str, input: str | None = None) -> subprocess.CompletedProcess:
+        def run(*argv: str, input: str | None = None) -> _Ran:
             return sh(["ip", "netns", "exec", ns, *argv], input=input)
 
         checks.append(Check("kernel", "network namespaces", True, "ip netns add works"))

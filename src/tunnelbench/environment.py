@@ -9,8 +9,12 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tunnelbench import __version__
+
+if TYPE_CHECKING:
+    from tunnelbench.lab.host import Host
 
 SYSCTLS = (
     "net.ipv4.tcp_congestion_control",
@@ -96,7 +100,7 @@ def _offloads(pre: list[str]) -> str:
     return "; ".join(line.strip() for line in out.splitlines() if line.split(":")[0].strip() in keep)
 
 
-def collect_remote(host) -> dict[str, object]:
+def collect_remote(host: Host) -> dict[str, object]:
     """The same record for a host reached over SSH (lab/ssh.py): everything is read on that host."""
 
     def out(*argv: str) -> str:
@@ -108,7 +112,9 @@ def collect_remote(host) -> dict[str, object]:
             return "missing"
         return (r.stdout or r.stderr).strip()
 
-    first = lambda s: s.splitlines()[0] if s else s  # noqa: E731
+    def first(s: str) -> str:
+        return s.splitlines()[0] if s else s
+
     env: dict[str, object] = {
         "tunnelbench_version": __version__,
         "kernel": out("uname", "-r"),

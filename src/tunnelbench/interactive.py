@@ -34,10 +34,11 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -77,17 +78,18 @@ class Interrupted(BaseException):  # not an Exception: no handler may swallow it
 @dataclass
 class UpLab:
     path: Path
-    state: dict
+    state: dict[str, Any]
 
     @property
     def run_id(self) -> str:
-        return self.state["run_id"]
+        run_id: str = self.state["run_id"]
+        return run_id
 
     def keeper_alive(self) -> bool:
         k = self.state.get("keeper", {})
         return bool(k.get("pid")) and process_alive(k["pid"], k.get("start"))
 
-    def host(self, name: str) -> dict | None:
+    def host(self, name: str) -> dict[str, Any] | None:
         return next((h for h in self.state["hosts"] if h["name"] == name), None)
 
 
@@ -128,7 +130,9 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 # -- up (the command's side) ---------------------------------------------------------------------------------
-def prepare(scenario: Path | None, vpn: str, profile: str, hosts: int | None) -> tuple[Any, dict, str]:
+def prepare(
+    scenario: Path | None, vpn: str, profile: str, hosts: int | None
+) -> tuple[Any, dict[str, Any], str]:
     """The scenario with the command line's VPN, profile and host count; raises UpError on anything invalid."""
     import tomllib
 
@@ -167,7 +171,12 @@ def prepare(scenario: Path | None, vpn: str, profile: str, hosts: int | None) ->
 
 
 def up(
-    scenario: Path | None, vpn: str, profile: str, hosts: int | None, results: Path | None, say=print
+    scenario: Path | None,
+    vpn: str,
+    profile: str,
+    hosts: int | None,
+    results: Path | None,
+    say: Callable[[str], object] = print,
 ) -> UpLab:
     """Start a keeper for a new lab and wait until it reports the mesh up; returns the lab's state."""
     from tunnelbench.lab.tags import new_run_id, new_tag
@@ -254,14 +263,15 @@ def _drain(fd: int, timeout: float) -> bytes:
     return out
 
 
-def _wait_ready(fd: int, keeper: subprocess.Popen, timeout: float) -> dict:
+def _wait_ready(fd: int, keeper: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
     data = _drain(fd, timeout)
     if not data:
         if keeper.poll() is None:
             raise UpError(f"the lab did not come up within {timeout:.0f} s")
         return {"ok": False, "error": f"the keeper exited ({keeper.returncode}) before the mesh was up"}
     try:
-        return json.loads(data.decode().strip().splitlines()[-1])
+        msg: dict[str, Any] = json.loads(data.decode().strip().splitlines()[-1])
+        return msg
     except (json.JSONDecodeError, IndexError):
         return {"ok": False, "error": f"unreadable keeper message {data[:200]!r}"}
 
@@ -392,12 +402,12 @@ def down(ref: str | None, timeout: float = 180.0) -> DownReport:
 
 
 # -- the keeper ----------------------------------------------------------------------------------------------
-def _raise_interrupted(signum, _frame):
+def _raise_interrupted(signum: int, _frame: FrameType | None) -> NoReturn:
     raise Interrupted(signal.Signals(signum).name)
 
 
 class Keeper:
-    def __init__(self, request: dict, ready_fd: int):
+    def __init__(self, request: dict[str, Any], ready_fd: int):
         from tunnelbench.scenario import parse_scenario
 
         self.req = request
@@ -407,17 +417,17 @@ class Keeper:
         self.run_dir = Path(request["run_dir"])
         self.state_path = STATE_DIR / f"{self.run_id}.json"
         self.journal: Journal | None = None
-        self.self_entry: dict | None = None
-        self.state_entry: dict | None = None
+        self.self_entry: dict[str, Any] | None = None
+        self.state_entry: dict[str, Any] | None = None
         self.lab: NetnsLab | None = None
         self.mesh: Mesh | None = None
         self.backend: Backend | None = None
-        self.state: dict = {}
+        self.state: dict[str, Any] = {}
 
     def log(self, msg: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
-    def tell(self, msg: dict) -> None:
+    def tell(self, msg: dict[str, Any]) -> None:
         if self.ready_fd is None:
             return
         with contextlib.suppress(OSError):
@@ -548,7 +558,7 @@ class Keeper:
         self.state_entry = self.journal.path_entry(str(self.state_path))  # journal first: clean finds it
         _write_json(self.state_path, self.state)
 
-    def teardown(self) -> dict:
+    def teardown(self) -> dict[str, Any]:
         """The run's verified teardown: impairment cleared, mesh stopped, keys removed, leftovers checked,
         namespaces destroyed, journal ended. Returns what was done ("lines") and what failed ("problems")."""
         from tunnelbench.security import keys

@@ -24,8 +24,10 @@ import os
 import re
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.lab.point import fresh_lab
 from tunnelbench.lab.procstat import read_stat
@@ -83,7 +85,7 @@ def probe_until_ready(mesh: Mesh, t0: float, timeout: float) -> tuple[float, flo
     return time.monotonic() - t0, worst, rounds, answered
 
 
-def idle_usage(mesh: Mesh, idle_s: float) -> dict[str, dict]:
+def idle_usage(mesh: Mesh, idle_s: float) -> dict[str, dict[str, Any]]:
     """Per daemon label: count, RSS (MB) median and max, CPU % of one core mean and max, over `idle_s`."""
     procs = [p for h in mesh.hosts for p in mesh.driver.daemons(h)]
     before = {p.pid: read_stat(p.pid) for p in procs}
@@ -118,9 +120,9 @@ def median_rtt_ms(mesh: Mesh) -> float | None:
     return round(statistics.median(rtts), 3) if rtts else None
 
 
-def point(vpn: str, n: int, workdir: Path, idle_s: float = IDLE_S) -> dict:
+def point(vpn: str, n: int, workdir: Path, idle_s: float = IDLE_S) -> dict[str, Any]:
     """One mesh of n hosts for one VPN, in its own lab (built and destroyed here)."""
-    out: dict = {"n": n, "pairs": n * (n - 1)}
+    out: dict[str, Any] = {"n": n, "pairs": n * (n - 1)}
     try:
         with fresh_lab(n, workdir, out) as pt:
             driver = DRIVERS[vpn](MeshSpec(hosts=list(pt.lab.hosts), tag=pt.tag, workdir=pt.run_dir))
@@ -155,7 +157,7 @@ def point(vpn: str, n: int, workdir: Path, idle_s: float = IDLE_S) -> dict:
         return out
 
 
-def memory_bound(last: dict | None, n: int) -> str | None:
+def memory_bound(last: dict[str, Any] | None, n: int) -> str | None:
     """Why a mesh of n would not fit in memory, judged from the last measured size; None if it fits."""
     if last is None or last.get("result") != "ok":
         return None
@@ -175,9 +177,9 @@ def run_sweep(
     workdir: Path,
     out_json: Path | None = None,
     idle_s: float = IDLE_S,
-    progress=print,
-) -> dict:
-    result: dict = {
+    progress: Callable[[str], object] = print,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "sizes": sizes,
         "idle_s": idle_s,
@@ -187,7 +189,7 @@ def run_sweep(
     }
     for vpn in vpns:
         a = DRIVERS[vpn].availability()
-        row: dict = {"version": a.version, "points": []}
+        row: dict[str, Any] = {"version": a.version, "points": []}
         result["vpns"][vpn] = row
         if not a.ok:
             row["unavailable"] = a.reason
@@ -227,8 +229,10 @@ def run_sweep(
     return result
 
 
-def per_node_mb(p: dict) -> float:
-    return sum(g["rss_mb_total"] for g in p.get("idle", {}).values()) / p["n"]
+def per_node_mb(p: dict[str, Any]) -> float:
+    total: float = sum(g["rss_mb_total"] for g in p.get("idle", {}).values())
+    nodes: int = p["n"]
+    return total / nodes
 
 
 def _mem_total_mb() -> float:
@@ -236,7 +240,7 @@ def _mem_total_mb() -> float:
     return round(int(m.group(1)) / 1024) if m else 0.0
 
 
-def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """One row per VPN x size: the curve as the terminal prints it."""
     head = [
         "VPN",
@@ -292,7 +296,7 @@ def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def plot_svg(result: dict) -> str | None:
+def plot_svg(result: dict[str, Any]) -> str | None:
     """ready_s and RSS per node against N (log x axis), one line per VPN."""
     import matplotlib
 

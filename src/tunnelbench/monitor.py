@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from tunnelbench.lab.host import Process
+from tunnelbench.lab.host import Host, Process, PsProcess
 from tunnelbench.workloads.base import MetricSpec, Outcome, Series
 
 # What the monitor adds to every case, declared like a workload's metrics (analysis reads units and direction
@@ -35,7 +35,7 @@ DAEMON_METRICS = tuple(m.name for m in MONITOR_METRICS if m.name.startswith("dae
 @dataclass
 class _Track:
     host: str
-    proc: psutil.Process
+    proc: PsProcess
     last_cpu: float
     last_t: float
 
@@ -60,7 +60,8 @@ class Monitor:
     _cpu_s: dict[str, float] = field(default_factory=dict)  # host -> daemon CPU seconds over the case
     _tracks_started: bool = False  # after __enter__, new daemons are counted from their own start
     _elapsed: float = 0.0  # case wall seconds, set on exit
-    machines: list | None = None  # remote Hosts whose machine-wide CPU is sampled instead of this machine's
+    # remote Hosts whose machine-wide CPU is sampled instead of this machine's
+    machines: list[Host] | None = None
     _mcpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     _mlast: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -147,7 +148,7 @@ class Monitor:
                     if self.on_unhealthy:
                         self.on_unhealthy(why)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join()

@@ -21,7 +21,9 @@ import datetime as dt
 import itertools
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.lab.netns import NAT_TYPES, NetnsLab
 from tunnelbench.lab.pathcheck import DIRECT_MIN_PCT, RELAY_MAX_PCT, PathWatch, share
@@ -61,9 +63,9 @@ def _received(ping_out: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def cell(vpn: str, t1: str, t2: str, workdir: Path) -> dict:
+def cell(vpn: str, t1: str, t2: str, workdir: Path) -> dict[str, Any]:
     """One NAT pair for one VPN, in its own lab (built and destroyed here)."""
-    out: dict = {"pair": pair_key(t1, t2), "h1": t1, "h2": t2}
+    out: dict[str, Any] = {"pair": pair_key(t1, t2), "h1": t1, "h2": t2}
     try:
         with fresh_lab(3, workdir, out, path="nat", nat_types={"h1": t1, "h2": t2}) as pt:
             lab = pt.lab
@@ -115,11 +117,11 @@ def run_matrix(
     workdir: Path,
     out_json: Path | None = None,
     record: bool = True,
-    progress=print,
-) -> dict:
+    progress: Callable[[str], object] = print,
+) -> dict[str, Any]:
     """Every cell, VPN by VPN; the JSON artifact is rewritten after each cell (an interrupted matrix keeps
     what it measured). `record`: store each VPN's row as the `nat_matrix` probe of its feature record."""
-    result: dict = {
+    result: dict[str, Any] = {
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "pairs": [pair_key(*p) for p in pairs],
         "thresholds": {"direct_min_pct": DIRECT_MIN_PCT, "relay_max_pct": RELAY_MAX_PCT},
@@ -128,7 +130,7 @@ def run_matrix(
     for vpn in vpns:
         cls = DRIVERS[vpn]
         a = cls.availability()
-        row: dict = {"version": a.version, "cells": {}}
+        row: dict[str, Any] = {"version": a.version, "cells": {}}
         result["vpns"][vpn] = row
         if not a.ok:
             row["unavailable"] = a.reason
@@ -162,12 +164,12 @@ def run_matrix(
     return result
 
 
-def cell_text(c: dict) -> str:
+def cell_text(c: dict[str, Any]) -> str:
     pct = c.get("direct_pct")
     return c["result"] if pct is None else f"{c['result']} ({pct:.0f}% direct)"
 
 
-def table_rows(result: dict) -> tuple[list[str], list[list[str]]]:
+def table_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header (VPN, then one column per pair) and one row per VPN, for the terminal and the report."""
     pairs = result["pairs"]
     rows = []

@@ -10,7 +10,12 @@ runs (children inherit it), and on the engine."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tunnelbench.lab.host import Host
 
 
 def cpu_list(spec: str) -> list[int]:
@@ -41,10 +46,10 @@ class Placement:
     engine_realtime: bool | None = None
     steer_rx: bool = False  # RPS of every host's underlay interface to its CPUs
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def pin(self, hosts) -> None:
+    def pin(self, hosts: Iterable[Host]) -> None:
         """Set every host's CPU list (lab.host.Host.cpus; None = unpinned)."""
         for h in hosts:
             h.cpus = self.hosts.get(h.name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def history(results: Path) -> tuple[dict[tuple[str, str], list[float]], dict[str
     return cases, sessions
 
 
-def make_plan(sc: Scenario, results: Path, available=None) -> Plan:
+def make_plan(sc: Scenario, results: Path, available: Callable[[str], str | None] | None = None) -> Plan:
     """`available(vpn) -> reason | None` decides which VPNs count (default: every one)."""
     past, sessions = history(results)
     conditions = len(sc.profiles) * max(1, len(sc.tunings))

@@ -16,6 +16,8 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -29,7 +31,7 @@ from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend
 from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
 from tunnelbench.lab import Lab, counters, hostfw, make_lab, pathcheck, sysctl
-from tunnelbench.lab.host import abort_running
+from tunnelbench.lab.host import Host, abort_running
 from tunnelbench.lab.journal import Journal, run_leftovers
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.lab.tools import LAB_TOOLS  # the one list of the lab's tools
@@ -39,7 +41,7 @@ from tunnelbench.security import keys
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.vpns import Mesh, MeshSpec
 from tunnelbench.vpns import resolve as resolve_driver
-from tunnelbench.vpns.base import MeshNotReady, VpnDriver
+from tunnelbench.vpns.base import Availability, MeshNotReady, VpnDriver
 from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
 from tunnelbench.workloads.base import NotApplicable, Series
 
@@ -98,7 +100,7 @@ class ResumePlan:
     run_dir: Path
     tag: str
     text: str  # scenario.toml as run (its sha256 checked against the one recorded at the start)
-    overrides: dict  # the command-line overrides it ran with (run.overrides)
+    overrides: dict[str, Any]  # the command-line overrides it ran with (run.overrides)
     status: str  # the run's status before this resume
 
 
@@ -163,7 +165,7 @@ class RunResult:
     wall_s: float
 
 
-def _raise_interrupted(signum, _frame):
+def _raise_interrupted(signum: int, _frame: FrameType | None) -> NoReturn:
     raise Interrupted(signal.Signals(signum).name)
 
 
@@ -175,7 +177,7 @@ class Runner:
         console: Console | None = None,
         results_root: Path | None = None,
         profile: str | None = None,
-        overrides: dict | None = None,
+        overrides: dict[str, Any] | None = None,
         resume: ResumePlan | None = None,
     ):
         self.sc = scenario
@@ -205,13 +207,13 @@ class Runner:
         self.drops_before: dict[str, int] | None = None  # the router's counters when this session began
         self.dests: dict[str, dict[str, int]] = {}  # per VPN, off-lab destination -> dropped packets
         self.dests_before: dict[str, int] = {}
-        self.drift: list[dict] = []
+        self.drift: list[dict[str, Any]] = []
         # key hygiene: per VPN its record (keys.<vpn>), and the secret values of every session, kept in memory
         # until the outputs are scanned (scan_outputs): the report is written after run() returns
-        self.key_records: dict[str, dict] = {}
+        self.key_records: dict[str, dict[str, Any]] = {}
         self.secrets = keys.Secrets()
         self.tuning_now: str | None = None  # the tuning applied in the hosts now; None = their own values
-        self.tuning_saved: dict = {}
+        self.tuning_saved: dict[str, dict[str, str]] = {}  # sysctl.snapshot(): host -> key -> value
         self.tunings_recorded: set[str] = set()
         self.placement: placement.Placement | None = None
         self.seed = 0
@@ -591,7 +593,7 @@ class Runner:
                 self._vpn_session(vpn, [r], pending[vpn])
 
     # -- impairment --------------------------------------------------------------------------------
-    def _prepare_impairment(self, client, server, progress: Progress, task) -> None:
+    def _prepare_impairment(self, client: Host, server: Host, progress: Progress, task: TaskID) -> None:
         """Pick the backend and calibrate every profile on the raw path before any VPN runs."""
         assert self.lab is not None
         self.backend = None
@@ -724,7 +726,7 @@ class Runner:
             sysctl.restore(self._sut_hosts(), self.tuning_saved)
         self.tuning_saved, self.tuning_now = {}, None  # the hosts' own values: no tuning applied
 
-    def _sut_hosts(self) -> list:
+    def _sut_hosts(self) -> list[Host]:
         assert self.lab is not None
         return list(self.lab.hosts)
 
@@ -818,7 +820,7 @@ class Runner:
         self.store.set_env(self.run_id, {"drift.reference": self.drift})
         self._phase(None, "drift_check", time.monotonic() - t0)
 
-    def _vpn_options(self, vpn: str) -> dict:
+    def _vpn_options(self, vpn: str) -> dict[str, Any]:
         """Options for a VPN key: those given for its base name, then those for the exact `name@version`."""
         base = vpn.split("@", 1)[0]
         return {
@@ -832,7 +834,7 @@ class Runner:
             for wl in self.workloads:
                 self.store.record_skip(self.run_id, vpn, profile, wl.name, wl.label(), reason)
 
-    def _availability(self, vpn: str, cls: type[VpnDriver]):
+    def _availability(self, vpn: str, cls: type[VpnDriver]) -> Availability:
         assert self.lab is not None
         avail = cls.availability(self.lab.hosts)
         path = self.sc.lab.path
@@ -1042,7 +1044,7 @@ class Runner:
             return d.mean_ci_hi == d.mean_ci_lo
         return 100 * (d.mean_ci_hi - d.mean_ci_lo) / 2 / abs(d.mean) <= self.sc.run.target_ci_pct
 
-    def _vpn_settings(self, driver: VpnDriver) -> dict:
+    def _vpn_settings(self, driver: VpnDriver) -> dict[str, Any]:
         """What ran (driver.settings, with its defaults), the path scenario, and the feature record."""
         out = dict(driver.settings)
         out.setdefault("mtu", driver.mtu)
@@ -1109,7 +1111,7 @@ class Runner:
         rec["removed"] = [*rec.get("removed", []), *removed]
         self.store.set_env(self.run_id, {f"keys.{vpn}": rec})
 
-    def scan_outputs(self) -> dict:
+    def scan_outputs(self) -> dict[str, Any]:
         """After the report is written: search it, the store and the exports for every secret value of the run,
         and store the result (`keys.scan`: outputs, counts, offsets; never a value). The report is not rewritten
         with this result (a rewrite would need a rescan); `tunnelbench report` shows it later."""
@@ -1170,7 +1172,14 @@ class Runner:
                 keys.redact(dest / f"{h}-{p.label}.log", secrets)
 
     def _run_case(
-        self, mesh: Mesh, wl: Workload, profile: str, rep: int, client, server, settle: bool = True
+        self,
+        mesh: Mesh,
+        wl: Workload,
+        profile: str,
+        rep: int,
+        client: Host,
+        server: Host,
+        settle: bool = True,
     ) -> None:
         first = self._first_attempt(mesh.vpn, profile, wl, rep)
         for attempt in range(first, first + self.sc.run.retries + 1):
@@ -1274,7 +1283,7 @@ class Runner:
                 )
                 self._heal(mesh)
 
-    def _diagnostics(self, adir: Path, mesh: Mesh, client) -> CaseDiagnostics:
+    def _diagnostics(self, adir: Path, mesh: Mesh, client: Host) -> CaseDiagnostics:
         """The case's pcap, kernel log and CPU profile, as `run.capture` and `run.flamegraph` ask."""
         return CaseDiagnostics(
             adir,
@@ -1287,7 +1296,7 @@ class Runner:
             self._lab_hosts(),
         )
 
-    def _engine_stats(self) -> dict | None:
+    def _engine_stats(self) -> dict[str, Any] | None:
         if not isinstance(self.backend, NativeBackend) or self.backend.profile is None:
             return None
         try:
@@ -1296,7 +1305,7 @@ class Runner:
             return None
         return {**st, "_t": time.monotonic()} if st else None  # no engine running (a rate-only profile): {}
 
-    def _add_engine_stats(self, out: Outcome, s0: dict | None, s1: dict | None) -> None:
+    def _add_engine_stats(self, out: Outcome, s0: dict[str, Any] | None, s1: dict[str, Any] | None) -> None:
         """Drops the engine made that the profile did not ask for (its own queue overflowing, the kernel's
         NFQUEUE full), as per-case metrics of the router: non-zero means the emulator, not the VPN, lost
         packets. A restart in between (pid changed) makes the delta meaningless: skipped."""
@@ -1321,7 +1330,7 @@ class Runner:
                 "engine_bound", 1.0 if cpu >= ENGINE_BOUND_CPU_PCT or drops > 0 else 0.0, "bool", "router"
             )
 
-    def _lab_hosts(self) -> list:
+    def _lab_hosts(self) -> list[Host]:
         assert self.lab is not None
         return list(self.lab.all_hosts())
 
@@ -1335,7 +1344,9 @@ class Runner:
             self._say(f"path counters unreadable, this case's path is not checked: {e}"[:300], "yellow")
             return None
 
-    def _confirm_path(self, before: dict[str, int], out: Outcome, client, server, judge: bool = True) -> None:
+    def _confirm_path(
+        self, before: dict[str, int], out: Outcome, client: Host, server: Host, judge: bool = True
+    ) -> None:
         """Store the share of the case's underlay bytes that went straight between client and server, and fail
         the case when that is not the scenario's path (lab/pathcheck.py)."""
         assert self.path_watch is not None

@@ -437,7 +437,7 @@ class Scenario(Strict):
 
     @field_validator("vpn_options")
     @classmethod
-    def _vpn_options(cls, v: dict, info: ValidationInfo) -> dict:
+    def _vpn_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         """Keys are a driver name (applying to every version of it in the run) or one version's key
         (NAME@VERSION, overriding the base name's options key by key). Each version listed in `vpns` gets its
         merged options under its own key, so `vpn_options.get(key, {})` is what that version runs with."""
@@ -538,12 +538,12 @@ def _fields_of(model: type[BaseModel]) -> list[str]:
     return list(model.model_fields)
 
 
-def _explain(err: Mapping[str, Any], data: dict) -> str:
+def _explain(err: Mapping[str, Any], data: dict[str, Any]) -> str:
     loc = list(err["loc"])
     where = ""
     for part in loc:
         where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
-    msg = err["msg"].removeprefix("Value error, ")
+    msg: str = err["msg"].removeprefix("Value error, ")
     if not where:  # a whole-scenario check names its field in the message itself
         return msg
     if err["type"] == "extra_forbidden":
@@ -557,7 +557,7 @@ def _explain(err: Mapping[str, Any], data: dict) -> str:
     return f"{where}: {msg}"
 
 
-def _model_at(loc: list) -> type[BaseModel] | None:
+def _model_at(loc: list[str | int]) -> type[BaseModel] | None:
     """The model class at a validation-error location (follows nested models, lists and dicts)."""
     model: type[BaseModel] = Scenario
     pending: type[BaseModel] | None = None  # the value model of a list/dict field: the next part is its key
@@ -603,7 +603,7 @@ def _validate_workload_params(sc: Scenario, source: str) -> None:
         raise ScenarioError(f"{source}: invalid scenario\n  " + "\n  ".join(problems))
 
 
-def parse_scenario(data: dict, source: str = "scenario") -> Scenario:
+def parse_scenario(data: dict[str, Any], source: str = "scenario") -> Scenario:
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as e:

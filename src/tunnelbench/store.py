@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.workloads.base import Outcome
 
@@ -52,7 +53,7 @@ class CaseRow:
     profile: str
     workload: str
     label: str
-    params: dict
+    params: dict[str, Any]
     repetition: int
     attempt: int
     status: str
@@ -138,7 +139,7 @@ class Store:
         version: str | None,
         status: str,
         reason: str = "",
-        settings: dict | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO vpn VALUES (?,?,?,?,?,?)",
@@ -157,7 +158,7 @@ class Store:
         profile: str,
         workload: str,
         label: str,
-        params: dict,
+        params: dict[str, Any],
         repetition: int,
         attempt: int,
         client: str,
@@ -222,7 +223,7 @@ class Store:
         profile: str,
         workload: str,
         label: str,
-        params: dict,
+        params: dict[str, Any],
         repetition: int,
         error: str,
     ) -> None:
@@ -238,7 +239,7 @@ class Store:
     def run_row(self, run_id: str | None = None) -> sqlite3.Row:
         self.db.row_factory = sqlite3.Row
         q = "SELECT * FROM run " + ("WHERE id=?" if run_id else "ORDER BY started DESC LIMIT 1")
-        row = self.db.execute(q, (run_id,) if run_id else ()).fetchone()
+        row: sqlite3.Row | None = self.db.execute(q, (run_id,) if run_id else ()).fetchone()
         if row is None:
             raise KeyError(run_id or "no run in store")
         return row

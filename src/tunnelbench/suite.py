@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.report.security import COLUMNS, NOT_RUN, NOT_SUPPORTED, security_rows, tone
@@ -97,10 +98,10 @@ def capable(vpn: str, sc: Scenario) -> str | None:
     return None
 
 
-def merged_rows(runs: list[RunData]) -> list[dict]:
+def merged_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     """One Security row per VPN over all parts: each column from the part whose check ran (a verdict over
     "not run"); ACL, revocation and relay "not supported" from the driver class for VPNs a part left out."""
-    by_vpn: dict[str, dict] = {}
+    by_vpn: dict[str, dict[str, Any]] = {}
     for run in runs:
         for row in security_rows(run):
             cur = by_vpn.setdefault(
@@ -137,7 +138,7 @@ def merged_rows(runs: list[RunData]) -> list[dict]:
     return sorted(by_vpn.values(), key=lambda r: (order.get(r["vpn"].split("@")[0], len(order)), r["vpn"]))
 
 
-def matrix_markdown(suite: Suite, runs: list[RunData], rows: list[dict], notes: list[str]) -> str:
+def matrix_markdown(suite: Suite, runs: list[RunData], rows: list[dict[str, Any]], notes: list[str]) -> str:
     lines = [
         f"# {suite.name}: security matrix",
         "",
@@ -164,7 +165,9 @@ def _scenario_name(run: RunData) -> str:
         return ""
 
 
-def write_matrix(suite: Suite, runs: list[RunData], rows: list[dict], notes: list[str], folder: Path) -> Path:
+def write_matrix(
+    suite: Suite, runs: list[RunData], rows: list[dict[str, Any]], notes: list[str], folder: Path
+) -> Path:
     """matrix.md and matrix.json in `folder` (the suite's own folder beside the part runs)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "matrix.md").write_text(matrix_markdown(suite, runs, rows, notes))

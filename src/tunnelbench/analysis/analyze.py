@@ -10,8 +10,10 @@ import math
 import re
 import tomllib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,11 +74,11 @@ class RunData:
 
     run_dir: Path
     run_id: str
-    run: dict
+    run: dict[str, Any]
     env: dict[str, str]
-    vpns: list[dict]
+    vpns: list[dict[str, Any]]
     cases: list[CaseRow]
-    metrics: list[dict]
+    metrics: list[dict[str, Any]]
     phases: dict[str, float]
     store: Store
 
@@ -94,10 +96,11 @@ class RunData:
     def version(self, vpn: str) -> str | None:
         for v in self.vpns:
             if v["name"] == vpn:
-                return v["version"]
+                version: str | None = v["version"]
+                return version
         return None
 
-    def series(self, case_ids: list[int], name: str) -> list[dict]:
+    def series(self, case_ids: list[int], name: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self.store.series(case_ids) if r["name"] == name]
 
 
@@ -435,7 +438,7 @@ def _usage(raw: dict[tuple[str, str, str], dict[str, list[float]]], variants: li
     return sorted(out, key=lambda u: (u.profile, rank.get(u.variant, 99), u.label))
 
 
-def fmt_ci(value: float, lo: float, hi: float, fmt=lambda v: f"{v:.3g}") -> str:
+def fmt_ci(value: float, lo: float, hi: float, fmt: Callable[[float], str] = lambda v: f"{v:.3g}") -> str:
     if any(math.isnan(x) for x in (value, lo, hi)):
         return fmt(value) if not math.isnan(value) else "–"
     return f"{fmt(value)} [{fmt(lo)}, {fmt(hi)}]"

@@ -17,6 +17,7 @@ import json
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class Change:
     def significant(self) -> bool:
         return not math.isnan(self.p_holm) and self.p_holm < ALPHA
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
@@ -82,7 +83,7 @@ class Comparison:
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.verdict == "REGRESSION"]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "run_a": self.run_a,
             "run_b": self.run_b,
@@ -192,7 +193,13 @@ def compare_runs(
     )
 
 
-def _security_b(a: RunData, b: RunData, sa: dict, sb: dict, vpn_map: dict[str, str] | None) -> list:
+def _security_b(
+    a: RunData,
+    b: RunData,
+    sa: dict[tuple[str, str, str, str], list[float]],
+    sb: dict[tuple[str, str, str, str], list[float]],
+    vpn_map: dict[str, str] | None,
+) -> list[tuple[str, str, str, str]]:
     """Pass/fail checks that passed in A (every repetition) and fail in B (any repetition): the leak check per
     group, and key hygiene per VPN (no violation in A, some in B)."""
     out = []

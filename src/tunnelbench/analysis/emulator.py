@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -28,7 +29,7 @@ class ProfileCost:
 
 @dataclass
 class Drift:
-    points: list[dict]
+    points: list[dict[str, Any]]
 
     @property
     def values(self) -> list[float]:
@@ -49,8 +50,8 @@ class Drift:
 
 @dataclass
 class EmulatorFacts:
-    placement: dict | None
-    taxes: dict[str, dict]  # VPN -> {mode: TaxCheck json} or {"error": ...}
+    placement: dict[str, Any] | None
+    taxes: dict[str, dict[str, Any]]  # VPN -> {mode: TaxCheck json} or {"error": ...}
     profiles: list[ProfileCost]
     drift: Drift
 
@@ -59,7 +60,7 @@ class EmulatorFacts:
         return any(p.mode for p in self.profiles)
 
 
-def _json(env: dict[str, str], key: str):
+def _json(env: dict[str, str], key: str) -> Any:
     raw = env.get(key)
     if raw is None:
         return None
@@ -69,7 +70,7 @@ def _json(env: dict[str, str], key: str):
         return None
 
 
-def emulator_facts(env: dict[str, str], metrics: list[dict]) -> EmulatorFacts:
+def emulator_facts(env: dict[str, str], metrics: list[dict[str, Any]]) -> EmulatorFacts:
     """env: the run's environment table; metrics: every stored metric with its case keys (any host)."""
     taxes = {
         k.removeprefix("engine_tax."): v for k in env if k.startswith("engine_tax.") and (v := _json(env, k))

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats as sst
@@ -42,7 +42,7 @@ class Describe:
     mean_ci_lo: float  # bootstrap 95% CI of the mean
     mean_ci_hi: float
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("n", "mean", "median", "sd", "cv", "min", "max")}
         d.update({f"p{k}": v for k, v in self.pct.items()})
         d.update(ci_lo=self.ci_lo, ci_hi=self.ci_hi, mean_ci_lo=self.mean_ci_lo, mean_ci_hi=self.mean_ci_hi)
@@ -178,13 +178,15 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     m = idx.size
     out = np.full(p.shape, np.nan)
     if m == 0:
-        return out.tolist()
+        empty: list[float] = out.tolist()
+        return empty
     order = idx[np.argsort(p[idx], kind="stable")]
     running = 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (m - rank) * p[i]))
         out[i] = running
-    return out.tolist()
+    adjusted: list[float] = out.tolist()
+    return adjusted
 
 
 def cliffs_delta(x: Samples, y: Samples) -> float:

@@ -68,11 +68,11 @@ class Summary:
 
 def summarize(store: Store, run_id: str) -> Summary:
     rows = store.metrics(run_id)
-    values: dict[tuple, list[float]] = defaultdict(list)
+    values: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
     units: dict[str, str] = {}
     workload_of: dict[str, str] = {}
-    cpu: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    rss: dict[tuple, float] = {}
+    cpu: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rss: dict[tuple[str, str, str], float] = {}
     clients: dict[int, tuple[str, str]] = {}
     for c in store.cases(run_id):
         clients[c.id] = (c.client, c.server)

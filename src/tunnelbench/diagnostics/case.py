@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from tunnelbench.diagnostics.cpuprofile import FOLDED, CpuProfile, missing_tools
 from tunnelbench.diagnostics.kmsg import KernelLog
 from tunnelbench.diagnostics.pcap import RouterCapture
 from tunnelbench.lab.host import Host, Process
+
+T = TypeVar("T")
 
 NOTES = "diagnostics.txt"
 PCAP = "router.pcap"
@@ -63,7 +66,7 @@ class CaseDiagnostics:
             else:
                 self.cpu = self._try("CPU profile", self._start_cpu)
 
-    def _try(self, what: str, fn: Callable):
+    def _try(self, what: str, fn: Callable[[], T]) -> T | None:
         try:
             return fn()
         except Exception as e:  # a diagnostic never fails the case it watches

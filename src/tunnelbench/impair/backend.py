@@ -21,6 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.impair.profiles import Profile
 from tunnelbench.lab.addressing import LAB_PREFIX, host_subnet
@@ -57,7 +58,7 @@ class FilteredTc:
 
     def __init__(self, host: Host):
         self.host = host
-        self.entries: dict[str, dict] = {}
+        self.entries: dict[str, dict[str, Any]] = {}
         self.active: set[str] = set()  # devices set up since the last clear (several peers may share one)
 
     def apply(self, dev: str, matches: list[tuple[str | None, str]], leaf: list[str]) -> None:
@@ -176,7 +177,7 @@ class Backend(ABC):
         """None when the impaired path is working as configured, else what is wrong."""
         return None
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {}
 
     # -- rate: kernel TBF on the router's egress toward each host in scope -------------------------------
@@ -400,8 +401,8 @@ def netem_args(p: Profile) -> list[str]:
     return a
 
 
-def engine_rule(name: str, src: str, dst: str, p: Profile) -> dict:
-    r: dict = {
+def engine_rule(name: str, src: str, dst: str, p: Profile) -> dict[str, Any]:
+    r: dict[str, Any] = {
         "name": name,
         "src": src,
         "dst": dst,
@@ -454,7 +455,7 @@ class NativeBackend(Backend):
         self.forced = False
         self.seed: int | None = None  # fixed for reproducible tests; random per apply otherwise
         self.stats_path = workdir / "impaird-stats.json"
-        self._chain_entry: dict | None = None
+        self._chain_entry: dict[str, Any] | None = None
         # "auto": GSO/GRO super-packets pass whole when the profile makes no per-wire-packet decision (netem's
         # semantics: it delays an skb, which may be a GSO packet); "segment": always per wire packet
         self.gso_mode = "auto"
@@ -479,7 +480,7 @@ class NativeBackend(Backend):
     def _net(self, h: Host) -> str:
         return f"{h.underlay_ip}/32" if self.remote else str(host_subnet(self._idx[h.name]))
 
-    def rules(self, p: Profile) -> list[dict]:
+    def rules(self, p: Profile) -> list[dict[str, Any]]:
         by_name = {h.name: h for h in self.hosts}
         self._idx = {h.name: i for i, h in enumerate(self.hosts, start=1)}
         everyone = "0.0.0.0/0" if self.remote else str(LAB_PREFIX)  # remote: only peer pairs are queued
@@ -568,9 +569,10 @@ class NativeBackend(Backend):
         self.profile = None
         self.forced = False
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         try:
-            return json.loads(self.router.read_file(self.stats_path))
+            stats: dict[str, Any] = json.loads(self.router.read_file(self.stats_path))
+            return stats
         except (OSError, CommandError, json.JSONDecodeError):
             return {}
 
@@ -613,11 +615,11 @@ def remove_iptables_chain(host: Host, table: str, chain: str, parent: str) -> bo
     return r.returncode == 0
 
 
-def _undo_qdisc(host: Host, entry: dict) -> str | None:
+def _undo_qdisc(host: Host, entry: dict[str, Any]) -> str | None:
     return f"qdisc on {entry['dev']}" if clear_filtered_root(host, entry["dev"]) else None
 
 
-def _undo_iptables_chain(host: Host, entry: dict) -> str | None:
+def _undo_iptables_chain(host: Host, entry: dict[str, Any]) -> str | None:
     gone = remove_iptables_chain(
         host, entry.get("table", "mangle"), entry["chain"], entry.get("from", "FORWARD")
     )

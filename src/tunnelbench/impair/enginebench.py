@@ -9,11 +9,15 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tunnelbench.impair.backend import Backend, NativeBackend
 from tunnelbench.impair.profiles import Profile
 from tunnelbench.impair.session import impair_lab
 from tunnelbench.lab.host import Host
+
+if TYPE_CHECKING:
+    from tunnelbench.impair.tax import TaxCheck
 
 
 @dataclass
@@ -43,7 +47,7 @@ def wire_packets(packets: int, nbytes: int) -> int:
     return max(packets, nbytes // WIRE_FRAME)
 
 
-def _iperf(src: Host, dst: Host, streams: int, seconds: float) -> dict:
+def _iperf(src: Host, dst: Host, streams: int, seconds: float) -> dict[str, Any]:
     srv = dst.spawn(
         ["iperf3", "-s", "-1", "-p", "5298", "-B", dst.underlay_ip], label="iperf3-bench", log_path=None
     )
@@ -55,7 +59,8 @@ def _iperf(src: Host, dst: Host, streams: int, seconds: float) -> dict:
             time.sleep(0.01)
         r = src.run(["iperf3", "-c", dst.underlay_ip, "-p", "5298", "-J", "-t", f"{seconds:g}", "-P", str(streams)],
                     timeout=seconds + 30)  # fmt: skip
-        return json.loads(r.stdout)
+        data: dict[str, Any] = json.loads(r.stdout)
+        return data
     finally:
         srv.stop(grace=2)
 
@@ -95,7 +100,7 @@ def run_bench(
     placement_mode: str = "auto",
     vpns: list[str] | None = None,
     tax_rounds: int = 3,
-) -> tuple[str, list[BenchRow], list, str]:
+) -> tuple[str, list[BenchRow], list[TaxCheck], str]:
     """Rows: the raw path, then the engine at 0 and 20 ms in both modes (GSO super-packets whole, every wire
     packet). With `vpns`, each VPN's engine tax (TaxCheck per mode). Returns (engine version, rows, tax
     checks, placement summary)."""
@@ -103,7 +108,7 @@ def run_bench(
     from tunnelbench.impair import tax
 
     rows: list[BenchRow] = []
-    checks: list = []
+    checks: list[TaxCheck] = []
     with impair_lab(root) as (lab, be):
         h1, h2 = lab.hosts
         pl = placement.plan(placement_mode, isinstance(be, NativeBackend), [h.name for h in lab.hosts])

@@ -74,7 +74,9 @@ def _terminated(signum: int, frame: object) -> None:
     raise _Terminated
 
 
-def _receive(s: socket.socket, got: list, overflow: list[int], idle_s: float, total_s: float) -> None:
+def _receive(
+    s: socket.socket, got: list[tuple[int, int, int]], overflow: list[int], idle_s: float, total_s: float
+) -> None:
     s.settimeout(total_s)
     end = time.monotonic() + total_s
     first = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from tunnelbench.impair.backend import NativeBackend
 from tunnelbench.impair.profiles import Profile
@@ -38,7 +39,7 @@ class TaxCheck:
     def flagged(self) -> bool:
         return self.tax_pct > TAX_FLAG_PCT
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "tax_pct": self.tax_pct, "flagged": self.flagged}
 
     def summary(self) -> str:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from tunnelbench.lab.host import Host
 
 
 def iperf3_tcp(
     src: Host, dst: Host, dst_ip: str, seconds: float, port: int, streams: int = 1, omit_s: float = 0.0
-) -> dict:
+) -> dict[str, Any]:
     """iperf3 -c dst_ip for `seconds` (one-off server on dst bound to dst_ip); returns iperf3's JSON."""
     srv = dst.spawn(
         ["iperf3", "-s", "-1", "-p", str(port), "-B", dst_ip], label="iperf3-check", log_path=None
@@ -27,7 +28,7 @@ def iperf3_tcp(
             argv += ["-O", f"{omit_s:g}"]
         r = src.run(argv, timeout=seconds + omit_s + 30, check=False)
         try:
-            data = json.loads(r.stdout)
+            data: dict[str, Any] = json.loads(r.stdout)
         except json.JSONDecodeError:
             raise RuntimeError(f"iperf3 printed no JSON (exit {r.returncode}): {r.stderr[-300:]}") from None
         if "error" in data:
@@ -37,5 +38,6 @@ def iperf3_tcp(
         srv.stop(grace=2)
 
 
-def goodput_mbps(data: dict) -> float:
-    return data["end"]["sum_received"]["bits_per_second"] / 1e6
+def goodput_mbps(data: dict[str, Any]) -> float:
+    bps: float = data["end"]["sum_received"]["bits_per_second"]
+    return bps / 1e6

@@ -66,5 +66,5 @@ class Blackhole:
         self.cut()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.restore()

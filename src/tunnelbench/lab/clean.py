@@ -13,11 +13,15 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tunnelbench.lab.host import THIS_MACHINE, Host
 from tunnelbench.lab.journal import Leftovers, process_alive, registered_runs, registry_files, undo_handler
 from tunnelbench.lab.netns import NetnsHost, destroy_netns, netns_exists
 from tunnelbench.lab.tags import TAG_PREFIX
+
+if TYPE_CHECKING:
+    from tunnelbench.lab.inventory import Inventory
 
 KILL_WAIT_S = 5.0  # how long an undo waits for a SIGKILLed process to be gone before calling it a problem
 
@@ -30,13 +34,13 @@ class CleanReport:
     unknown: list[str] = field(default_factory=list)  # look like ours but are in no journal: not touched
 
 
-def _host_of(entry: dict) -> Host:
+def _host_of(entry: dict[str, Any]) -> Host:
     if entry.get("netns"):
         return NetnsHost("local", entry["netns"], "", Path("/"), None)
     return THIS_MACHINE
 
 
-def _kill(entry: dict) -> str | None:
+def _kill(entry: dict[str, Any]) -> str | None:
     pid, start = entry["pid"], entry.get("start")
     if not process_alive(pid, start):
         return None  # gone, or the PID was reused by an unrelated process: not ours
@@ -49,7 +53,7 @@ def _kill(entry: dict) -> str | None:
     return f"process {pid} ({' '.join(entry.get('argv', [])[:3])})"
 
 
-def clean_run(run: Leftovers, inventory=None) -> CleanReport:
+def clean_run(run: Leftovers, inventory: Inventory | None = None) -> CleanReport:
     rep = CleanReport()
     remote = [e for e in run.entries if e.get("backend") == "ssh"]
     if remote:  # entries on SSH hosts are undone there, never on this machine (lab/ssh.py)
@@ -109,7 +113,7 @@ def clean_run(run: Leftovers, inventory=None) -> CleanReport:
     return rep
 
 
-def clean_all(force: bool = False, inventory=None) -> CleanReport:
+def clean_all(force: bool = False, inventory: Inventory | None = None) -> CleanReport:
     total = CleanReport()
     known_ns: set[str] = set()
     for run in registered_runs():

@@ -25,6 +25,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tunnelbench.lab.host import Host
 
 SNMP, SNMP6, DEV, SOFTNET = "/proc/net/snmp", "/proc/net/snmp6", "/proc/net/dev", "/proc/net/softnet_stat"
 MACHINE = "machine"  # the host label of the embedded lab's machine-wide counters (softnet)
@@ -116,7 +120,7 @@ def parse_all(texts: dict[str, str]) -> dict[str, int]:
     return {**udp, **parse_dev(texts.get(DEV, "")), **parse_softnet(texts.get(SOFTNET, ""))}
 
 
-def read_counters(host, softnet: bool = False) -> dict[str, int]:
+def read_counters(host: Host, softnet: bool = False) -> dict[str, int]:
     """One sample of a host's counters, with one command run on it (inside its namespace, or over SSH);
     `softnet`: also the machine's softnet_stat (for an SSH host: its machine). Raises when it cannot read."""
     files = [SNMP, SNMP6, DEV, *([SOFTNET] if softnet else [])]
@@ -130,7 +134,7 @@ def read_local_softnet() -> dict[str, int]:
     return parse_softnet(Path(SOFTNET).read_text())
 
 
-def sample(hosts: Iterable) -> dict[str, dict[str, int]]:
+def sample(hosts: Iterable[Host | None]) -> dict[str, dict[str, int]]:
     """Counters of each host (None entries and repeats skipped), keyed by host name, plus the machine-wide
     softnet counters: per SSH machine in that host's entry, and for local (namespace) hosts once, as
     MACHINE. A host whose sample fails is left out: the case goes on, its counters are not recorded."""

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tunnelbench.lab.journal import HostJournaling, process_alive
 
@@ -49,6 +49,25 @@ def find_binary(name: str, installs: Sequence[BinarySource] = ()) -> str | None:
             return shutil.which(name, path=":".join((*s.libexec, DEBIAN_PATH)))
         return str(d / name) if (d / name).is_file() else None
     return shutil.which(name)
+
+
+class _CpuTimes(Protocol):
+    @property
+    def user(self) -> float: ...
+    @property
+    def system(self) -> float: ...
+
+
+class _MemInfo(Protocol):
+    @property
+    def rss(self) -> int: ...
+
+
+class PsProcess(Protocol):  # the part of psutil.Process the monitor uses: psutil's, or lab.ssh.RemoteProc
+    @property
+    def pid(self) -> int: ...
+    def cpu_times(self) -> _CpuTimes: ...
+    def memory_info(self) -> _MemInfo: ...
 
 
 class _Killable(Protocol):  # a Popen, or the SSH lab's handle on a remote command
@@ -98,8 +117,8 @@ class Process:
     argv: list[str]
     pid: int
     log_path: Path | None
-    popen: subprocess.Popen | None = None
-    journal_entry: dict | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    journal_entry: dict[str, Any] | None = None
     _exit: int | None = field(default=None, repr=False)
 
     def alive(self) -> bool:
@@ -291,7 +310,7 @@ class Host(ABC):
         """Each tool's path on the host's own PATH (None: missing): remote hosts only (SshHost)."""
         raise NotImplementedError(f"{type(self).__name__}.which: look tools up here with shutil.which")
 
-    def ps_process(self, pid: int):
+    def ps_process(self, pid: int) -> PsProcess:
         """A psutil-like handle (cpu_times, memory_info) for the monitor."""
         import psutil
 

@@ -114,10 +114,10 @@ class Inventory:
 
 def _walk(
     name: str,
-    group: dict | None,
-    inherited: dict,
+    group: dict[str, Any] | None,
+    inherited: dict[str, Any],
     ancestry: tuple[str, ...],
-    hostvars: dict[str, list[tuple[int, dict]]],
+    hostvars: dict[str, list[tuple[int, dict[str, Any]]]],
     groups_of: dict[str, set[str]],
     order: list[str],
     where: str,
@@ -149,7 +149,7 @@ def _walk(
 def parse_inventory(data: Any, where: str = "inventory") -> Inventory:
     if not isinstance(data, dict) or "all" not in data:
         raise InventoryError(f"{where}: expected a YAML inventory with a top-level 'all:' group")
-    hostvars: dict[str, list[tuple[int, dict]]] = {}
+    hostvars: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     groups_of: dict[str, set[str]] = {}
     order: list[str] = []
     _walk("all", data["all"], {}, (), hostvars, groups_of, order, where)
@@ -168,7 +168,7 @@ def parse_inventory(data: Any, where: str = "inventory") -> Inventory:
     return inv
 
 
-def _make_host(name: str, v: dict, groups: set[str], where: str) -> InvHost:
+def _make_host(name: str, v: dict[str, Any], groups: set[str], where: str) -> InvHost:
     at = f"{where}: host {name}"
     address = str(v.get("ansible_host", name))
     try:

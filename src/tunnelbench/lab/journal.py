@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tunnelbench.lab.procstat import read_stat
 
@@ -38,7 +38,7 @@ REGISTRY = Path(os.environ.get("TUNNELBENCH_REGISTRY", "/run/tunnelbench"))
 
 # kind -> how to undo such an entry on the host it was made on: returns what it removed ("qdisc on eth1"), or
 # None when nothing was there any more; either way the entry is then released
-UndoFn = Callable[["Host", dict], "str | None"]
+UndoFn = Callable[["Host", dict[str, Any]], "str | None"]
 _UNDO: dict[str, UndoFn] = {}
 
 
@@ -71,7 +71,7 @@ def registry_files(run_id: str) -> tuple[Path, Path]:
     return REGISTRY / run_id, REGISTRY / f"{run_id}.jsonl"
 
 
-def entry_key(entry: dict) -> str:
+def entry_key(entry: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in entry.items() if k != "argv"}, sort_keys=True)
 
 
@@ -81,11 +81,11 @@ class HostJournaling(Protocol):
     path: Path
     run_id: str
 
-    def add(self, entry: dict) -> dict: ...
-    def netns(self, name: str) -> dict: ...
-    def process(self, pid: int, argv: list[str], host: str) -> dict: ...
-    def path_entry(self, path: str) -> dict: ...
-    def release(self, entry: dict) -> None: ...
+    def add(self, entry: dict[str, Any]) -> dict[str, Any]: ...
+    def netns(self, name: str) -> dict[str, Any]: ...
+    def process(self, pid: int, argv: list[str], host: str) -> dict[str, Any]: ...
+    def path_entry(self, path: str) -> dict[str, Any]: ...
+    def release(self, entry: dict[str, Any]) -> None: ...
     def end(self) -> None: ...
 
 
@@ -108,7 +108,7 @@ class Journal:
             )
         )
 
-    def _append(self, entry: dict) -> None:
+    def _append(self, entry: dict[str, Any]) -> None:
         line = json.dumps(entry) + "\n"
         with self._lock:
             for path in (self.copy_path, self.path):  # the copy first: it survives the results folder
@@ -117,27 +117,27 @@ class Journal:
                     f.flush()
                     os.fsync(f.fileno())
 
-    def add(self, entry: dict) -> dict:
+    def add(self, entry: dict[str, Any]) -> dict[str, Any]:
         """Record any entry (the SSH lab adds "backend", "host" and "address" to its entries)."""
         self._append(entry)
         return entry
 
-    def netns(self, name: str) -> dict:
+    def netns(self, name: str) -> dict[str, Any]:
         e = {"kind": "netns", "name": name}
         self._append(e)
         return e
 
-    def process(self, pid: int, argv: list[str], host: str) -> dict:
+    def process(self, pid: int, argv: list[str], host: str) -> dict[str, Any]:
         e = {"kind": "process", "pid": pid, "start": proc_start_ticks(pid), "host": host, "argv": argv}
         self._append(e)
         return e
 
-    def path_entry(self, path: str) -> dict:
+    def path_entry(self, path: str) -> dict[str, Any]:
         e = {"kind": "path", "path": path}
         self._append(e)
         return e
 
-    def release(self, entry: dict) -> None:
+    def release(self, entry: dict[str, Any]) -> None:
         self._append({"kind": "release", "ref": {k: v for k, v in entry.items() if k != "argv"}})
 
     def end(self) -> None:
@@ -152,16 +152,16 @@ class Leftovers:
     run_dir: Path
     owner_pid: int | None
     owner_start: int | None
-    entries: list[dict]
+    entries: list[dict[str, Any]]
 
     def owner_alive(self) -> bool:
         # a zombie (killed, not yet reaped by its parent) owns nothing any more: clean may undo its run
         return self.owner_pid is not None and process_alive(self.owner_pid, self.owner_start)
 
 
-def read_open_entries(journal_path: Path) -> list[dict]:
+def read_open_entries(journal_path: Path) -> list[dict[str, Any]]:
     """Entries of a journal that were created and never released."""
-    created: dict[str, dict] = {}
+    created: dict[str, dict[str, Any]] = {}
     try:
         lines = journal_path.read_text().splitlines()
     except OSError:
@@ -180,7 +180,7 @@ def read_open_entries(journal_path: Path) -> list[dict]:
     return list(created.values())
 
 
-def _leftovers(run_id: str, info: dict) -> Leftovers:
+def _leftovers(run_id: str, info: dict[str, Any]) -> Leftovers:
     run_dir = Path(info["run_dir"])
     _, copy = registry_files(run_id)
     # the copy holds every entry since the run registered; the run folder's journal is read for runs made

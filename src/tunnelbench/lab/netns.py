@@ -51,6 +51,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.lab.addressing import LAB_PREFIX, TUNNEL_RANGES_V4, TUNNEL_RANGES_V6, host_ip, router_ip
 from tunnelbench.lab.host import CommandError, Host
@@ -62,7 +63,7 @@ DEFAULT_NAT_TYPE = "port-restricted"
 NAT_SET_TIMEOUT_S = 180  # a cone mapping's inbound opening lives this long after hI's last packet from it
 
 
-def sh(argv: Sequence[str], timeout: float = 20.0, check: bool = True) -> subprocess.CompletedProcess:
+def sh(argv: Sequence[str], timeout: float = 20.0, check: bool = True) -> subprocess.CompletedProcess[str]:
     p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise CommandError("local", argv, p.returncode, p.stdout + p.stderr)
@@ -147,7 +148,7 @@ class NetnsLab:
         self.run_dir = run_dir
         self.journal = journal
         self.path = path
-        self._ns_entries: dict[str, dict] = {}
+        self._ns_entries: dict[str, dict[str, Any]] = {}
         self.router = NetnsHost("router", f"{tag}-r", "", run_dir / "hosts" / "router", journal)
         self.hosts = [
             NetnsHost(f"h{i}", f"{tag}-h{i}", host_ip(i), run_dir / "hosts" / f"h{i}", journal)

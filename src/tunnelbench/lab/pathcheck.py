@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tunnelbench.lab import Lab
+    from tunnelbench.lab.host import Host
     from tunnelbench.workloads.base import Outcome
 
 MIN_BYTES = 256 * 1024  # underlay bytes of client and server in a case below which no verdict is given
@@ -115,7 +117,8 @@ def parse_counters(nft_json: str) -> dict[str, int]:
 class PathWatch:
     """The router's per-case path counters of one lab (namespace labs: the router is ours)."""
 
-    def __init__(self, lab, client, server):
+    def __init__(self, lab: Lab, client: Host, server: Host) -> None:
+        assert lab.router is not None  # namespace labs only: their router forwards every underlay byte
         self.router = lab.router
         self.table = f"{lab.tag}pathwatch"
         self.client, self.server = client, server

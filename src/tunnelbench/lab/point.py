@@ -25,7 +25,7 @@ class LabPoint:
 
 
 @contextmanager
-def fresh_lab(n_hosts: int, workdir: Path, out: dict, **lab_kw) -> Iterator[LabPoint]:
+def fresh_lab(n_hosts: int, workdir: Path, out: dict[str, Any], **lab_kw: Any) -> Iterator[LabPoint]:
     t0 = time.monotonic()
     tag = new_tag()
     run_dir = workdir / new_run_id(tag)

@@ -31,11 +31,11 @@ import shlex
 import signal as _signal
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tunnelbench.lab import LabError
 from tunnelbench.lab import host as _hostmod
@@ -47,8 +47,14 @@ from tunnelbench.lab.procstat import ProcStat, parse_stat, starttime_sh, stat_ar
 from tunnelbench.lab.tags import TAG_PREFIX
 from tunnelbench.lab.tools import HOST_TOOLS
 
+if TYPE_CHECKING:
+    from asyncssh import SSHClientConnection
+
 REMOTE_TOOLS = HOST_TOOLS
 DEFAULT_BIN_DIR = "/usr/local/bin"
+
+
+T = TypeVar("T")
 
 
 class SshError(RuntimeError):
@@ -72,7 +78,7 @@ class _Loop:
                 cls._inst = _Loop()
             return cls._inst
 
-    def call(self, coro, timeout: float):
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
@@ -83,7 +89,7 @@ class _Loop:
             fut.cancel()
             raise
 
-    def submit(self, coro) -> None:
+    def submit(self, coro: Coroutine[Any, Any, object]) -> None:
         asyncio.run_coroutine_threadsafe(coro, self.loop)
 
 
@@ -209,24 +215,24 @@ class HostJournal:
         self.path = journal.path
         self.run_id = journal.run_id
 
-    def _tag(self, e: dict) -> dict:
+    def _tag(self, e: dict[str, Any]) -> dict[str, Any]:
         return {**e, **self.tags}
 
-    def add(self, entry: dict) -> dict:
+    def add(self, entry: dict[str, Any]) -> dict[str, Any]:
         e = self._tag(entry)
         self.journal.add(e)
         return e
 
-    def path_entry(self, path: str) -> dict:
+    def path_entry(self, path: str) -> dict[str, Any]:
         return self.add({"kind": "path", "path": path})
 
-    def process(self, pid: int, argv: list[str], host: str, start: int | None = None) -> dict:
+    def process(self, pid: int, argv: list[str], host: str, start: int | None = None) -> dict[str, Any]:
         return self.add({"kind": "process", "pid": pid, "start": start, "argv": argv})
 
-    def netns(self, name: str) -> dict:
+    def netns(self, name: str) -> dict[str, Any]:
         return self.add({"kind": "netns", "name": name})
 
-    def release(self, entry: dict) -> None:
+    def release(self, entry: dict[str, Any]) -> None:
         self.journal.release(self._tag(entry))
 
     def end(self) -> None:
@@ -286,7 +292,7 @@ class SshHost(Host):
         tags = {"backend": "ssh", "host": name, "address": inv.address, "port": inv.port}
         self.journal: HostJournal | None = HostJournal(journal, tags) if journal is not None else None
         self.preexisting_links: frozenset[str] = frozenset()
-        self._conn: Any = None
+        self._conn: SSHClientConnection | None = None
         self._alock: asyncio.Lock | None = None
         self._starts: dict[int, int | None] = {}
         self._sysconf: dict[str, int] | None = None
@@ -317,7 +323,7 @@ class SshHost(Host):
             kw["known_hosts"] = inv.known_hosts
         return kw
 
-    async def _aconn(self):
+    async def _aconn(self) -> SSHClientConnection:
         import asyncssh
 
         if self._alock is None:
@@ -351,7 +357,7 @@ class SshHost(Host):
         _Loop.get().call(self._aconn(), self.inv.connect_timeout_s + 10)
 
     def close(self) -> None:
-        async def _close():
+        async def _close() -> None:
             idle, self._idle = self._idle, []
             for ch in idle:  # end the command servers first: they remove their temp folders
                 with contextlib.suppress(Exception):
@@ -423,7 +429,9 @@ class SshHost(Host):
         with contextlib.suppress(Exception):
             ch.proc.close()
 
-    async def _arun_chan(self, script: str, data: bytes | None, handle: _RemoteRun):
+    async def _arun_chan(
+        self, script: str, data: bytes | None, handle: _RemoteRun
+    ) -> tuple[int | None, bytes, bytes] | None:
         """Run through a command server; None if there is none to use (the caller opens a session)."""
         ch = await self._achan()
         if ch is None:
@@ -458,7 +466,9 @@ class SshHost(Host):
         self._idle.append(ch)
         return (None if handle.killed else int(f[1])), out, err
 
-    async def _arun_any(self, inner: str, data: bytes | None, handle: _RemoteRun):
+    async def _arun_any(
+        self, inner: str, data: bytes | None, handle: _RemoteRun
+    ) -> tuple[int | None, bytes, bytes]:
         if data is None or len(data) <= _CHAN_MAX_INPUT:
             got = await self._arun_chan("exec " + inner, data, handle)
             if got is not None:
@@ -521,7 +531,7 @@ class SshHost(Host):
             raise CommandError(self.name, argv, rc, sout + serr)
         return res
 
-    def sh(self, script: str, **kw) -> Result:
+    def sh(self, script: str, **kw: Any) -> Result:
         return self.run(["sh", "-c", script], **kw)
 
     # -- long-running processes ------------------------------------------------------------------------
@@ -719,7 +729,7 @@ class SshLab:
         self.control: SshHost | None = mk("control", ctl[0]) if ctl else None
         self.nft_table = f"{tag}guard"
         self._guard = False
-        self._entries: dict[str, list[dict]] = {}
+        self._entries: dict[str, list[dict[str, Any]]] = {}
 
     relay: SshHost | None = None  # lab.path must be "direct" here (lab.make_lab)
     path_policies = False
@@ -902,11 +912,11 @@ def _safe_workdir(path: str) -> bool:
     )
 
 
-def undo_entries(h: SshHost, entries: list[dict], journal: Journal | None = None) -> UndoReport:
+def undo_entries(h: SshHost, entries: list[dict[str, Any]], journal: Journal | None = None) -> UndoReport:
     """Undo journal entries on one host, processes first. Only what the entries name is touched."""
     rep = UndoReport()
 
-    def done(e: dict, what: str | None) -> None:
+    def done(e: dict[str, Any], what: str | None) -> None:
         if what:
             rep.removed.append(f"{h.name} ({h.address}): {what}")
         if journal is not None:
@@ -974,11 +984,11 @@ def undo_entries(h: SshHost, entries: list[dict], journal: Journal | None = None
 
 
 def clean_ssh_entries(
-    entries: list[dict], inventory: Inventory, journal_path: Path | None = None
+    entries: list[dict[str, Any]], inventory: Inventory, journal_path: Path | None = None
 ) -> UndoReport:
     """`clean --inventory`: undo a killed run's SSH entries, host by host (matched by name and address)."""
     rep = UndoReport()
-    by_host: dict[tuple[str, str, int | None], list[dict]] = {}
+    by_host: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
     for e in entries:
         if e.get("backend") == "ssh":
             by_host.setdefault((e["host"], e["address"], e.get("port")), []).append(e)

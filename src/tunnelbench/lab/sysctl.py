@@ -18,8 +18,9 @@ Typical use (a run with tunings):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from tunnelbench.lab.host import Host
 
@@ -61,7 +62,10 @@ def recorded_keys(extra: Iterable[str] = ()) -> list[str]:
     return list(dict.fromkeys([*RECORDED, *extra]))
 
 
-def _each(hosts: Sequence[Host], fn):
+T = TypeVar("T")
+
+
+def _each(hosts: Sequence[Host], fn: Callable[[Host], T]) -> list[T]:
     """fn(host) for every host, a few at a time (a many-client lab has hundreds); results in host order."""
     if len(hosts) <= 1:
         return [fn(h) for h in hosts]

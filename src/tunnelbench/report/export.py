@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from typing import Any
 
 from tunnelbench.analysis.analyze import RunData, metric_spec
 
@@ -32,7 +33,7 @@ COLUMNS = (
 SERIES_COLUMNS = (*COLUMNS[:10], "t", "value", "unit")
 
 
-def metric_rows(run: RunData) -> list[dict]:
+def metric_rows(run: RunData) -> list[dict[str, Any]]:
     cases = {c.id: c for c in run.cases}
     out = []
     for m in run.metrics:
@@ -57,7 +58,7 @@ def metric_rows(run: RunData) -> list[dict]:
     return out
 
 
-def series_rows(run: RunData) -> list[dict]:
+def series_rows(run: RunData) -> list[dict[str, Any]]:
     ok = {c.id: c for c in run.cases if c.status == "ok"}
     out = []
     for r in run.store.series(list(ok)):
@@ -82,7 +83,7 @@ def series_rows(run: RunData) -> list[dict]:
     return out
 
 
-def to_csv(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
+def to_csv(rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     w.writeheader()

@@ -9,10 +9,11 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from tunnelbench.analysis.analyze import Analysis, Family, RunData, analyze, is_headline, load_run
+from tunnelbench.analysis.analyze import Analysis, Derived, Family, RunData, analyze, is_headline, load_run
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.report import plots
@@ -63,7 +64,7 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 # -- context ---------------------------------------------------------------------------------------------
-def _family_ctx(f: Family) -> dict:
+def _family_ctx(f: Family) -> dict[str, Any]:
     t = f.tiering
     order = t.order if t else list(f.groups)
     rows = []
@@ -111,7 +112,9 @@ def _family_ctx(f: Family) -> dict:
     }
 
 
-def _series_by_variant(a: Analysis, profile: str, label: str, name: str):
+def _series_by_variant(
+    a: Analysis, profile: str, label: str, name: str
+) -> dict[str, list[list[tuple[float, float]]]]:
     """variant -> list (per repetition) of [(t, value)] of a stored series."""
     out: dict[str, list[list[tuple[float, float]]]] = defaultdict(list)
     for v in a.variants:
@@ -137,13 +140,13 @@ def _clients_curve(a: Analysis, profile: str) -> str | None:
     return plots.clients_curve(curves, f"many clients · {profile}") if curves else None
 
 
-def _profile_defs(a: Analysis) -> dict:
+def _profile_defs(a: Analysis) -> dict[str, Any]:
     """Profile name -> its definition (the run's own [impair.profiles] over the built-in ones)."""
     import tomllib
 
     from tunnelbench.impair.profiles import PROFILES, Profile
 
-    defs: dict = dict(PROFILES)
+    defs: dict[str, Any] = dict(PROFILES)
     for r in a.runs:
         try:
             own = tomllib.loads(r.run["scenario"] or "").get("impair", {}).get("profiles", {})
@@ -264,7 +267,7 @@ def _rss_lines(a: Analysis, profile: str) -> plots.RssLines:
     return plots.rss_lines(rows, cases)
 
 
-def _features(a: Analysis) -> list[dict]:
+def _features(a: Analysis) -> list[dict[str, Any]]:
     """Feature records a driver may expose: a `features` dict on the driver class, in the stored VPN
     settings, or environment keys `features.VPN...`. Shows whatever exists."""
     return [
@@ -277,7 +280,7 @@ def _features(a: Analysis) -> list[dict]:
     ]
 
 
-def _nat_matrix(a: Analysis) -> dict | None:
+def _nat_matrix(a: Analysis) -> dict[str, Any] | None:
     """The NAT-traversal matrix (`tunnelbench nat-matrix`): the `nat_matrix` probed fact of each VPN's feature
     record, {"NAT type x NAT type": "direct (97% direct)" | "relayed (0% direct)" | "failed" | ...}, as a table:
     one row per VPN, one column per NAT pair. None when no VPN of the report has one."""
@@ -296,13 +299,13 @@ def _nat_matrix(a: Analysis) -> dict | None:
     return {"pairs": pairs, "rows": rows}
 
 
-def _feature_records(a: Analysis) -> list[dict]:
+def _feature_records(a: Analysis) -> list[dict[str, Any]]:
     from tunnelbench.vpns import DRIVERS
 
     out = []
     for r in a.runs:
         for v in r.vpns:
-            feats: dict = {}
+            feats: dict[str, Any] = {}
             cls = DRIVERS.get(v["name"])
             if cls is not None and isinstance(getattr(cls, "features", None), dict):
                 feats.update(cls.features)
@@ -325,11 +328,11 @@ def _feature_records(a: Analysis) -> list[dict]:
     return out
 
 
-def _jsonish(v) -> str:
+def _jsonish(v: object) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
-def _calibration(r: RunData) -> dict:
+def _calibration(r: RunData) -> dict[str, Any]:
     base = None
     profiles = []
     for k, v in sorted(r.env.items()):
@@ -361,7 +364,7 @@ def _calibration(r: RunData) -> dict:
     return {"base": base, "profiles": profiles}
 
 
-def _failures(r: RunData, a: Analysis) -> list[dict]:
+def _failures(r: RunData, a: Analysis) -> list[dict[str, Any]]:
     out = []
     for c in r.cases:
         if c.status in ("ok", "running"):
@@ -396,7 +399,7 @@ def _failures(r: RunData, a: Analysis) -> list[dict]:
     return out
 
 
-def _emulator(r: RunData) -> dict:
+def _emulator(r: RunData) -> dict[str, Any]:
     f = emulator_facts(r.env, r.metrics)
     taxes = []
     for vpn, t in f.taxes.items():
@@ -440,7 +443,7 @@ def _rounds(a: Analysis) -> list[str]:
     return out
 
 
-def build_context(a: Analysis) -> dict:
+def build_context(a: Analysis) -> dict[str, Any]:
     runs = []
     for r in a.runs:
         runs.append(
@@ -467,7 +470,7 @@ def build_context(a: Analysis) -> dict:
         )
     headline = a.headline_families()
     overview = [_family_ctx(f) for f in headline if f.better != "none" or len(f.groups) > 1]
-    by_profile: dict[str, list[dict]] = defaultdict(list)
+    by_profile: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for fam in overview:
         by_profile[fam["profile"]].append(fam)
     # heatmaps: one per headline (label, metric)
@@ -557,7 +560,7 @@ def build_context(a: Analysis) -> dict:
         for u in a.usage
     ]
 
-    def derived(ds):
+    def derived(ds: list[Derived]) -> list[dict[str, Any]]:
         return [
             {
                 "variant": d.variant,
@@ -603,7 +606,7 @@ def build_context(a: Analysis) -> dict:
     }
 
 
-def _flamegraphs(a: Analysis) -> list[dict]:
+def _flamegraphs(a: Analysis) -> list[dict[str, Any]]:
     return [
         {
             "variant": fg.variant,
@@ -619,7 +622,7 @@ def _flamegraphs(a: Analysis) -> list[dict]:
     ]
 
 
-def headline_ctx(a: Analysis) -> dict:
+def headline_ctx(a: Analysis) -> dict[str, Any]:
     """The same headline as the terminal's (report/headline.py), as plain values for the template."""
     h = build_headline(a)
     tables = []
@@ -648,7 +651,7 @@ def headline_ctx(a: Analysis) -> dict:
 
 
 # -- HTML and Markdown -------------------------------------------------------------------------------------
-def _security(a: Analysis) -> list[dict]:
+def _security(a: Analysis) -> list[dict[str, Any]]:
     """Each run's Security rows (VPN named as its variant) and output key scan; runs without any check left out."""
     out = []
     for r in a.runs:

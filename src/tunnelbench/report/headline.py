@@ -10,8 +10,9 @@ import datetime as dt
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-from tunnelbench.analysis.analyze import BASELINE, Analysis, Family
+from tunnelbench.analysis.analyze import BASELINE, Analysis, Family, RunData
 from tunnelbench.analysis.stats import ALPHA, Better, Tiering, tiers
 from tunnelbench.report.fmt import num
 from tunnelbench.workloads import WORKLOADS
@@ -120,7 +121,7 @@ def _cell(c: Column, variant: str) -> Cell | None:
     return Cell(g.desc.median, c.unit, g.desc.n, tier, g.ratio[0] if g.ratio else None)
 
 
-def _sort_key(col: Column | None, variant: str) -> tuple:
+def _sort_key(col: Column | None, variant: str) -> tuple[int, float]:
     if col is None:
         return (0, 0.0)
     g = col.family.groups.get(variant)
@@ -251,7 +252,7 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
     return out
 
 
-def _path_changes(a: Analysis, r) -> list[tuple[str, str]]:
+def _path_changes(a: Analysis, r: RunData) -> list[tuple[str, str]]:
     """Cases whose underlay path switched between direct and relayed while they measured (the runner's
     `path_changes`, from the router's counters second by second: lab/pathcheck.py)."""
     ok = {c.id: c for c in r.cases if c.status == "ok"}
@@ -284,7 +285,7 @@ HOST_DROPS = {  # (kind, counter) -> metric: drops on an end host, not on the pa
 HOST_DROP_KINDS = {"socket": "a full UDP socket buffer", "iface": "full interface queues"}
 
 
-def _host_drops(a: Analysis, r) -> list[tuple[str, str]]:
+def _host_drops(a: Analysis, r: RunData) -> list[tuple[str, str]]:
     """Loss the end hosts, not the path, caused: per (VPN, profile, label), the kernel counter deltas on the
     client and the server host (lab/counters.py) against the datagrams the workload lost (`udp_lost_packets`,
     or `udp_loss_pct` x `udp_packets`), summed over the successful cases that have both: a full UDP socket
@@ -297,7 +298,7 @@ def _host_drops(a: Analysis, r) -> list[tuple[str, str]]:
     for m in r.metrics:
         if m["case_id"] in ok:
             per_case.setdefault(m["case_id"], {})[(m["name"], m["host"])] = m["value"]
-    groups: dict[tuple[str, str, str], dict] = {}
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for cid, ms in per_case.items():
         c = ok[cid]
         # a ceiling search offers more than the path carries on purpose: its drops above the ceiling are how

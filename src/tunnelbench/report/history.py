@@ -15,8 +15,10 @@ import re
 import sqlite3
 import tomllib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import escape
@@ -299,13 +301,15 @@ def _vpn_order(runs: list[RunData], names: list[str]) -> list[str]:
     return sorted(names, key=lambda v: (rank.get(v, len(rank)), names.index(v)))
 
 
-def _trend_order(keys: list[tuple[str, str, str]], metrics: list[str] | None):
+def _trend_order(
+    keys: list[tuple[str, str, str]], metrics: list[str] | None
+) -> Callable[[Trend], tuple[int, int, int, str]]:
     """Profiles and workload labels in order of first appearance, metrics in the workload's headline order
     (or the order of `metrics`)."""
     prank = {p: i for i, p in enumerate(dict.fromkeys(k[0] for k in keys))}
     lrank = {lb: i for i, lb in enumerate(dict.fromkeys(k[1] for k in keys))}
 
-    def key(t: Trend) -> tuple:
+    def key(t: Trend) -> tuple[int, int, int, str]:
         wl = WORKLOADS.get(t.workload)
         names = list(metrics or (wl.headline if wl else ()))
         return (
@@ -660,11 +664,11 @@ def _shared_css(env: Environment) -> str:
     return m.group(1) if m else ""
 
 
-def build_context(h: History) -> dict:
+def build_context(h: History) -> dict[str, Any]:
     colors = {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(h.vpns)}
     run_order = {r.run_id: i for i, r in enumerate(h.runs)}
     started = {r.run_id: r.started for r in h.runs}
-    by_profile: dict[str, list[dict]] = defaultdict(list)
+    by_profile: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for t in h.trends:
         rows = []
         for vpn, pts in t.series.items():

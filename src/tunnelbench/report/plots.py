@@ -9,6 +9,7 @@ import itertools
 import math
 import re
 from collections import defaultdict
+from typing import Any
 
 import matplotlib
 
@@ -16,6 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from tunnelbench.analysis.analyze import Analysis, Family  # noqa: E402
@@ -40,11 +43,11 @@ PALETTE = list(plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]  # ta
 _counter = itertools.count()
 
 
-def variant_colors(variants: list[str]) -> dict[str, tuple]:
+def variant_colors(variants: list[str]) -> dict[str, tuple[float, float, float]]:
     return {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(variants)}
 
 
-def to_svg(fig) -> str:
+def to_svg(fig: Figure) -> str:
     """The figure as an inline <svg> element, its ids prefixed so several figures can share one page."""
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
@@ -448,7 +451,7 @@ def rounds(a: Analysis, per_round: dict[str, dict[int, float]], drift: list[floa
     ax.axhline(1.0, color="#999", lw=0.6)
     ax.set_xlabel("round (repetition)")
     ax.set_ylabel("value / its median")
-    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title, fontsize=9, loc="left")
     ax.legend(fontsize=7, loc="best")
     return to_svg(fig)
@@ -502,7 +505,7 @@ def cpu_memory(a: Analysis, profile: str) -> str | None:
     return to_svg(fig)
 
 
-def pooled(rows: list[dict]) -> dict[int, list[tuple[float, float]]]:
+def pooled(rows: list[dict[str, Any]]) -> dict[int, list[tuple[float, float]]]:
     out: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         out[r["case_id"]].append((r["t"], r["value"]))
@@ -514,12 +517,12 @@ ROLE_STYLE = {"client": "-", "server": "--", "peer": ":"}
 RssLines = dict[str, dict[str, list[tuple[str, list[tuple[float, float]]]]]]
 
 
-def rss_lines(rows: list[dict], cases: dict) -> RssLines:
+def rss_lines(rows: list[dict[str, Any]], cases: dict[Any, tuple[str, str, str, str]]) -> RssLines:
     """Stored `daemon_rss_mb` series rows ({case_id, host, t, value}) pooled for memory_over_time():
     label -> variant -> [(role, points sorted by time)], one entry per (case, host), in case then role order.
     `cases` maps a row's case_id to (variant, label, client host, server host); rows of other cases are left
     out. Role: "client", "server", or "peer" for any other host (multihost's further peers)."""
-    per: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    per: dict[tuple[Any, str], list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         if r["case_id"] in cases and r["host"] is not None:
             per[(r["case_id"], r["host"])].append((float(r["t"]), float(r["value"])))
@@ -566,8 +569,8 @@ def memory_over_time(a: Analysis, profile: str, lines: RssLines) -> str | None:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel("daemon RSS [MiB]")
-    handles = [plt.Line2D([], [], color=colors[v], lw=2, label=v) for v in variants]
-    handles += [plt.Line2D([], [], color="#444", ls=ROLE_STYLE[r], label=r) for r in ROLE_STYLE if r in roles]
+    handles = [Line2D([], [], color=colors[v], lw=2, label=v) for v in variants]
+    handles += [Line2D([], [], color="#444", ls=ROLE_STYLE[r], label=r) for r in ROLE_STYLE if r in roles]
     fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=min(6, len(handles)), frameon=False)
     fig.suptitle(
         f"memory over time of the VPN daemons · {profile} (one line per repetition and host)",

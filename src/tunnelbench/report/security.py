@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from typing import Any
 
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.vpns import DRIVERS
@@ -30,7 +31,7 @@ def tone(verdict: str) -> str:
     return "bad" if verdict.startswith(BAD) else "ok" if verdict.startswith(GOOD) else "muted"
 
 
-def security_rows(run: RunData) -> list[dict]:
+def security_rows(run: RunData) -> list[dict[str, Any]]:
     """Per VPN: {"vpn", "version", "cells": {column: (verdict, evidence)}}; empty when no check ran."""
     ok = {c.id: c for c in run.cases if c.status == "ok"}
     per: dict[str, dict[str, list[tuple[float, str]]]] = defaultdict(lambda: defaultdict(list))
@@ -110,7 +111,7 @@ def security_rows(run: RunData) -> list[dict]:
     return rows
 
 
-def _acl(run: RunData, got: dict, errors: list[str], unsupported: bool) -> tuple[str, str]:
+def _acl(run: RunData, got: dict[str, Any], errors: list[str], unsupported: bool) -> tuple[str, str]:
     if unsupported:
         return NOT_SUPPORTED
     if got.get("acl_enforced"):
@@ -127,7 +128,7 @@ def _acl(run: RunData, got: dict, errors: list[str], unsupported: bool) -> tuple
     return ("not run", f"case failed: {errors[0]}") if errors else NOT_RUN
 
 
-def _revocation(run: RunData, got: dict, errors: list[str], unsupported: bool) -> tuple[str, str]:
+def _revocation(run: RunData, got: dict[str, Any], errors: list[str], unsupported: bool) -> tuple[str, str]:
     if unsupported:
         return NOT_SUPPORTED
     reachable = [e for e in errors if "still reachable" in e]

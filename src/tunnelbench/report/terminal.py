@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, JustifyMethod
 from rich.table import Table
@@ -16,6 +17,9 @@ from tunnelbench.report.headline import build as build_headline
 from tunnelbench.store import Store
 from tunnelbench.vpns import DRIVERS
 from tunnelbench.vpns.impossible import IMPOSSIBLE
+
+if TYPE_CHECKING:
+    from tunnelbench.analysis.compare import Comparison
 
 
 def vpn_order(store: Store, run_id: str) -> list[str]:
@@ -210,7 +214,7 @@ def print_security(store: Store, run_id: str, console: Console, full: bool = Fal
         console.print(Text(f"key scan: {scan[0]}", style="green" if scan[1] else "bold red"))
 
 
-def security_table(rows: list[dict], title: str = "security") -> Table:
+def security_table(rows: list[dict[str, Any]], title: str = "security") -> Table:
     """One row per VPN, one column per check: the verdict coloured by its tone, the evidence below it."""
     from tunnelbench.report.security import COLUMNS
 
@@ -233,7 +237,7 @@ def drop_shares(env: dict[str, str], key: str) -> dict[str, int]:
     return {k.removeprefix(f"{key}."): int(v) for k, v in sorted(env.items()) if k.startswith(f"{key}.")}
 
 
-def print_comparison(cmp, console: Console, show_all: bool = False) -> None:
+def print_comparison(cmp: Comparison, console: Console, show_all: bool = False) -> None:
     """The table of `tunnelbench compare`: per matched group and metric, B relative to A."""
     import math
 

@@ -14,6 +14,7 @@ import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
@@ -87,11 +88,11 @@ def _stat(host: Host, files: list[Path]) -> list[tuple[Path, int, int, str]]:
     return out
 
 
-def check(driver: VpnDriver, run_dir: Path) -> dict:
+def check(driver: VpnDriver, run_dir: Path) -> dict[str, Any]:
     """The key-hygiene record of a mesh that is up: every secret file's mode (no group/other bits), owner
     (uid 0) and place (inside the run folder: the host's own folder for an SSH host)."""
     files: list[str] = []
-    violations: list[dict] = []
+    violations: list[dict[str, Any]] = []
     for host, _d in driver.host_dirs():
         paths = driver.secret_files(host)
         if not paths:
@@ -170,7 +171,7 @@ def _shown(host: Host, path: Path, run_dir: Path) -> str:
         return str(path)
 
 
-def _find_all(name: str, data: bytes, secrets: set[bytes], hits: list[dict]) -> None:
+def _find_all(name: str, data: bytes, secrets: set[bytes], hits: list[dict[str, Any]]) -> None:
     for s in secrets:
         at = data.find(s)
         if at >= 0:
@@ -193,14 +194,16 @@ def sqlite_bytes(db: Path) -> tuple[bytes, bytes]:
     return raw, dump
 
 
-def scan_outputs(run_dir: Path, run_id: str, secrets: set[bytes], extra: list[Path] | None = None) -> dict:
+def scan_outputs(
+    run_dir: Path, run_id: str, secrets: set[bytes], extra: list[Path] | None = None
+) -> dict[str, Any]:
     """Search report.html, report.md, the SQLite store and the run's CSV and JSON exports (rendered here as
     `tunnelbench export` would) for every secret value. The result names outputs and offsets, never values."""
     from tunnelbench.analysis.analyze import load_run
     from tunnelbench.report.export import metric_rows, to_csv, to_json
     from tunnelbench.store import DB_NAME
 
-    hits: list[dict] = []
+    hits: list[dict[str, Any]] = []
     scanned: list[str] = []
     for p in [run_dir / "report.html", run_dir / "report.md", *(extra or [])]:
         if p.exists():
@@ -219,7 +222,7 @@ def scan_outputs(run_dir: Path, run_id: str, secrets: set[bytes], extra: list[Pa
     return {"outputs": scanned, "secrets": len(secrets), "hits": hits}
 
 
-def scan_line(result: dict) -> tuple[str, str]:
+def scan_line(result: dict[str, Any]) -> tuple[str, str]:
     """The terminal line of a scan result and its style."""
     if not result.get("secrets"):
         return (

@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pydantic import Field
 
@@ -79,7 +80,7 @@ class Acl(Workload):
     def expected_seconds(self) -> float:
         return 15 + 12 * (self.params.timeout_s + 0.5)
 
-    def _policy(self, ctx: CaseContext) -> tuple[dict, list[Host]]:
+    def _policy(self, ctx: CaseContext) -> tuple[dict[str, Any], list[Host]]:
         """The driver's policy record and the isolated hosts, checked against the case's placement."""
         hosts = ctx.mesh.hosts
         vpn = ctx.mesh.vpn
@@ -147,7 +148,7 @@ class Acl(Workload):
         wait_log(proc, "ready", 15, f"acl listener on {host.name}")
         return proc
 
-    def _flow(self, src: Host, dst: Host, proto: str, ctx: CaseContext) -> dict:
+    def _flow(self, src: Host, dst: Host, proto: str, ctx: CaseContext) -> dict[str, Any]:
         ip = ctx.mesh.tunnel_ip(dst)
         t = self.params.timeout_s
         t0 = time.monotonic()

@@ -7,7 +7,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -75,7 +75,7 @@ class CaseContext:
     server: Host
     artifact_dir: Path
     deadline: float  # time.monotonic() by which the case must end
-    options: dict = field(default_factory=dict)  # scenario-wide knobs such as MSS clamping
+    options: dict[str, Any] = field(default_factory=dict)  # scenario-wide knobs such as MSS clamping
     # the lab the case runs in: its router, relay host and path policies (None: a workload run on its own)
     lab: Lab | None = None
 

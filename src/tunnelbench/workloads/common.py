@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +27,9 @@ def tool(name: str) -> str:
     raise WorkloadError(f"{name} not found; run scripts/setup.sh")
 
 
-def add_percentiles(out: Outcome, prefix: str, values, unit: str = "ms", qs=(50, 90, 99)) -> None:
+def add_percentiles(
+    out: Outcome, prefix: str, values: Iterable[float], unit: str = "ms", qs: Iterable[int] = (50, 90, 99)
+) -> None:
     vals = np.asarray(list(values), dtype=float)
     if vals.size == 0:
         return
@@ -42,7 +46,7 @@ class Iperf3Run:
     json_path: Path
     label: str
 
-    def wait(self, timeout: float) -> dict:
+    def wait(self, timeout: float) -> dict[str, Any]:
         if self.client.wait(timeout) is None and self.client.alive():
             self.client.stop(grace=1)
             self.server.stop(grace=1)
@@ -51,7 +55,7 @@ class Iperf3Run:
         self.client.stop(grace=1)  # releases the journal entry
         text = self.json_path.read_text(errors="replace") if self.json_path.exists() else ""
         try:
-            data = json.loads(text)
+            data: dict[str, Any] = json.loads(text)
         except json.JSONDecodeError:
             raise WorkloadError(f"iperf3 {self.label} printed no JSON: {text[-300:]}") from None
         if "error" in data:

@@ -25,7 +25,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -197,11 +197,12 @@ def set_sysctl(host: Host, key: str, value: str) -> str:
     return old
 
 
-def server_counts(proc: Process, artifact_dir: Path) -> dict | None:
+def server_counts(proc: Process, artifact_dir: Path) -> dict[str, Any] | None:
     """The server's own counts, the JSON line it prints when stopped."""
     log = artifact_dir / "crr-server.log"
     text = log.read_text(errors="replace") if log.exists() else proc.log_tail(4000)
     for line in reversed(text.splitlines()):
         if line.startswith('{"server"'):
-            return json.loads(line)["server"]
+            counts: dict[str, Any] = json.loads(line)["server"]
+            return counts
     return None

@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Any
 
 RETRY_S = 0.01
 
@@ -41,7 +42,7 @@ def percentile(sorted_vals: list[float], q: float) -> float:
 
 
 # -- server ------------------------------------------------------------------------------------------------
-def serve(bind: str, port: int, req: int, resp: int) -> dict:
+def serve(bind: str, port: int, req: int, resp: int) -> dict[str, Any]:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
@@ -55,7 +56,7 @@ def serve(bind: str, port: int, req: int, resp: int) -> dict:
     ep.register(lsock.fileno(), select.EPOLLIN)
     response = b"r" * resp
     # fd -> [socket, request bytes pending, memoryview of the response left to send or None, watching EPOLLOUT]
-    conns: dict[int, list] = {}
+    conns: dict[int, list[Any]] = {}
     counts = {"accepted": 0, "answered": 0, "closed": 0, "errors": 0, "partial_requests": 0}
     first = last = None  # (monotonic, cpu) at the first accept and at the last event: CPU while busy
     print("ready", flush=True)
@@ -66,7 +67,7 @@ def serve(bind: str, port: int, req: int, resp: int) -> dict:
         c[0].close()
         counts["errors" if error else "closed"] += 1
 
-    def push(fd: int, c: list) -> None:
+    def push(fd: int, c: list[Any]) -> None:
         """Send what is left of the response(s); watch for writability while some is left."""
         while c[2] is not None:
             n = c[0].send(c[2])
@@ -157,7 +158,7 @@ class Worker:
 
 def client(
     server: str, port: int, mode: str, concurrency: int, duration: float, req: int, resp: int, timeout: float
-) -> dict:
+) -> dict[str, Any]:
     if mode not in ("crr", "rr"):
         raise SystemExit(f"mode must be crr or rr, not {mode!r}")
     family = socket.AF_INET6 if ":" in server else socket.AF_INET

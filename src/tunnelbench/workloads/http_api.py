@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 from pydantic import Field
@@ -177,7 +178,7 @@ class HttpApi(Workload):
         return out
 
 
-def _drop_key(ctx: CaseContext, tls: tuple | None) -> None:
+def _drop_key(ctx: CaseContext, tls: tuple[Path, Path] | None) -> None:
     """The case's TLS key goes with the case: nothing secret stays in the run folder."""
     if tls is not None:
         ctx.server.remove(tls[1])

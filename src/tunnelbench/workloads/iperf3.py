@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,12 @@ def start_server(host: Host, bind_ip: str, port: int, label: str, log_path: Path
 
 
 def client_argv(
-    server_ip: str, port: int, duration_s: float, omit_s: float = 0.0, mss: int | None = None, extra=()
+    server_ip: str,
+    port: int,
+    duration_s: float,
+    omit_s: float = 0.0,
+    mss: int | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The iperf3 client's command line (JSON output, a 5 s connect timeout, `extra` last)."""
     argv = ["iperf3", "-c", server_ip, "-p", str(port), "-J", "-t", f"{duration_s:g}"]
@@ -52,7 +58,7 @@ def client_argv(
 
 def run_client(
     ctx: CaseContext, args: list[str], duration_s: float, omit_s: float, tag: str
-) -> tuple[dict, float]:
+) -> tuple[dict[str, Any], float]:
     """Run one iperf3 test (server one-off) and return (parsed JSON, seconds the client ran)."""
     srv_log = ctx.artifact_dir / f"{tag}-server.log"
     server = start_server(ctx.server, ctx.server_ip, PORT, "iperf3-server", srv_log)
@@ -78,7 +84,7 @@ def run_client(
         server.stop(grace=2)
 
 
-def interval_series(data: dict, name: str = "goodput_mbps") -> Series:
+def interval_series(data: dict[str, Any], name: str = "goodput_mbps") -> Series:
     pts = [
         (float(iv["sum"]["end"]), float(iv["sum"]["bits_per_second"]) / 1e6)
         for iv in data.get("intervals", [])

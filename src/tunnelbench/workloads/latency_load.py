@@ -5,7 +5,7 @@ percentile minus the idle one, measured in the same case."""
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -35,7 +35,7 @@ class LatencyLoadParams(Params):
     timeout_s: float = Field(5.0, gt=0, le=60, description="a reply later than this counts as lost")
 
 
-def real_spacing(parsed: dict) -> float | None:
+def real_spacing(parsed: dict[str, Any]) -> float | None:
     """Seconds between echo requests as ping kept them (from the -D reply timestamps), None when unknown."""
     ts = sorted(t for t, _ in parsed["replies"].values())
     return (ts[-1] - ts[0]) / (len(ts) - 1) if len(ts) > 1 else None
@@ -68,7 +68,9 @@ class LatencyLoad(Workload):
         p = self.params
         return p.idle_s + p.warmup_s + 1.25 * p.load_s + 1 + 2 * p.timeout_s
 
-    def _ping(self, ctx: CaseContext, seconds: float, name: str, spacing_s: float | None = None) -> dict:
+    def _ping(
+        self, ctx: CaseContext, seconds: float, name: str, spacing_s: float | None = None
+    ) -> dict[str, Any]:
         """`seconds` of echo requests: their count from the spacing ping really keeps (`spacing_s`, measured
         in the idle phase), not the one asked for: `ping -i 0.01` sends every 17-18 ms on some machines, and a
         count from the asked interval ran the "loaded" phase on past the load, onto an idle path."""

@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -141,7 +141,8 @@ def pcap_frames(data: bytes) -> list[bytes]:
 
 
 def pcap_linktype(data: bytes) -> int:
-    return struct.unpack_from(_pcap_order(data) + "I", data, 20)[0]
+    linktype: int = struct.unpack_from(_pcap_order(data) + "I", data, 20)[0]
+    return linktype
 
 
 def ip_header(frame: bytes, linktype: int) -> tuple[str, str, int] | None:
@@ -388,7 +389,7 @@ class Leak(Workload):
             }
             for (pr, n), m in streams.items()
         ]
-        record: dict = {
+        record: dict[str, Any] = {
             "capture_at": p.capture_at,
             "host": at.name,
             "streams": evidence,
@@ -441,7 +442,9 @@ class Leak(Workload):
         out.add("leak_frames_captured", len(frames), "frames")
         return out
 
-    def _send(self, ctx: CaseContext, p: LeakParams, streams: dict[tuple[str, int], bytes]) -> dict:
+    def _send(
+        self, ctx: CaseContext, p: LeakParams, streams: dict[tuple[str, int], bytes]
+    ) -> dict[tuple[str, int], int]:
         """Send every stream; returns {(protocol, size): messages the server received intact}."""
         delivered = dict.fromkeys(streams, 0)
         specs = [f"{pr}:{n}:{m.hex()}" for (pr, n), m in streams.items() if pr != "icmp"]

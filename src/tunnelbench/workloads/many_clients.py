@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -174,7 +175,7 @@ class ManyClients(Workload):
 
 
 # -- the load generator (runs as its own process: python -m tunnelbench.workloads.many_clients SPEC) -------
-def _generator(spec: dict) -> None:
+def _generator(spec: dict[str, Any]) -> None:
     import asyncio
     import resource
     import socket
@@ -206,12 +207,12 @@ def _generator(spec: dict) -> None:
         s.setblocking(False)
         return s
 
-    async def call(loop, idx: int, conn: list) -> int:
-        if conn[0] is None:
+    async def call(loop: asyncio.AbstractEventLoop, idx: int, conn: list[socket.socket | None]) -> int:
+        s = conn[0]
+        if s is None:
             s = new_socket(idx)
             await loop.sock_connect(s, (server, port))
             conn[0] = s
-        s = conn[0]
         keep = spec["keepalive"]
         await loop.sock_sendall(s, request + (b"\r\n" if keep else b"Connection: close\r\n\r\n"))
         buf = b""
@@ -230,7 +231,7 @@ def _generator(spec: dict) -> None:
         # evenly staggered first calls (deterministic), then every interval
         first = t0 + interval * (idx / spec["n_total"])
         k = 0
-        conn: list = [None]
+        conn: list[socket.socket | None] = [None]
         while True:
             sched = first + k * interval
             if sched - t0 >= duration:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -36,7 +37,7 @@ def echo_replies(text: str) -> list[tuple[float, int, float]]:
     ]
 
 
-def parse_ping(text: str) -> dict:
+def parse_ping(text: str) -> dict[str, Any]:
     """Parse `ping -D` output: per-reply RTTs (first reply per seq; duplicates ignored) and the summary."""
     rtts: dict[int, tuple[float, float]] = {}
     for ts, seq, rtt in echo_replies(text):
@@ -48,7 +49,7 @@ def parse_ping(text: str) -> dict:
     return {"transmitted": tx, "received": rx, "replies": rtts, "summary": RTT_LINE.search(text)}
 
 
-def rtt_samples(parsed: dict, out: Outcome, prefix: str = "rtt") -> None:
+def rtt_samples(parsed: dict[str, Any], out: Outcome, prefix: str = "rtt") -> None:
     tx = parsed["transmitted"]
     out.add(
         f"{prefix}_loss_pct" if prefix != "rtt" else "ping_loss_pct",

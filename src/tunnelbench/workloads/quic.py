@@ -29,6 +29,7 @@ import contextlib
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -190,28 +191,29 @@ def wait_ready(proc: Process, timeout: float) -> None:
     raise WorkloadError(f"quicperf server not ready: {proc.log_tail(400)}")
 
 
-def parse_client(text: str) -> dict:
+def parse_client(text: str) -> dict[str, Any]:
     """The client's one JSON line (its last line on stdout)."""
     for line in reversed(text.strip().splitlines()):
         if line.startswith("{"):
             with contextlib.suppress(json.JSONDecodeError):
-                data = json.loads(line)
+                data: dict[str, Any] = json.loads(line)
                 if "probes" in data:
                     return data
     raise WorkloadError(f"quicperf client printed no result: {text[-300:]}")
 
 
-def server_counts(proc: Process, artifact_dir: Path) -> dict | None:
+def server_counts(proc: Process, artifact_dir: Path) -> dict[str, Any] | None:
     """The server's own counts, the JSON line it prints when stopped."""
     log = artifact_dir / "quicperf-server.log"
     text = log.read_text(errors="replace") if log.exists() else proc.log_tail(4000)
     for line in reversed(text.splitlines()):
         if line.startswith('{"server"'):
-            return json.loads(line)["server"]
+            counts: dict[str, Any] = json.loads(line)["server"]
+            return counts
     return None
 
 
-def outcome(cli: dict, server: dict | None) -> Outcome:
+def outcome(cli: dict[str, Any], server: dict[str, Any] | None) -> Outcome:
     """Samples and series from the client's result and the server's own counts."""
     probes = cli["probes"]
     out = Outcome(measure_s=cli["elapsed_s"])

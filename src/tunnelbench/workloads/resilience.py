@@ -500,7 +500,7 @@ class Resilience(Workload):
             lab.block_udp_between_peers()  # the path the scenario asked for
 
     # -- control_loss / relay_loss -----------------------------------------------------------------
-    def _cut_target(self, ctx: CaseContext, ev: str):
+    def _cut_target(self, ctx: CaseContext, ev: str) -> Blackhole:
         lab = ctx.lab
         driver = ctx.mesh.driver
         if ev == "control_loss":
@@ -579,7 +579,9 @@ class Resilience(Workload):
                 starter.join(ctx.remaining())
             probe.stop()
 
-    def _rejoin(self, ctx: CaseContext, out: Outcome, probe: Probe, failed: list) -> threading.Thread:
+    def _rejoin(
+        self, ctx: CaseContext, out: Outcome, probe: Probe, failed: list[BaseException]
+    ) -> threading.Thread:
         """During the cut: stop the server's daemon, start it again (in a thread: a start may block on the
         control server, e.g. `tailscale up`) and wait up to control_join_timeout_s for the client's probe to
         get replies from it. Returns the starting thread (it may still run)."""

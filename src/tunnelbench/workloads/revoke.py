@@ -24,6 +24,7 @@ import dataclasses
 import json
 import re
 import time
+from typing import Any
 
 from pydantic import Field
 
@@ -83,7 +84,7 @@ class Revoke(Workload):
         if type(driver).revocation is None:
             raise WorkloadError(f"{ctx.mesh.vpn}: revocation not supported (the driver has no revoke)")
         t0 = time.monotonic()
-        record: dict = {
+        record: dict[str, Any] = {
             "revoked": revoked.name,
             "target": target.name,
             "witness": witness.name,

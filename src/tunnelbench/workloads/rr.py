@@ -85,7 +85,7 @@ class SockperfResult:
         return lost if lost >= max(STALL_FLOOR_S, 2 * self.max_us / 1e6) else 0.0
 
 
-def _find(pattern: str, text: str, what: str) -> re.Match:
+def _find(pattern: str, text: str, what: str) -> re.Match[str]:
     m = re.search(pattern, text)
     if m is None:
         raise WorkloadError(f"sockperf printed no {what}: {text[-400:]}")

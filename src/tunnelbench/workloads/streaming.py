@@ -147,7 +147,7 @@ class Streaming(Workload):
         return analyse(arrivals, sent["sent"], p, ran)
 
 
-def analyse(arrivals: list, n_sent: int, p: StreamingParams, ran: float) -> Outcome:
+def analyse(arrivals: list[list[float]], n_sent: int, p: StreamingParams, ran: float) -> Outcome:
     import numpy as np
 
     out = Outcome(measure_s=ran)

@@ -368,7 +368,10 @@ class UdpCeiling(Workload):
         out.add("udp_ceiling_mbps", res.rate_mbit, "Mbit/s")
         at = res.at(res.rate_mbit) if res.rate_mbit else []
         if at:
-            mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+
+            def mean(xs: list[float]) -> float:
+                return sum(xs) / len(xs)
+
             good = [x.result.goodput_mbps for x in at if x.result.goodput_mbps is not None]
             out.add("udp_ceiling_goodput_mbps", mean(good) if good else None, "Mbit/s")
             out.add("udp_ceiling_loss_pct", mean([x.result.loss_pct for x in at]), "%")
@@ -385,6 +388,7 @@ class UdpCeiling(Workload):
         out.add("udp_ceiling_probes", len(res.probes), "count")
         out.add("udp_ceiling_mtu_retries", mtu_retries, "count")
         out.add("udp_ceiling_complete", float(res.complete), "bool")
+        get: Callable[[Probe], float | None]
         for name, unit, get in (
             ("udp_ceiling_probe_rate_mbps", "Mbit/s", lambda x: x.rate_mbit),
             ("udp_ceiling_probe_loss_pct", "%", lambda x: x.result.loss_pct),
