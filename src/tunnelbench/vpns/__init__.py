@@ -16,7 +16,7 @@ from tunnelbench.vpns.gre import Gre
 from tunnelbench.vpns.gretap import GreTap
 from tunnelbench.vpns.gue import Gue
 from tunnelbench.vpns.innernet import Innernet
-from tunnelbench.vpns.install import VERSION_RE, pinned, registry
+from tunnelbench.vpns.install import VERSION_RE, Source, pinned, registry
 from tunnelbench.vpns.internal import Internal
 from tunnelbench.vpns.ipip import Ipip
 from tunnelbench.vpns.ipsec import IpsecTransport, IpsecVti, IpsecXfrmi, KernelIpsec
@@ -78,7 +78,7 @@ DRIVERS: dict[str, type[VpnDriver]] = {
 }
 
 
-def debian_build(cls: type[VpnDriver]) -> tuple:
+def debian_build(cls: type[VpnDriver]) -> tuple[Source, ...]:
     """The install sources of the driver's Debian build (`NAME@debian`): its own `debian_installs`, or its
     installs when they all come from Debian; () when Debian has no build of it."""
     own = cls.__dict__.get("debian_installs", ())

@@ -51,7 +51,7 @@ class AclPolicy:
     def role(self, host: Host) -> str:
         return "client" if host is self.client else "server" if host is self.server else "isolated"
 
-    def record(self, how: str) -> dict:
+    def record(self, how: str) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "enforced": self.enforced,

@@ -59,7 +59,7 @@ class MeshSpec:
     tag: str
     workdir: Path
     mtu: int | None = None  # common tunnel MTU when the scenario levels the field; None = the VPN's default
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     # underlay path scenario (lab/paths.py): "direct" | "relay" | "nat"; relay = the host carrying relayed
     # traffic (and any control server), public = hosts not behind NAT (their underlay_ip is reachable)
     path: str = "direct"
@@ -144,7 +144,7 @@ def describe_options(model: type[DriverOptions]) -> list[tuple[str, str, str, st
     return out
 
 
-def _type_name(ann: Any, metadata: list) -> str:
+def _type_name(ann: Any, metadata: list[Any]) -> str:
     if typing.get_origin(ann) is typing.Literal:
         return "|".join(str(a) for a in typing.get_args(ann))
     args = typing.get_args(ann)
@@ -184,7 +184,7 @@ class VpnDriver(ABC):
     paths: ClassVar[frozenset[str]] = frozenset({"direct"})
     paths_why: ClassVar[dict[str, str]] = {}
     # the feature record (vpns/features.py): protocol, ciphers, data plane, ... each fact with its source
-    features: ClassVar[dict] = {}
+    features: ClassVar[dict[str, Any]] = {}
     default_mtu: ClassVar[int | None] = None
     # seconds the tunnel needs after every pair answers before it runs at full speed (e.g. tinc's PMTU
     # discovery sends large packets over its TCP meta connection for ~5 s); the runner waits this out
@@ -207,12 +207,12 @@ class VpnDriver(ABC):
     secret_patterns: ClassVar[tuple[str, ...]] = ()
     acl_support: ClassVar[bool] = False  # vpn_options.<vpn>.acl (vpns/acl.py); False: "not supported"
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "key" not in cls.__dict__:  # a driver is keyed by its name; resolve() sets a variant's key
             cls.key = getattr(cls, "name", "")
 
-    def __init__(self, spec: MeshSpec):
+    def __init__(self, spec: MeshSpec) -> None:
         self.spec = spec
         self.options = self.parse_options(spec.options)
         if spec.topology not in self.topologies:
@@ -383,15 +383,15 @@ class VpnDriver(ABC):
         return cls.Options.model_validate(data or {})
 
     @property
-    def settings(self) -> dict:
+    def settings(self) -> dict[str, Any]:
         """What ran, stored with the run: the driver's own record plus every option value (defaults included)
         under "options". Drivers assign `self.settings = {...}`; the options are added here."""
-        s = self.__dict__.setdefault("_settings", {})
+        s: dict[str, Any] = self.__dict__.setdefault("_settings", {})
         s["options"] = self.options.model_dump(mode="json")
         return s
 
     @settings.setter
-    def settings(self, value: dict) -> None:
+    def settings(self, value: dict[str, Any]) -> None:
         self.__dict__["_settings"] = dict(value)
 
     @property
@@ -517,7 +517,9 @@ class VpnDriver(ABC):
         waits for []: a case must not measure a transient relay (the path check would fail it)."""
         return []
 
-    def wait_for(self, what: str, check, timeout: float = 10.0, interval: float = 0.02) -> None:
+    def wait_for(
+        self, what: str, check: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02
+    ) -> None:
         end = time.monotonic() + timeout
         while True:
             if check():

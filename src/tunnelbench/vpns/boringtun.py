@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions
+from tunnelbench.lab.host import Host, Process
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions
 from tunnelbench.vpns.features import wireguard_record
 from tunnelbench.vpns.install import Apt, Crate
 from tunnelbench.vpns.wireguard_go import WireguardGo
@@ -38,7 +38,7 @@ class Boringtun(WireguardGo):
     installs = (Crate("boringtun-cli", VERSION, ("boringtun-cli",)), Apt(("wireguard-tools",)))
     debian_installs = ()  # no Debian package
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.settings = {
             "mode": "full mesh, one WireGuard peer per host, direct UDP",
@@ -55,7 +55,7 @@ class Boringtun(WireguardGo):
             host, [host.binary("boringtun-cli", cls.installs), "--version"], "boringtun"
         ).split()[-1]
 
-    def _spawn_daemon(self, host: Host, ifname: str, d: Path):
+    def _spawn_daemon(self, host: Host, ifname: str, d: Path) -> Process:
         argv = [host.binary("boringtun-cli", self.installs), "-f", "--disable-drop-privileges", "--log", str(d / "boringtun.log"),
                 "--verbosity", "error", ifname]  # fmt: skip
         return host.spawn(argv, label="boringtun", log_path=d / "daemon.log", env={"WG_SUDO": "true"})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Crate
 
@@ -64,7 +64,7 @@ class EasyTier(VpnDriver):
     secret_patterns = ("easytier.toml",)  # holds the network secret
     paths = frozenset({"direct", "relay", "nat"})
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.settings = {
             "mode": "direct UDP full mesh"
@@ -77,7 +77,7 @@ class EasyTier(VpnDriver):
         }
 
     @classmethod
-    def control_host(cls, spec) -> Host | None:
+    def control_host(cls, spec: MeshSpec) -> Host | None:
         """Direct path: none (every node dials the lower-numbered ones; routes spread peer to peer). Path
         relay/nat: the relay host, the one public node every peer dials to find the others."""
         return spec.relay if spec.path != "direct" else None

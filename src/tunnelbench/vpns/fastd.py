@@ -11,7 +11,7 @@ runs in the foreground (no --daemon) and sets the address and MTU with its `on u
 from __future__ import annotations
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt
 
@@ -51,7 +51,7 @@ class Fastd(VpnDriver):
         "nat": "fastd peers behind different NATs cannot reach each other (no rendezvous or hole punching)",
     }
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.settings = {
             "mode": "full mesh, tap, one daemon per host",

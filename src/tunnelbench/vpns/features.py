@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.vpns.install import cache_root
 
@@ -22,12 +23,12 @@ from tunnelbench.vpns.install import cache_root
 PROBED_FIELDS = {"relay": "relay_probe", "nat_traversal": "nat_probe", "nat_traversal_matrix": "nat_matrix"}
 
 
-def fact(value, source: str) -> dict:
+def fact(value: Any, source: str) -> dict[str, Any]:
     return {"value": value, "source": source, "probed": source.startswith("probe:")}
 
 
 # -- helpers the drivers' records share ---------------------------------------------------------------
-def one_source(src: str, **facts: str | tuple[str, str]) -> dict:
+def one_source(src: str, **facts: str | tuple[str, str]) -> dict[str, Any]:
     """A record whose facts all come from one page unless a (value, source) pair is given."""
     return {k: fact(*v) if isinstance(v, tuple) else fact(v, src) for k, v in facts.items()}
 
@@ -35,7 +36,7 @@ def one_source(src: str, **facts: str | tuple[str, str]) -> dict:
 WG_DOC = "https://www.wireguard.com/protocol/"
 
 
-def wireguard_record(data_plane: str, src: str, license_: tuple[str, str]) -> dict:
+def wireguard_record(data_plane: str, src: str, license_: tuple[str, str]) -> dict[str, Any]:
     """WireGuard's protocol facts, with the implementation's data plane and license."""
     return {
         "protocol": fact("WireGuard (Noise IK over UDP)", WG_DOC),
@@ -59,7 +60,7 @@ IPROUTE_LINK = "https://man7.org/linux/man-pages/man8/ip-link.8.html"
 IPROUTE_MACSEC = "https://man7.org/linux/man-pages/man8/ip-macsec.8.html"
 
 
-def kernel_tunnel_record(protocol: tuple[str, str], ciphers: tuple[str, str] | None = None) -> dict:
+def kernel_tunnel_record(protocol: tuple[str, str], ciphers: tuple[str, str] | None = None) -> dict[str, Any]:
     """A kernel tunnel of Gentile et al.: static, no control plane, Linux only; unencrypted unless `ciphers`."""
     none = ("none (no encryption, no authentication): a baseline, not a VPN", protocol[1])
     return {
@@ -88,7 +89,7 @@ XFRM_DATA_PLANE = (
 )
 
 
-def kernel_ipsec_record(protocol: str, data_plane: tuple[str, str], acl: str) -> dict:
+def kernel_ipsec_record(protocol: str, data_plane: tuple[str, str], acl: str) -> dict[str, Any]:
     """strongSwan IKEv2 with the kernel's ESP (vpns/ipsec.py, vpns/ipsec_overlay.py): static per-pair SAs."""
     return one_source(
         SWANCTL,
@@ -113,14 +114,17 @@ def _probes_path() -> Path:
     return Path(os.environ.get("TUNNELBENCH_PROBES", str(cache_root() / "probes.json")))
 
 
-def load_probes() -> dict:
+def load_probes() -> dict[str, Any]:
     try:
-        return json.loads(_probes_path().read_text())
+        data: dict[str, Any] = json.loads(_probes_path().read_text())
+        return data
     except (OSError, json.JSONDecodeError):
         return {}
 
 
-def save_probe(vpn: str, what: str, ok: bool, detail: str, version: str | None = None, value=None) -> None:
+def save_probe(
+    vpn: str, what: str, ok: bool, detail: str, version: str | None = None, value: Any = None
+) -> None:
     """Record what the lab observed (what: "relay_probe" | "nat_probe" | "nat_matrix"; value: a structured
     result, the fact's value instead of `ok`)."""
     path = _probes_path()
@@ -138,7 +142,7 @@ def save_probe(vpn: str, what: str, ok: bool, detail: str, version: str | None =
     tmp.replace(path)
 
 
-def record(vpn: str, documented: dict) -> dict:
+def record(vpn: str, documented: dict[str, Any]) -> dict[str, Any]:
     """The documented record with the lab's latest probes added as their own facts."""
     out = dict(documented)
     probes = load_probes().get(vpn, {})

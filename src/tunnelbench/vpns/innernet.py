@@ -40,7 +40,7 @@ from pathlib import Path as Path
 
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.vpns.acl import OFF, AclMode, AclPolicy, acl_option, acl_policy, may_open
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt, Crate
 
@@ -103,7 +103,7 @@ class Innernet(VpnDriver):
         "nat": "not probed here yet: NAT traversal needs the server to learn endpoints (innernet >= 1.5)",
     }
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.server = self.control_host(spec)
         self.settings = {
@@ -134,7 +134,7 @@ class Innernet(VpnDriver):
             )
 
     @classmethod
-    def control_host(cls, spec) -> Host:
+    def control_host(cls, spec: MeshSpec) -> Host:
         """The innernet server: the relay host when the lab has one, else the last host."""
         return spec.relay or spec.hosts[-1]
 

@@ -39,7 +39,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar, TypeGuard
+from typing import ClassVar, TextIO, TypeGuard
 
 # versions a user may ask for (NAME@VERSION): semver-like, optional "v", Go pseudo-versions included
 VERSION_RE = re.compile(r"v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.+-]+)?")
@@ -228,7 +228,7 @@ class InstallResult:
     detail: str = ""
 
 
-def _run(argv: list[str], env: dict[str, str] | None, log) -> None:
+def _run(argv: list[str], env: dict[str, str] | None, log: TextIO) -> None:
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
     p = subprocess.run(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
@@ -236,7 +236,7 @@ def _run(argv: list[str], env: dict[str, str] | None, log) -> None:
         raise InstallError(f"`{' '.join(argv)}` exited {p.returncode}")
 
 
-def _apt_install(packages: tuple[str, ...], log) -> None:
+def _apt_install(packages: tuple[str, ...], log: TextIO) -> None:
     need = [p for p in packages if not _dpkg_version(p)]
     if not need:
         return
@@ -258,7 +258,7 @@ def _go_proxy() -> str:
     return "https://proxy.golang.org"
 
 
-def _install_go(s: GoModule, log) -> None:
+def _install_go(s: GoModule, log: TextIO) -> None:
     env = {"GOBIN": str(s.bin_dir()), "GOFLAGS": "-mod=mod"}
     flags = ["-ldflags", s.ldflags.replace("{version}", s.version.removeprefix("v"))] if s.ldflags else []
     if s.build_in_module:
@@ -302,7 +302,7 @@ def _install_go(s: GoModule, log) -> None:
             (s.bin_dir() / built).replace(s.bin_dir() / wanted)
 
 
-def _install_crate(s: Crate, log) -> None:
+def _install_crate(s: Crate, log: TextIO) -> None:
     _apt_install(s.apt_build_deps, log)
     argv = ["cargo", "install", "--root", str(s.cache_dir()), "--version", s.version]
     if s.locked:
@@ -310,7 +310,7 @@ def _install_crate(s: Crate, log) -> None:
     _run([*argv, s.crate], None, log)
 
 
-def install_source(s: Source, log, force: bool = False) -> InstallResult:
+def install_source(s: Source, log: TextIO, force: bool = False) -> InstallResult:
     if s.cached() and not force:
         return InstallResult(s.label, "cached", 0.0, str(s.bin_dir() or "debian"))
     why = s.possible()

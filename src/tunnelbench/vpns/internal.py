@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
@@ -70,22 +69,16 @@ def mtu_variant(spec: str) -> type[Internal]:
         )
     mtu = int(m.group(1))
 
-    @classmethod  # type: ignore[misc]  # a classmethod made outside a class body, for the variant's dict
-    def version(cls, host: Host) -> str:
-        return f"{Internal.version.__func__(cls, host)} (underlay MTU {mtu})"  # type: ignore[attr-defined]  # a classmethod's function
+    class Variant(Internal):
+        __doc__ = f"internal with the hosts' underlay MTU at {mtu}"
+        key = spec
+        variant = f"mtu{mtu}"
+        underlay_mtu = mtu
+        summary = f"no VPN, underlay MTU {mtu}: a second baseline"
 
-    meta: Callable[..., type[Internal]] = type(Internal)  # ABCMeta
-    return meta(
-        f"Internal_mtu{mtu}",
-        (Internal,),
-        {
-            "key": spec,
-            "variant": f"mtu{mtu}",
-            "underlay_mtu": mtu,
-            "version": version,
-            "summary": f"no VPN, underlay MTU {mtu}: a second baseline",
-            "__module__": __name__,
-            "__qualname__": f"Internal_mtu{mtu}",
-            "__doc__": f"internal with the hosts' underlay MTU at {mtu}",
-        },
-    )
+        @classmethod
+        def version(cls, host: Host) -> str:
+            return f"{Internal.version(host)} (underlay MTU {mtu})"
+
+    Variant.__name__ = Variant.__qualname__ = f"Internal_mtu{mtu}"
+    return Variant

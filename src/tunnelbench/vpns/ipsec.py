@@ -27,7 +27,7 @@ import re
 from typing import ClassVar
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import DriverOptions, TunnelOptions
+from tunnelbench.vpns.base import DriverOptions, MeshSpec, TunnelOptions
 from tunnelbench.vpns.features import SS_ROUTE, XFRM_DATA_PLANE, kernel_ipsec_record
 from tunnelbench.vpns.strongswan import ESP_PROPOSAL, IKE_PROPOSAL, StrongSwan
 
@@ -62,7 +62,7 @@ class KernelIpsec(StrongSwan):
     install_routes: ClassVar[bool] = True  # charon routes the peers' tunnel addresses (policy-based)
     describe: ClassVar[str] = "policy-based tunnel mode, CHILD_SA 10.77.0.i/32 <-> 10.77.0.j/32 per pair"
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.esp = "kernel"
         self.settings = {
@@ -208,7 +208,7 @@ class IpsecTransport(KernelIpsec):
     lo_address = False
     describe = "transport mode between the underlay addresses (all traffic of the pair)"
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.settings = {
             **self.settings,

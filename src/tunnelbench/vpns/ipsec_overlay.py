@@ -16,7 +16,7 @@ import dataclasses
 from typing import ClassVar
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.base import MeshSpec, VpnDriver
 from tunnelbench.vpns.features import XFRM_DATA_PLANE, kernel_ipsec_record
 from tunnelbench.vpns.geneve import Geneve
 from tunnelbench.vpns.gre import Gre
@@ -40,7 +40,7 @@ class OverlayIpsec(KernelIpsec):
     install_routes = False
     lo_address = False
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         # the overlay's own driver makes and deletes its devices, at this driver's MTU
         self.inner = self.overlay(dataclasses.replace(spec, mtu=self.mtu, options={}))

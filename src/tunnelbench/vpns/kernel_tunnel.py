@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.install import Apt
 
 
@@ -33,7 +33,7 @@ class KernelTunnel(VpnDriver):
     l2: ClassVar[bool] = False
     encrypted: ClassVar[bool] = False
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.settings = {
             "mode": "full mesh of point-to-point kernel tunnels (one device per peer)",

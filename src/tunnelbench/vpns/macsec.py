@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 
 from tunnelbench.lab.host import Host
+from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.features import IPROUTE_MACSEC, kernel_tunnel_record
 from tunnelbench.vpns.gretap import GreTap
 from tunnelbench.vpns.kernel_tunnel import KernelTunnel
@@ -35,7 +36,7 @@ class Macsec(KernelTunnel):
     wire = GreTap.wire
     encrypted = True
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.carrier = GreTap(spec)
         self.settings = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt, debian_version
 
@@ -48,7 +48,7 @@ class N2n(VpnDriver):
     Options = TunnelOptions  # vpn_options: mtu
     paths = frozenset({"direct", "relay", "nat"})
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.super_host = self.control_host(spec)
         self.community = f"tb{spec.tag}"
@@ -62,7 +62,7 @@ class N2n(VpnDriver):
         }
 
     @classmethod
-    def control_host(cls, spec) -> Host:
+    def control_host(cls, spec: MeshSpec) -> Host:
         """The supernode: the relay host when the lab has one, else h1."""
         return spec.relay or spec.hosts[0]
 

@@ -34,13 +34,13 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.acl import NOT_APPLIED, OFF, AclMode, acl_option, acl_policy, may_open
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver, udp_socket_buffer
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt, GoModule
 
@@ -123,10 +123,10 @@ class Nebula(VpnDriver):
 
     options: Options
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         cipher = self.options.cipher
-        self.settings: dict = {
+        self.settings: dict[str, Any] = {
             "mode": f"star around {spec.hub.name} (the lighthouse; the spokes' only static host)"
             if spec.topology == "star" and spec.hub is not None
             else "full mesh, direct UDP tunnels (h1 is also lighthouse)",
@@ -153,7 +153,7 @@ class Nebula(VpnDriver):
             self.settings["acl"] = self.acl.record("certificate groups tb-<role> + firewall.inbound")
 
     @classmethod
-    def control_host(cls, spec) -> Host:
+    def control_host(cls, spec: MeshSpec) -> Host:
         """The lighthouse: the relay host in path relay/nat (lighthouse and relay), the hub in a star, else h1."""
         if spec.topology == "star" and spec.hub is not None:
             return spec.hub
@@ -212,21 +212,21 @@ class Nebula(VpnDriver):
     def _groups(self, host: Host) -> list[str]:
         return ["-groups", f"tb-{self.acl.role(host)}"] if self.acl is not None else []
 
-    def _inbound(self, host: Host) -> list[dict]:
+    def _inbound(self, host: Host) -> list[dict[str, Any]]:
         """firewall.inbound: any without an enforced policy; the server admits the client's group only, and every
         other host admits nothing (replies to its own flows pass through conntrack, not a rule)."""
         if self.acl is None or not self.acl.enforced:
             return [{"port": "any", "proto": "any", "host": "any"}]
         return [{"port": "any", "proto": "any", "group": "tb-client"}] if host is self.acl.server else []
 
-    def _config(self, host: Host) -> dict:
+    def _config(self, host: Host) -> dict[str, Any]:
         d = self.host_dir(host)
         relayed = self.spec.path != "direct" and self.spec.relay is not None
         lighthouse = self.control_host(self.spec)
         am_lighthouse = host is lighthouse
         anyrule = [{"port": "any", "proto": "any", "host": "any"}]
         blocklist = [fp for name, fp in self.blocked.items() if name != host.name]
-        listen: dict = {"host": "0.0.0.0", "port": LISTEN_PORT}
+        listen: dict[str, Any] = {"host": "0.0.0.0", "port": LISTEN_PORT}
         if self.options.udp_socket_buffer:
             listen["read_buffer"] = listen["write_buffer"] = self.options.udp_socket_buffer
         return {
@@ -281,7 +281,10 @@ class Nebula(VpnDriver):
         certs = json.loads(
             host.run([host.binary("nebula-cert", self.installs), "print", "-json", "-path", str(crt)]).stdout
         )
-        return (certs[0] if isinstance(certs, list) else certs)["fingerprint"]  # 1.11 prints a list
+        fingerprint: str = (certs[0] if isinstance(certs, list) else certs)[
+            "fingerprint"
+        ]  # 1.11 prints a list
+        return fingerprint
 
     def revoke(self, host: Host) -> str:
         """Blocklist the host's certificate on every other host and SIGHUP their nebula: the reload takes the new

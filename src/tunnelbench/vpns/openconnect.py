@@ -46,13 +46,13 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field
 
 from tunnelbench.lab.host import CommandError, Host, Process
 from tunnelbench.lab.mountns import private_mounts
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt, debian_version
 
@@ -162,7 +162,7 @@ class OpenConnect(VpnDriver):
 
     options: Options
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         # pair index k -> (server host, client host); TCP and UDP port BASE_PORT + k
         self.pairs: list[tuple[Host, Host]] = list(itertools.combinations(spec.hosts, 2))
@@ -330,7 +330,7 @@ compression = false
             if not proc.alive():
                 raise RuntimeError(f"{proc.label} exited: {proc.log_tail()}")
 
-    def _start_server(self, host: Host, cli: Host):
+    def _start_server(self, host: Host, cli: Host) -> Process:
         pd = self._pair_dir(host, cli)
         argv = private_mounts(
             {"/run": pd / "run"},
@@ -346,7 +346,7 @@ compression = false
         )
         return proc
 
-    def _start_client(self, host: Host, srv: Host, k: int):
+    def _start_client(self, host: Host, srv: Host, k: int) -> Process:
         d = self.host_dir(host)
         argv = [
             host.binary("openconnect", self.installs), "--protocol=anyconnect", "--non-inter", "--no-passwd", "--no-proxy",
@@ -363,7 +363,7 @@ compression = false
 
     # -- what ran ----------------------------------------------------------------------------------
     @property
-    def settings(self) -> dict:
+    def settings(self) -> dict[str, Any]:
         s = super().settings
         seen = {}
         for srv, cli in self.pairs:
@@ -380,7 +380,7 @@ compression = false
         return s
 
     @settings.setter
-    def settings(self, value: dict) -> None:
+    def settings(self, value: dict[str, Any]) -> None:
         self.__dict__["_settings"] = dict(value)
 
     def daemons(self, host: Host) -> list[Process]:
@@ -428,10 +428,10 @@ class _Child(Process):
         return self.parent is not None and self.parent.alive()
 
 
-def _channel(log: str) -> dict:
+def _channel(log: str) -> dict[str, Any]:
     """What an openconnect log says ran last: the data channel (DTLS, or TLS when DTLS failed or went down)
     and the cipher suites of both channels."""
-    out: dict = {"data_channel": "TLS (CSTP; DTLS not established)"}
+    out: dict[str, Any] = {"data_channel": "TLS (CSTP; DTLS not established)"}
     for line in log.splitlines():
         if m := TLS_UP.search(line):
             out["tls_ciphersuite"] = m.group(1)

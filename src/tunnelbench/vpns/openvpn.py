@@ -24,12 +24,12 @@ import ipaddress
 import itertools
 import secrets
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field
 
-from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
+from tunnelbench.lab.host import Host, Process
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver, udp_socket_buffer
 from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt
 
@@ -86,15 +86,16 @@ class OpenVpn(VpnDriver):
 
     options: Options
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         hosts = spec.hosts
         # pair index k -> (server host, client host); port BASE_PORT + k
         self.star = spec.topology == "star"
         self.pairs: list[tuple[Host, Host]] = [] if self.star else list(itertools.combinations(hosts, 2))
-        self.settings: dict = {
+        hub = spec.hub.name if spec.hub is not None else ""  # __init__ refused a star without a hub
+        self.settings: dict[str, Any] = {
             "mode": (
-                f"client/server: one --mode server process on {spec.hub.name}, --client on every other host"
+                f"client/server: one --mode server process on {hub}, --client on every other host"
                 if self.star
                 else "full mesh of point-to-point TLS tunnels (one openvpn process per host per peer)"
             ),
@@ -266,11 +267,11 @@ class OpenVpn(VpnDriver):
             started.append((proc, self.peer_ifname(host, peer)))
         # in p2p mode openvpn opens the tun and sets --ifconfig before TLS: wait for the devices only
         for proc, ifname in started:
-            self.wait_for(
-                f"openvpn tun {ifname}",
-                lambda p=proc, i=ifname: self.link_exists(host, i) or not p.alive(),
-                timeout=10,
-            )
+
+            def up(p: Process = proc, i: str = ifname) -> bool:
+                return self.link_exists(host, i) or not p.alive()
+
+            self.wait_for(f"openvpn tun {ifname}", up, timeout=10)
             if not proc.alive():
                 raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
 

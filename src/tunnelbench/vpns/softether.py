@@ -27,11 +27,13 @@ import re
 import secrets
 import signal
 import time
+from pathlib import Path
+from typing import Any
 
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.lab.mountns import in_mounts_of, private_mounts
 from tunnelbench.vpns.acl import OFF, AclMode, acl_option, acl_policy, may_open
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt, debian_version
 
@@ -77,7 +79,7 @@ class SoftEther(VpnDriver):
 
     options: Options
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         # the virtual hub: the star's hub (the scenario's server) in a star, else the relay host or the last one
         self.hub = (
@@ -123,7 +125,7 @@ class SoftEther(VpnDriver):
     def version(cls, host: Host) -> str:
         return f"debian {debian_version('softether-vpnserver')}"
 
-    def _mounts(self, host: Host) -> dict:
+    def _mounts(self, host: Host) -> dict[str, Any]:
         d = self.host_dir(host)
         return {t: d / t.strip("/").replace("/", "_") for t in DIRS}
 
@@ -160,7 +162,7 @@ class SoftEther(VpnDriver):
             ]
             h.write_file(self.host_dir(h) / "client.cmds", "\n".join(cmds) + "\n", 0o600)
 
-    def _vpncmd(self, host: Host, proc, target: list[str], cmds) -> None:
+    def _vpncmd(self, host: Host, proc: Process, target: list[str], cmds: Path) -> None:
         """vpncmd exits 0 whatever happens: its output says whether every command worked."""
         for _ in range(20):
             out = host.run(
@@ -174,7 +176,7 @@ class SoftEther(VpnDriver):
             out = re.sub(r"/PASSWORD:\S+", "/PASSWORD:***", out)
             raise RuntimeError(f"softether: vpncmd {' '.join(target)} failed: {out[-800:]}")
 
-    def _wait_port(self, host: Host, proc, port: int, what: str) -> None:
+    def _wait_port(self, host: Host, proc: Process, port: int, what: str) -> None:
         self.wait_for(
             what,
             lambda: (

@@ -23,9 +23,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from tunnelbench.lab.host import Host
+from tunnelbench.lab.host import Host, Result
 from tunnelbench.lab.mountns import in_mounts_of, private_mounts
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt, Source, debian_version
 
@@ -94,7 +94,7 @@ class StrongSwan(VpnDriver):
             "userspace", description="ESP in charon (kernel-libipsec: kernels without ESP) or in the kernel"
         )
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.esp = getattr(self.options, "esp", "kernel")  # vpns/ipsec.py's drivers: always the kernel
         self.settings = {
@@ -120,7 +120,7 @@ class StrongSwan(VpnDriver):
     # can exceed the 108-byte limit of unix socket paths)
     VICI = "unix:///run/charon.vici"
 
-    def swanctl(self, host: Host, *args: str):
+    def swanctl(self, host: Host, *args: str) -> Result:
         charon = next(p for p in self.procs[host.name] if p.label == "charon")
         env = {"STRONGSWAN_CONF": str(self.host_dir(host) / "strongswan.conf")}
         return host.run(

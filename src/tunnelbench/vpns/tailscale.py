@@ -35,10 +35,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.acl import OFF, AclMode, AclPolicy, acl_option, acl_policy, may_open
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import GoModule
 
@@ -108,7 +109,7 @@ class Tailscale(VpnDriver):
     revocation = "`headscale nodes delete -i <id>` on the control server"
     acl_support = True
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.infra = self.control_host(spec)
         self.addrs: dict[str, str] = {}
@@ -134,7 +135,7 @@ class Tailscale(VpnDriver):
             )
 
     @classmethod
-    def control_host(cls, spec) -> Host:
+    def control_host(cls, spec: MeshSpec) -> Host:
         """Headscale and derper: the relay host when the lab has one, else the last host."""
         return spec.relay or spec.hosts[-1]
 
@@ -145,7 +146,7 @@ class Tailscale(VpnDriver):
         assert self.acl is not None
         return f"tag:tb-{self.acl.role(host)}"
 
-    def _policy(self) -> dict:
+    def _policy(self) -> dict[str, Any]:
         """Headscale's policy (HuJSON; plain JSON is valid). The tags have no owners: only the admin (the
         CLI making the tagged pre-auth keys) may assign them, and no node can advertise them itself."""
         assert self.acl is not None

@@ -22,12 +22,12 @@ and --logfile to the daemon log."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver, udp_socket_buffer
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver, udp_socket_buffer
 from tunnelbench.vpns.features import one_source
 from tunnelbench.vpns.install import Apt
 
@@ -106,7 +106,7 @@ class Tinc(VpnDriver):
         udp_socket_buffer: int | None = udp_socket_buffer("UDPRcvBuf and UDPSndBuf in tinc.conf")
 
         @model_validator(mode="after")
-        def _aes(self):
+        def _aes(self) -> Tinc.Options:
             if self.cipher.lower() in ("aes", "strong"):
                 self.cipher = STRONG_CIPHER
                 if "digest" not in self.model_fields_set:
@@ -115,12 +115,12 @@ class Tinc(VpnDriver):
 
     options: Options
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         cipher, digest = self.options.cipher, self.options.digest
         # a star topology keeps the meta connections a star too (around the hub)
         self.meta = "star" if spec.topology == "star" else self.options.tinc_meta
-        self.settings: dict = {
+        self.settings: dict[str, Any] = {
             "mode": "full mesh data plane (direct UDP), router mode (Mode = router, tun)",
             "meta_connections": f"star around {self._centre().name}" if self.meta == "star" else "full mesh",
             "cipher": cipher,

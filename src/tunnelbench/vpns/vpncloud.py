@@ -20,7 +20,7 @@ from __future__ import annotations
 import secrets
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Crate
 
@@ -61,7 +61,7 @@ class VpnCloud(VpnDriver):
         "nat": "probed: two peers behind different NATs did not connect to each other within 60 s",
     }
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.settings = {
             "mode": "full mesh via peer exchange",

@@ -9,7 +9,7 @@ of encapsulation alone (kernel data plane, no crypto): the floor every VPN is co
 from __future__ import annotations
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt
 
@@ -48,7 +48,7 @@ class Vxlan(VpnDriver):
         "nat": "VXLAN has no NAT traversal: peers must reach each other's underlay address",
     }
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.settings = {
             "mode": "static full mesh (FDB + permanent neighbours)",

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from tunnelbench.lab.host import Host
+from tunnelbench.lab.host import Host, Process
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import wireguard_record
 from tunnelbench.vpns.install import Apt, GoModule, Source
@@ -173,7 +173,7 @@ class WireguardGo(VpnDriver):
             h.run([h.binary("wg", self.installs), "set", self.ifname(h), "peer", pub, "remove"])
         return f"wg set <if> peer {pub} remove on {', '.join(h.name for h in others)}"
 
-    def _spawn_daemon(self, host: Host, ifname: str, d: Path):
+    def _spawn_daemon(self, host: Host, ifname: str, d: Path) -> Process:
         # -f keeps it in the foreground so the PID we hold is the daemon's
         argv = [host.binary("wireguard-go", self.installs), "-f", ifname]
         off = isinstance(self.options, WireguardGo.Options) and not self.options.offloads

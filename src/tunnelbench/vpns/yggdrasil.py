@@ -24,9 +24,10 @@ is in the config file (0600)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt, GoModule
 
@@ -80,7 +81,7 @@ class Yggdrasil(VpnDriver):
     secret_patterns = ("yggdrasil.conf",)  # holds PrivateKey
     paths = frozenset({"direct", "relay", "nat"})
 
-    def __init__(self, spec):
+    def __init__(self, spec: MeshSpec) -> None:
         super().__init__(spec)
         self.addrs: dict[str, str] = {}
         self.settings = {
@@ -104,7 +105,7 @@ class Yggdrasil(VpnDriver):
     def tunnel_ip(self, host: Host) -> str:
         return self.addrs[host.name]
 
-    def _conf(self, host: Host):
+    def _conf(self, host: Host) -> Path:
         return self.host_dir(host) / "yggdrasil.conf"
 
     def _dials(self, host: Host) -> list[Host]:
