@@ -187,7 +187,6 @@ class Backend(ABC):
         if profile.pairs:
             raise ImpairError(f"profile {profile.name!r}: rate_mbit with pairs is not supported; use hosts")
         tbf = tbf_args(profile)
-        burst, limit = tbf[4], tbf[6]
         if self.remote:
             if profile.hosts:
                 raise ImpairError(
@@ -198,23 +197,7 @@ class Backend(ABC):
                 self.tc.apply(self.ifname(h), self.toward(h), tbf)
             return
         for h in self.scope(profile):
-            self.router.run(
-                [
-                    "tc",
-                    "qdisc",
-                    "replace",
-                    "dev",
-                    self.ifname(h),
-                    "root",
-                    "tbf",
-                    "rate",
-                    f"{profile.rate_mbit}mbit",
-                    "burst",
-                    str(burst),
-                    "limit",
-                    str(limit),
-                ]
-            )
+            self.router.run(["tc", "qdisc", "replace", "dev", self.ifname(h), "root", *tbf])
         if profile.hosts:
             # the host's uplink: everything it sends, shaped on an IFB fed from the router's ingress
             for h in self.scope(profile):
@@ -222,41 +205,9 @@ class Backend(ABC):
                 self.router.run(["ip", "link", "add", ifb, "type", "ifb"])
                 self.router.run(["ip", "link", "set", ifb, "up"])
                 self.router.run(["tc", "qdisc", "add", "dev", self.ifname(h), "handle", "ffff:", "ingress"])
-                self.router.run(
-                    [
-                        "tc",
-                        "filter",
-                        "add",
-                        "dev",
-                        self.ifname(h),
-                        "parent",
-                        "ffff:",
-                        "matchall",
-                        "action",
-                        "mirred",
-                        "egress",
-                        "redirect",
-                        "dev",
-                        ifb,
-                    ]
-                )
-                self.router.run(
-                    [
-                        "tc",
-                        "qdisc",
-                        "replace",
-                        "dev",
-                        ifb,
-                        "root",
-                        "tbf",
-                        "rate",
-                        f"{profile.rate_mbit}mbit",
-                        "burst",
-                        str(burst),
-                        "limit",
-                        str(limit),
-                    ]
-                )
+                self.router.run(["tc", "filter", "add", "dev", self.ifname(h), "parent", "ffff:", "matchall",
+                                 "action", "mirred", "egress", "redirect", "dev", ifb])  # fmt: skip
+                self.router.run(["tc", "qdisc", "replace", "dev", ifb, "root", *tbf])
 
     def _clear_tc(self) -> None:
         if self.remote:

@@ -70,6 +70,11 @@ def sh(argv: Sequence[str], timeout: float = 20.0, check: bool = True) -> subpro
     return p
 
 
+def add_veth(name: str, netns: str, peer: str, peer_netns: str) -> None:
+    """A veth pair made directly inside the two namespaces: no name ever lives in the root namespace."""
+    sh(["ip", "link", "add", name, "netns", netns, "type", "veth", "peer", "name", peer, "netns", peer_netns])  # fmt: skip
+
+
 OFFLAB_DESTS = 4096  # off-lab destination addresses the router remembers (with a packet counter each)
 BATCH_ABOVE = 16  # labs with more hosts are built with `ip -batch`
 
@@ -198,24 +203,7 @@ class NetnsLab:
             if nat is not None:
                 self._build_nat(i, h, nat)
                 continue
-            # create the pair directly inside the two namespaces: no name ever lives in the root namespace
-            sh(
-                [
-                    "ip",
-                    "link",
-                    "add",
-                    "eth0",
-                    "netns",
-                    h.netns,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    f"h{i}",
-                    "netns",
-                    self.router.netns,
-                ]
-            )
+            add_veth("eth0", h.netns, f"h{i}", self.router.netns)
             self.router.run(["ip", "addr", "add", f"{router_ip(i)}/24", "dev", f"h{i}"])
             self.router.run(["ip", "link", "set", f"h{i}", "up"])
             h.run(["ip", "addr", "add", f"{host_ip(i)}/24", "dev", "eth0"])
@@ -277,45 +265,13 @@ class NetnsLab:
         """hI --- nI (masquerade) --- router; nI takes the address the host would have had."""
         self._add_ns(nat)
         nat.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
-        sh(
-            [
-                "ip",
-                "link",
-                "add",
-                "wan",
-                "netns",
-                nat.netns,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                f"h{i}",
-                "netns",
-                self.router.netns,
-            ]
-        )
+        add_veth("wan", nat.netns, f"h{i}", self.router.netns)
         self.router.run(["ip", "addr", "add", f"{router_ip(i)}/24", "dev", f"h{i}"])
         self.router.run(["ip", "link", "set", f"h{i}", "up"])
         nat.run(["ip", "addr", "add", f"{host_ip(i)}/24", "dev", "wan"])
         nat.run(["ip", "link", "set", "wan", "up"])
         nat.run(["ip", "route", "add", "default", "via", router_ip(i)])
-        sh(
-            [
-                "ip",
-                "link",
-                "add",
-                "eth0",
-                "netns",
-                h.netns,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "lan",
-                "netns",
-                nat.netns,
-            ]
-        )
+        add_veth("eth0", h.netns, "lan", nat.netns)
         nat.run(["ip", "addr", "add", f"172.16.{i}.1/24", "dev", "lan"])
         nat.run(["ip", "link", "set", "lan", "up"])
         h.run(["ip", "addr", "add", f"{h.underlay_ip}/24", "dev", "eth0"])
