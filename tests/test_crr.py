@@ -203,7 +203,7 @@ def test_params_label_and_metrics():
     assert Crr(CrrParams(request_bytes=64, response_bytes=1024)).label() == "crr-c8-64x1024"
     names = {m.name for m in Crr.metrics}
     assert {"crr_tps", "crr_latency_p50_ms", "crr_latency_p99_ms", "crr_errors", "rr_tps"} <= names
-    assert set(Crr.headline) <= names and Crr.metric("crr_tps").better == "higher"
+    assert set(Crr.headline) <= names and {m.name: m for m in Crr.metrics}["crr_tps"].better == "higher"
     assert WORKLOADS["crr"] is Crr
     with pytest.raises(ValueError):
         CrrParams(mode="udp_rr")

@@ -150,9 +150,9 @@ def test_params_label_metrics_and_seeds_scenario():
         "quic_handshake_retries",
     } <= names
     assert set(Quic.headline) <= names
-    assert (
-        Quic.metric("quic_goodput_mbps").better == "higher" and Quic.metric("quic_ttfb_p50_ms").unit == "ms"
-    )
+    assert {m.name: m for m in Quic.metrics}["quic_goodput_mbps"].better == "higher" and {
+        m.name: m for m in Quic.metrics
+    }["quic_ttfb_p50_ms"].unit == "ms"
     assert all(m.unit == "ms" for m in Quic.metrics if m.name.endswith("_ms"))
     assert WORKLOADS["quic"] is Quic and Quic.tools == ("quicperf",)
     with pytest.raises(ValueError):

@@ -272,3 +272,24 @@ def test_rtt_histogram_shares_on_shared_log_bins():
     ]  # 20 is in bin 2; 0 and -1 are left out
     assert "c" not in shares  # no positive sample, no curve
     assert histogram_shares({"x": []})[1] == {}
+
+
+def test_features_come_from_the_run_that_stored_them_not_from_todays_drivers(tmp_path):
+    """A report shows the feature record each run stored with its VPN (its driver's record at the time); a run
+    that stored none (an old run) shows none, never today's record, and no environment key adds facts."""
+    from tunnelbench.report.full import _features
+
+    d = make_run(
+        tmp_path, "20260101-000000-tbfeat", {"internal": (2000, 40), "nebula": (900, 20), "tinc": (300, 10)}
+    )
+    st = Store(d / DB_NAME)
+    stored = {"protocol": {"value": "as stored in 2026", "source": "driver: test", "probed": False}}
+    st.set_vpn(
+        "20260101-000000-tbfeat", "nebula", "1.0", "ok", settings={"features": stored, "cipher": "aes"}
+    )
+    st.set_env("20260101-000000-tbfeat", {"features.tinc.protocol": "from the environment"})
+    st.close()
+    got = {f["variant"]: f for f in _features(analyze([load_run(d)]))}
+    assert got["nebula"]["features"] == {"protocol": json.dumps(stored["protocol"])}
+    assert got["nebula"]["settings"] == {"cipher": "aes"}
+    assert got["tinc"]["features"] == {} and got["internal"]["features"] == {}

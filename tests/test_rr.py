@@ -132,7 +132,7 @@ def test_params_label_metrics_and_seeds_scenario():
     names = {m.name for m in Rr.metrics}
     assert set(Rr.headline) <= names
     assert {f"rr_latency_{q}_ms" for q in ("p50", "p90", "p99", "p99_9", "mean", "max")} <= names
-    assert Rr.metric("rr_tps").better == "higher"
+    assert {m.name: m for m in Rr.metrics}["rr_tps"].better == "higher"
     # sockperf's 2 s pause + -t, and the load's longer run
     assert Rr(RrParams(duration_s=5)).expected_seconds() >= 5 + 2
     assert (

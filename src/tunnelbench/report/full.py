@@ -268,8 +268,9 @@ def _rss_lines(a: Analysis, profile: str) -> plots.RssLines:
 
 
 def _features(a: Analysis) -> list[dict[str, Any]]:
-    """Feature records a driver may expose: a `features` dict on the driver class, in the stored VPN
-    settings, or environment keys `features.VPN...`. Shows whatever exists."""
+    """Each VPN's feature record as its run stored it (vpn settings "features", written by the runner from
+    the driver's record and the lab's probes at the time): a run from before a record changed keeps its
+    own, and a run that stored none shows none."""
     return [
         {
             "variant": f["variant"],
@@ -300,28 +301,18 @@ def _nat_matrix(a: Analysis) -> dict[str, Any] | None:
 
 
 def _feature_records(a: Analysis) -> list[dict[str, Any]]:
-    from tunnelbench.vpns import DRIVERS
-
     out = []
     for r in a.runs:
         for v in r.vpns:
-            feats: dict[str, Any] = {}
-            cls = DRIVERS.get(v["name"])
-            if cls is not None and isinstance(getattr(cls, "features", None), dict):
-                feats.update(cls.features)
             try:
                 settings = json.loads(v["settings"] or "{}")
             except json.JSONDecodeError:
                 settings = {}
-            if isinstance(settings.get("features"), dict):
-                feats.update(settings["features"])
-            for k, val in r.env.items():
-                if k.startswith(f"features.{v['name']}."):
-                    feats[k.split(".", 2)[2]] = val
+            feats = settings.get("features")
             out.append(
                 {
                     "variant": a.variant_of.get((r.run_id, v["name"]), v["name"]),
-                    "raw": feats,
+                    "raw": feats if isinstance(feats, dict) else {},
                     "settings": {k: _jsonish(x) for k, x in settings.items() if k != "features"},
                 }
             )

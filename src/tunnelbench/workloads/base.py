@@ -123,10 +123,3 @@ class Workload(ABC):
 
     @abstractmethod
     def run(self, ctx: CaseContext) -> Outcome: ...
-
-    @classmethod
-    def metric(cls, name: str) -> MetricSpec:
-        for m in cls.metrics:
-            if m.name == name:
-                return m
-        raise KeyError(name)
