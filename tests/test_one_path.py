@@ -175,15 +175,15 @@ def test_both_iperf3_launchers_share_server_and_client_lines(tmp_path, monkeypat
     assert ctx2.server.spawned[0].stopped == 1 and ctx2.client.spawned == []
 
 
-def test_wait_tcp_listening_names_its_server(monkeypatch):
+def test_wait_listening_names_its_server(monkeypatch):
     from test_parsers_known import FakeClock, FakeHost
 
     from tunnelbench.workloads import iperf3
-    from tunnelbench.workloads.common import wait_tcp_listening
+    from tunnelbench.workloads.iperf3 import wait_listening
 
     monkeypatch.setattr(iperf3, "time", FakeClock())
     with pytest.raises(Exception, match=r"^nginx on web not listening on :80 after 2 s$"):
-        wait_tcp_listening(FakeHost("web"), 80, timeout=2, what="nginx")
+        wait_listening(FakeHost("web"), 80, timeout=2, what="nginx")
 
 
 # -- after stop: the tunnel interface goes ------------------------------------------------------------------
@@ -238,3 +238,22 @@ def test_after_stop_deletes_the_tunnel_interface_only_if_it_is_there(name, tmp_p
     assert not [r for r in hosts[1].runs if r[:3] == ["ip", "link", "del"]]
     if name == "wireguard":  # the kernel's WireGuard has no wireguard-go UAPI socket to remove
         assert hosts[0].removed == []
+
+
+# the drivers whose devices are not `ifname`: they name theirs with stop_links and the base class deletes them
+# (names written out: openvpn's one tun per peer, SoftEther's vpn_ client device, a kernel tunnel's device per
+# peer, kernel-libipsec's ipsec0)
+@pytest.mark.parametrize(
+    "name, link",
+    [("openvpn", "tbcf00v1p2"), ("softether", "vpn_tbcf00v1"), ("gre", "tbcf00k2"), ("strongswan", "ipsec0")],
+)
+def test_after_stop_deletes_the_devices_the_driver_names(name, link, tmp_path):
+    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.vpns.base import MeshSpec
+
+    hosts = [LinkHost("h1", {link}), LinkHost("h2", set())]
+    d = DRIVERS[name](MeshSpec(hosts=hosts, tag="tbcf00", workdir=tmp_path))  # type: ignore[arg-type]
+    for h in hosts:
+        d.after_stop(h)  # type: ignore[arg-type]
+    assert [r for r in hosts[0].runs if r[:3] == ["ip", "link", "del"]] == [["ip", "link", "del", link]]
+    assert not [r for r in hosts[1].runs if r[:3] == ["ip", "link", "del"]]

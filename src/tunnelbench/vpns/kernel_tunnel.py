@@ -99,9 +99,9 @@ class KernelTunnel(VpnDriver):
     def after_links(self, host: Host) -> None:  # noqa: B027 (optional hook)
         """Host-wide teardown after the devices are gone."""
 
+    def stop_links(self, host: Host) -> list[str]:
+        return [self.link_name(host, peer) for peer in self.peers(host)]
+
     def after_stop(self, host: Host) -> None:
-        for peer in self.peers(host):
-            name = self.link_name(host, peer)
-            if self.link_exists(host, name):
-                host.run(["ip", "link", "del", name], check=False)
+        super().after_stop(host)
         self.after_links(host)

@@ -275,13 +275,7 @@ class OpenVpn(VpnDriver):
             if not proc.alive():
                 raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
 
-    def after_stop(self, host: Host) -> None:
-        if self.star:
-            if self.link_exists(host, self.ifname(host)):
-                host.run(["ip", "link", "del", self.ifname(host)], check=False)
-            return
-        for peer in self.spec.hosts:
-            if peer is not host:
-                ifname = self.peer_ifname(host, peer)
-                if self.link_exists(host, ifname):
-                    host.run(["ip", "link", "del", ifname], check=False)
+    def stop_links(self, host: Host) -> list[str]:
+        if self.star:  # one tun per host
+            return [self.ifname(host)]
+        return [self.peer_ifname(host, peer) for peer in self.spec.hosts if peer is not host]

@@ -256,7 +256,5 @@ class SoftEther(VpnDriver):
         ]
         return found
 
-    def after_stop(self, host: Host) -> None:
-        iface = self._iface(host)
-        if self.link_exists(host, iface):
-            host.run(["ip", "link", "del", iface], check=False)
+    def stop_links(self, host: Host) -> list[str]:
+        return [self._iface(host)]

@@ -260,11 +260,13 @@ class StrongSwan(VpnDriver):
         """Connections and secrets into charon (start_action runs from here: start, trap)."""
         self.swanctl(host, "--load-all", "--noprompt", "--file", str(self.host_dir(host) / "swanctl.conf"))
 
+    def stop_links(self, host: Host) -> list[str]:
+        return ["ipsec0"]  # kernel-libipsec's TUN device
+
     def after_stop(self, host: Host) -> None:
         if self.lo_address:
             host.run(["ip", "addr", "del", f"{self.tunnel_ip(host)}/32", "dev", "lo"], check=False)
-        if self.link_exists(host, "ipsec0"):
-            host.run(["ip", "link", "del", "ipsec0"], check=False)
+        super().after_stop(host)
         host.remove(self.host_dir(host) / "run" / "charon.vici")
 
     def leftovers(self, host: Host) -> list[str]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import CaseContext, Outcome, WorkloadError
-from tunnelbench.workloads.iperf3 import client_argv, start_server, wait_listening
+from tunnelbench.workloads.iperf3 import client_argv, start_server
 
 
 def tool(name: str) -> str:
@@ -103,7 +103,3 @@ def interface_of(host: Host, ip: str) -> str | None:
     """The interface that holds address `ip` on the host (the tunnel interface of a VPN, eth0 for internal)."""
     out = host.run(["ip", "-o", "-4", "addr", "show", "to", ip], check=False).stdout.split()
     return out[1].split("@")[0] if len(out) > 1 else None
-
-
-def wait_tcp_listening(host: Host, port: int, timeout: float = 5.0, what: str = "server") -> None:
-    wait_listening(host, port, timeout, what)  # the one listen wait: workloads/iperf3.py

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from tunnelbench.lab.host import CommandError, Host, Process
 from tunnelbench.workloads.base import CaseContext, Outcome, Series, WorkloadError
-from tunnelbench.workloads.common import wait_tcp_listening
+from tunnelbench.workloads.iperf3 import wait_listening
 
 PORT = 5001
 # one report line of one stream: "[  1] 0.0000-1.0000 sec  850788412 Bytes  6806307296 bits/sec  <enhanced>"
@@ -195,7 +195,7 @@ def add_udp(out: Outcome, client: Output, server: Side | None) -> None:
 
 # -- running it -----------------------------------------------------------------------------------------
 def wait_udp_bound(host: Host, port: int, timeout: float = 5.0, what: str = "server") -> None:
-    """A UDP server's socket is bound (the UDP counterpart of wait_tcp_listening)."""
+    """A UDP server's socket is bound (the UDP counterpart of wait_listening)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if host.run(["ss", "-Hlun", f"sport = :{port}"], check=False).stdout.strip():
@@ -249,7 +249,7 @@ def run(
         if udp:
             wait_udp_bound(ctx.server, PORT, what="iperf2 UDP server")
         else:
-            wait_tcp_listening(ctx.server, PORT, what="iperf2 server")
+            wait_listening(ctx.server, PORT, what="iperf2 server")
         argv = ["iperf", "-c", ctx.server_ip, *proto, "-p", str(PORT), *fmt, "-i", "1"]
         argv += ["-n", nbytes] if nbytes else ["-t", f"{seconds:g}"]
         if ctx.options.get("mss") and not udp:

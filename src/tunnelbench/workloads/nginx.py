@@ -9,7 +9,8 @@ from pathlib import Path
 
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import WorkloadError
-from tunnelbench.workloads.common import tool, wait_tcp_listening
+from tunnelbench.workloads.common import tool
+from tunnelbench.workloads.iperf3 import wait_listening
 
 CONF = """worker_processes {workers};
 user root;
@@ -99,7 +100,7 @@ def start_nginx(
         raise WorkloadError(f"nginx config test failed: {(check.stdout + check.stderr)[-400:]}")
     proc = host.spawn(argv, label="nginx", log_path=d / "nginx.out")
     try:
-        wait_tcp_listening(host, port, timeout=5, what="nginx")
+        wait_listening(host, port, timeout=5, what="nginx")
     except WorkloadError:
         stop_nginx(proc, d)
         raise WorkloadError(

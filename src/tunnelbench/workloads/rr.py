@@ -31,8 +31,9 @@ from pydantic import Field
 
 from tunnelbench.lab.host import CommandError, Host, Process
 from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import start_iperf3, wait_tcp_listening
+from tunnelbench.workloads.common import start_iperf3
 from tunnelbench.workloads.iperf2 import wait_udp_bound
+from tunnelbench.workloads.iperf3 import wait_listening
 
 RR_PORT = 11111  # sockperf's default
 LOAD_PORT = 5213
@@ -208,7 +209,7 @@ class Rr(Workload):
         load, load_data = None, None
         try:
             if p.protocol == "tcp":
-                wait_tcp_listening(ctx.server, RR_PORT, what="sockperf server")
+                wait_listening(ctx.server, RR_PORT, what="sockperf server")
             else:
                 wait_udp_bound(ctx.server, RR_PORT, what="sockperf server")
             if p.load == "tcp":
