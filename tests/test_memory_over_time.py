@@ -18,8 +18,9 @@ import psutil
 import pytest
 
 from tunnelbench.analysis.analyze import analyze, load_run, metric_spec
+from tunnelbench.case_metrics import MONITOR_METRICS
 from tunnelbench.lab.host import Process
-from tunnelbench.monitor import MONITOR_METRICS, Monitor, _Track
+from tunnelbench.monitor import Monitor, _Track
 from tunnelbench.report import full, plots
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.workloads.base import Outcome, Sample, Series
@@ -94,7 +95,7 @@ def test_rss_series_in_mean_and_peak_out():
 
 def test_every_monitor_metric_is_declared_with_its_unit():
     out = scripted_monitor({"h1": [ScriptedProc([10, 20], 0.001)]}, samples=2)
-    out.add("machine_cpu_pct", 1.0, "%")  # what add_to adds from psutil when sampled in its thread
+    out.add("machine_cpu_pct", 1.0)  # what add_to adds from psutil when sampled in its thread
     declared = {m.name: m for m in MONITOR_METRICS}
     for s in out.samples + [Sample(se.name, 0, se.unit) for se in out.series]:
         assert s.name in declared, s.name
@@ -209,9 +210,9 @@ def make_store(root: Path, run: str = RUN) -> Path:
                 out = Outcome(samples=[Sample(metric_name, base + step * k, "Mbit/s")])
                 if scale:
                     for h, c in zip(("h1", "h2", "h3"), cpu, strict=True):
-                        out.add("daemon_cpu_pct", c * scale, "%", h)
+                        out.add("daemon_cpu_pct", c * scale, h)
                         rss = [(0.5 * i, 10.0 * scale + i + k) for i in range(4)]  # grows 1 MiB per sample
-                        out.add("daemon_rss_mb", max(v for _, v in rss), "MiB", h)
+                        out.add("daemon_rss_mb", max(v for _, v in rss), h)
                         out.series.append(Series("daemon_rss_mb", "MiB", rss, h))
                 st.finish_case(cid, "ok", out)
     adir = run_dir / "cases" / "vpnA" / "tcp" / "failed"

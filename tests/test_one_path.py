@@ -257,3 +257,27 @@ def test_after_stop_deletes_the_devices_the_driver_names(name, link, tmp_path):
         d.after_stop(h)  # type: ignore[arg-type]
     assert [r for r in hosts[0].runs if r[:3] == ["ip", "link", "del"]] == [["ip", "link", "del", link]]
     assert not [r for r in hosts[1].runs if r[:3] == ["ip", "link", "del"]]
+
+
+# -- one unit per metric: the declaration's ----------------------------------------------------------------
+def test_outcome_add_takes_the_unit_its_metric_declares():
+    from tunnelbench.analysis.analyze import metric_spec
+    from tunnelbench.workloads.base import MetricSpec, Outcome, declare
+
+    out = Outcome()
+    out.add("goodput_mbps", 12.5)  # the tcp workload declares it in Mbit/s
+    out.add("daemon_cpu_pct", 40, "h1")  # the monitor's (case_metrics.py)
+    out.add("engine_cpu_pct", 80, "router")  # the impairment engine's
+    out.add("rtt_p99_ms", None)  # not measured: left out
+    assert [(s.name, s.unit, s.host) for s in out.samples] == [
+        ("goodput_mbps", "Mbit/s", None),
+        ("daemon_cpu_pct", "%", "h1"),
+        ("engine_cpu_pct", "%", "router"),
+    ]
+    with pytest.raises(KeyError, match="'tbtest_nobody_declares_this' is not declared"):
+        out.add("tbtest_nobody_declares_this", 1.0)
+    with pytest.raises(ValueError, match="'goodput_mbps' in 'Gbit/s', declared before in 'Mbit/s'"):
+        declare([MetricSpec("goodput_mbps", "Gbit/s", "higher", "a second unit")], "a test")
+    # analysis reads the engine's and the monitor's direction from the same declarations
+    assert metric_spec("tcp", "engine_cpu_pct")[0] == "lower"
+    assert metric_spec("tcp", "machine_cpu_pct")[0] == "none"

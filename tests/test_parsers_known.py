@@ -502,7 +502,7 @@ def test_rtt_samples_hand_computed():
     assert all(u == "ms" for k, u in units(out).items() if k not in ("ping_loss_pct", "rtt_spike_ratio"))
 
 
-def test_rtt_samples_other_prefix_and_no_replies():
+def test_rtt_samples_no_replies_and_every_declared_name():
     text = (
         "PING 10.9.0.2 (10.9.0.2) 56(84) bytes of data.\n\n--- 10.9.0.2 ping statistics ---\n"
         "5 packets transmitted, 0 received, 100% packet loss, time 4086ms\n"
@@ -510,21 +510,21 @@ def test_rtt_samples_other_prefix_and_no_replies():
     p = parse_ping(text)
     assert p["replies"] == {} and p["summary"] is None and (p["transmitted"], p["received"]) == (5, 0)
     out = Outcome()
-    rtt_samples(p, out, prefix="loaded")
-    assert metrics(out) == {"loaded_loss_pct": 100.0} and units(out) == {"loaded_loss_pct": "%"}
+    rtt_samples(p, out)
+    assert metrics(out) == {"ping_loss_pct": 100.0} and units(out) == {"ping_loss_pct": "%"}
     out = Outcome()
-    rtt_samples(parse_ping(PING_LOSS), out, prefix="lul")
+    rtt_samples(parse_ping(PING_LOSS), out)
     assert sorted(metrics(out)) == sorted(
         [
-            "lul_loss_pct",
-            "lul_min_ms",
-            "lul_avg_ms",
-            "lul_max_ms",
-            "lul_mdev_ms",
-            "lul_p50_ms",
-            "lul_p95_ms",
-            "lul_p99_ms",
-            "lul_spike_ratio",
+            "ping_loss_pct",
+            "rtt_min_ms",
+            "rtt_avg_ms",
+            "rtt_max_ms",
+            "rtt_mdev_ms",
+            "rtt_p50_ms",
+            "rtt_p95_ms",
+            "rtt_p99_ms",
+            "rtt_spike_ratio",
         ]  # fmt: skip
     )
     # nothing transmitted (ping killed at once): no loss figure

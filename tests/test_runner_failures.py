@@ -31,7 +31,7 @@ from tunnelbench.scenario import parse_scenario
 from tunnelbench.vpns import DRIVERS, resolve
 from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.workloads import WORKLOADS, CaseContext, Outcome, Workload
-from tunnelbench.workloads.base import NotApplicable, Params, WorkloadError
+from tunnelbench.workloads.base import MetricSpec, NotApplicable, Params, WorkloadError
 
 pytestmark = [pytest.mark.lab]
 
@@ -149,6 +149,11 @@ class Probe(Workload):
     name = "tbtest-probe"
     summary = "test-only workload"
     Params = ProbeParams
+    metrics = (
+        MetricSpec("tbtest_daemons_alive", "count", "none", "VPN daemons alive when the case ran"),
+        MetricSpec("tbtest_planted_links", "count", "none", "planted interfaces seen on client and server"),
+        MetricSpec("tbtest_planted_procs", "count", "none", "planted processes seen on client and server"),
+    )
 
     def label(self) -> str:
         return f"probe-{self.params.mode}"
@@ -160,13 +165,13 @@ class Probe(Workload):
         out = Outcome()
         daemons = [p for ps in ctx.mesh.daemons().values() for p in ps]
         pids = sorted(p.pid for p in daemons)
-        out.add("tbtest_daemons_alive", sum(process_alive(p.pid, None) for p in daemons), "count")
+        out.add("tbtest_daemons_alive", sum(process_alive(p.pid, None) for p in daemons))
         links = procs = 0
         for h in (ctx.client, ctx.server):
             a, b = planted(h)
             links, procs = links + a, procs + b
-        out.add("tbtest_planted_links", links, "count")
-        out.add("tbtest_planted_procs", procs, "count")
+        out.add("tbtest_planted_links", links)
+        out.add("tbtest_planted_procs", procs)
         (ctx.artifact_dir / "daemon_pids.json").write_text(json.dumps(pids))
         if self.params.mode == "not-applicable":
             raise NotApplicable(f"not applicable: {ctx.mesh.vpn} has no such thing")

@@ -96,7 +96,7 @@ def test_renderers_show_the_new_columns(tmp_path):
         cid = st.start_case(run_dir.name, vpn, "baseline", wl, wl, {}, 1, 0, "h1", "h2", run_dir / wl)
         out = Outcome()
         for k, v in ms.items():
-            out.add(k, v, "")
+            out.add(k, v)
         st.finish_case(cid, "ok", out)
     st.close()
     html = render_report(load_analysis([run_dir]))

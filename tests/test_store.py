@@ -28,11 +28,11 @@ def fill(store: Store, run_id: str = "r1") -> None:
                 store.path.parent,
             )
             out = Outcome()
-            out.add("goodput_mbps", g, "Mbit/s")
+            out.add("goodput_mbps", g)
             if vpn != "internal":
-                out.add("daemon_cpu_pct", 50 + rep, "%", "h1")
-                out.add("daemon_cpu_pct", 40, "%", "h2")
-                out.add("daemon_rss_mb", 20 + rep, "MiB", "h1")
+                out.add("daemon_cpu_pct", 50 + rep, "h1")
+                out.add("daemon_cpu_pct", 40, "h2")
+                out.add("daemon_rss_mb", 20 + rep, "h1")
             out.series.append(Series("goodput_mbps", "Mbit/s", [(1.0, g), (2.0, g)]))
             store.finish_case(cid, "ok", out)
     cid = store.start_case(

@@ -17,19 +17,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from tunnelbench.lab.host import Host, Process, PsProcess
-from tunnelbench.workloads.base import MetricSpec, Outcome, Series
-
-# What the monitor adds to every case, declared like a workload's metrics (analysis reads units and direction
-# here). The daemon_* metrics carry the host they were sampled on; machine_cpu_pct carries none.
-MONITOR_METRICS = (
-    MetricSpec("daemon_cpu_pct", "%", "lower", "daemon CPU over the case, % of one core (per host)"),
-    MetricSpec("daemon_cpu_peak_pct", "%", "lower", "highest sampled daemon CPU, % of one core (per host)"),
-    MetricSpec("daemon_rss_mb", "MiB", "lower", "peak sampled daemon resident memory (per host)"),
-    MetricSpec("daemon_rss_mean_mb", "MiB", "lower", "mean sampled daemon resident memory (per host)"),
-    MetricSpec("machine_cpu_pct", "%", "none", "whole-machine CPU during the case"),
-)
-# the per-host metrics of the VPN daemons (analysed as CPU and memory, not as workload results)
-DAEMON_METRICS = tuple(m.name for m in MONITOR_METRICS if m.name.startswith("daemon_"))
+from tunnelbench.workloads.base import Outcome, Series
 
 
 @dataclass
@@ -159,20 +147,20 @@ class Monitor:
         for host in {**self._cpu_s, **self._cpu}:
             # CPU seconds over wall seconds (also for a case shorter than one sampling interval)
             if self._elapsed > 0:
-                out.add("daemon_cpu_pct", 100.0 * self._cpu_s.get(host, 0.0) / self._elapsed, "%", host)
+                out.add("daemon_cpu_pct", 100.0 * self._cpu_s.get(host, 0.0) / self._elapsed, host)
             pts = self._cpu.get(host, [])
             if pts:
-                out.add("daemon_cpu_peak_pct", max(v for _, v in pts), "%", host)
+                out.add("daemon_cpu_peak_pct", max(v for _, v in pts), host)
                 out.series.append(Series("daemon_cpu_pct", "%", pts, host))
         for host, pts in self._rss.items():
             if pts:
-                out.add("daemon_rss_mb", max(v for _, v in pts), "MiB", host)
-                out.add("daemon_rss_mean_mb", sum(v for _, v in pts) / len(pts), "MiB", host)
+                out.add("daemon_rss_mb", max(v for _, v in pts), host)
+                out.add("daemon_rss_mean_mb", sum(v for _, v in pts) / len(pts), host)
                 out.series.append(Series("daemon_rss_mb", "MiB", pts, host))
         if self._sys:
-            out.add("machine_cpu_pct", sum(self._sys) / len(self._sys), "%")
+            out.add("machine_cpu_pct", sum(self._sys) / len(self._sys))
         if self._mcpu:
             means = {h: sum(v for _, v in pts) / len(pts) for h, pts in self._mcpu.items() if pts}
-            out.add("machine_cpu_pct", max(means.values()), "%")
+            out.add("machine_cpu_pct", max(means.values()))
             for h, pts in self._mcpu.items():
                 out.series.append(Series("machine_cpu_pct", "%", pts, h))

@@ -1239,11 +1239,11 @@ class Runner:
                 if track is not None:  # the path, second by second: did it change within the case?
                     n, pts = pathcheck.changes(track.samples)
                     if pts:
-                        out.add("path_changes", n, "count")
+                        out.add("path_changes", n)
                         out.series.append(Series("path_direct_pct", "%", pts))
                 self._add_engine_stats(out, eng0, self._engine_stats())
-                for name, n, unit, host in counters.deltas(kern0, counters.sample(kern_hosts)):
-                    out.add(name, n, unit, host)
+                for name, n, _unit, host in counters.deltas(kern0, counters.sample(kern_hosts)):
+                    out.add(name, n, host)
                 self._check_path()
                 if path0 is not None:
                     self._confirm_path(path0, out, client, server, judge=not wl.moves_path())
@@ -1311,24 +1311,22 @@ class Runner:
         packets. A restart in between (pid changed) makes the delta meaningless: skipped."""
         if not s0 or not s1 or s0.get("pid") != s1.get("pid"):
             return
-        out.add("engine_overflow_drops", s1["dropped_overflow"] - s0["dropped_overflow"], "packets", "router")
+        out.add("engine_overflow_drops", s1["dropped_overflow"] - s0["dropped_overflow"], "router")
         if s1.get("kernel_queue_dropped") is not None and s0.get("kernel_queue_dropped") is not None:
             kd = s1["kernel_queue_dropped"] - s0["kernel_queue_dropped"]
             kd += (s1.get("kernel_user_dropped") or 0) - (s0.get("kernel_user_dropped") or 0)
-            out.add("engine_kernel_drops", kd, "packets", "router")
-        out.add("engine_packets", s1["packets_in"] - s0["packets_in"], "packets", "router")
+            out.add("engine_kernel_drops", kd, "router")
+        out.add("engine_packets", s1["packets_in"] - s0["packets_in"], "router")
         assert isinstance(self.backend, NativeBackend)  # s0 and s1 are its engine's (_engine_stats)
         # asked for SCHED_FIFO: did it get it? (an engine with its own CPU does not ask)
         if self.backend.realtime:
-            out.add("engine_realtime", 1.0 if s1.get("realtime") else 0.0, "bool", "router")
+            out.add("engine_realtime", 1.0 if s1.get("realtime") else 0.0, "router")
         if s1.get("cpu_s") is not None and s0.get("cpu_s") is not None and s1["_t"] > s0["_t"]:
             # the engine's CPU over the case, % of one core: near 100 the emulator, not the VPN, set the pace
             cpu = 100 * (s1["cpu_s"] - s0["cpu_s"]) / (s1["_t"] - s0["_t"])
-            out.add("engine_cpu_pct", cpu, "%", "router")
+            out.add("engine_cpu_pct", cpu, "router")
             drops = s1["dropped_overflow"] - s0["dropped_overflow"]
-            out.add(
-                "engine_bound", 1.0 if cpu >= ENGINE_BOUND_CPU_PCT or drops > 0 else 0.0, "bool", "router"
-            )
+            out.add("engine_bound", 1.0 if cpu >= ENGINE_BOUND_CPU_PCT or drops > 0 else 0.0, "router")
 
     def _lab_hosts(self) -> list[Host]:
         assert self.lab is not None
@@ -1355,8 +1353,8 @@ class Runner:
         except CASE_ERRORS:  # the counters are a check, not the measurement: a failed read is no verdict
             return
         path_out = Outcome()
-        path_out.add("path_underlay_bytes", sh.total, "B")
-        path_out.add("path_direct_pct", sh.direct_pct, "%")
+        path_out.add("path_underlay_bytes", sh.total)
+        path_out.add("path_direct_pct", sh.direct_pct)
         out.samples += path_out.samples
         why = pathcheck.verdict(self.sc.lab.path, sh, client.name, server.name) if judge else None
         if why:

@@ -27,9 +27,10 @@ from tunnelbench.analysis.stats import (
     ratio_ci,
     tiers,
 )
-from tunnelbench.monitor import DAEMON_METRICS, MONITOR_METRICS
+from tunnelbench.case_metrics import DAEMON_METRICS
 from tunnelbench.store import CaseRow, Store
 from tunnelbench.workloads import WORKLOADS
+from tunnelbench.workloads.base import declared
 
 BASELINE = "internal"
 # ratios to the baseline are shown where they read as "x times slower/faster", not for near-zero rates
@@ -44,7 +45,7 @@ def has_ratio(metric: str, unit: str) -> bool:
 
 
 FAILED = ("failed", "interrupted", "error")
-# DAEMON_METRICS (from monitor.py): what the monitor adds to every case per host; analysed separately as CPU
+# DAEMON_METRICS (from case_metrics.py): what the monitor adds to every case per host; analysed separately as CPU
 # and memory. Efficiency divides a case's goodput (one stream pair, or multihost's sum over every stream) by
 # the daemon CPU of the client and server (goodput_mbps) or of every host (aggregate_goodput_mbps).
 EFFICIENCY_GOODPUT = ("goodput_mbps", "aggregate_goodput_mbps")
@@ -57,10 +58,11 @@ def metric_spec(workload: str, metric: str) -> tuple[Better, str]:
         for m in wl.metrics:
             if m.name == metric:
                 return m.better, m.description
-    for m in MONITOR_METRICS:
-        if m.name == metric:
-            return m.better, m.description
-    return "none", ""
+    try:  # the runner's own metrics (case_metrics.py), declared like a workload's
+        m = declared(metric)
+    except KeyError:
+        return "none", ""
+    return m.better, m.description
 
 
 def is_headline(workload: str, metric: str) -> bool:

@@ -131,11 +131,11 @@ class Acl(Workload):
         elapsed = time.monotonic() - t0
         (ctx.artifact_dir / "acl.json").write_text(json.dumps({"policy": rec, "flows": results}, indent=1))
         out = Outcome(artifacts=[ctx.artifact_dir / "acl.json"], measure_s=elapsed)
-        out.add("acl_enforced", 1 if allowed_ok == 1 and denied_blocked == 1 else 0, "bool")
-        out.add("acl_allowed_ok", allowed_ok, "fraction")
-        out.add("acl_denied_blocked", denied_blocked, "fraction")
-        out.add("acl_flows", len(results), "flows")
-        out.add("acl_check_s", elapsed, "s")
+        out.add("acl_enforced", 1 if allowed_ok == 1 and denied_blocked == 1 else 0)
+        out.add("acl_allowed_ok", allowed_ok)
+        out.add("acl_denied_blocked", denied_blocked)
+        out.add("acl_flows", len(results))
+        out.add("acl_check_s", elapsed)
         return out
 
     def _listen(self, host: Host, ctx: CaseContext) -> Process:

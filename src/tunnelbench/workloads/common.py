@@ -34,7 +34,7 @@ def add_percentiles(
     if vals.size == 0:
         return
     for q in qs:
-        out.add(f"{prefix}_p{q}_{unit}", float(np.percentile(vals, q)), unit)
+        out.add(f"{prefix}_p{q}_{unit}", float(np.percentile(vals, q)))
 
 
 @dataclass

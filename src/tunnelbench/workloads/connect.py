@@ -49,6 +49,6 @@ class Connect(Workload):
         ctx.mesh.wait_ready(timeout=max(1.0, p.timeout_s - connect))
         ready = time.monotonic() - t0
         out = Outcome(measure_s=ready)
-        out.add("connect_s", connect, "s")
-        out.add("mesh_ready_s", ready, "s")
+        out.add("connect_s", connect)
+        out.add("mesh_ready_s", ready)
         return out

@@ -147,19 +147,19 @@ class Crr(Workload):
             ) from None
         server = server_counts(srv, d)
         out = Outcome(measure_s=cli["elapsed_s"])
-        out.add(f"{m}_transactions", cli["transactions"], "count")
-        out.add(f"{m}_errors", cli["errors"], "count")
-        out.add(f"{m}_client_cpu_pct", cli["cpu_pct"], "%")
+        out.add(f"{m}_transactions", cli["transactions"])
+        out.add(f"{m}_errors", cli["errors"])
+        out.add(f"{m}_client_cpu_pct", cli["cpu_pct"])
         if cli["transactions"] == 0:
             raise WorkloadError(f"no transaction completed: errors {cli['error_kinds']}")
-        out.add(f"{m}_tps", cli["tps"], "1/s")
+        out.add(f"{m}_tps", cli["tps"])
         for q in (50, 90, 99):
-            out.add(f"{m}_latency_p{q}_ms", cli["latency_ms"][f"p{q}"], "ms")
+            out.add(f"{m}_latency_p{q}_ms", cli["latency_ms"][f"p{q}"])
         if server is not None:
-            out.add(f"{m}_server_accepted", server["accepted"], "count")
-            out.add(f"{m}_server_answered", server["answered"], "count")
+            out.add(f"{m}_server_accepted", server["accepted"])
+            out.add(f"{m}_server_answered", server["answered"])
             if server["busy_wall_s"] > 0:
-                out.add(f"{m}_server_cpu_pct", 100 * server["busy_cpu_s"] / server["busy_wall_s"], "%")
+                out.add(f"{m}_server_cpu_pct", 100 * server["busy_cpu_s"] / server["busy_wall_s"])
         # transactions completed in each whole second of the run (the partial last second and the drain left out)
         per_s = cli["per_second"][: int(p.duration_s)]
         out.series.append(Series(f"{m}_tps", "1/s", [(i + 0.5, float(n)) for i, n in enumerate(per_s)]))

@@ -165,14 +165,14 @@ class HttpApi(Workload):
         ok = [r for r in rows if r.get("status-code") == "200"]
         lat = np.array([float(r["response-time"]) * 1000 for r in ok])
         out = Outcome(measure_s=took)
-        out.add("error_rate_pct", 100.0 * (p.count - len(ok)) / p.count, "%")
-        out.add("achieved_rate_per_s", len(rows) / took if took > 0 else None, "1/s")
+        out.add("error_rate_pct", 100.0 * (p.count - len(ok)) / p.count)
+        out.add("achieved_rate_per_s", len(rows) / took if took > 0 else None)
         if lat.size == 0:
             raise WorkloadError(f"no request succeeded: {res.stderr[-300:]}")
-        out.add("request_mean_ms", float(lat.mean()), "ms")
+        out.add("request_mean_ms", float(lat.mean()))
         add_percentiles(out, "request", lat, "ms", (50, 90, 99))
-        out.add("response_bytes", len(body), "B")
-        out.add("request_max_ms", float(lat.max()), "ms")
+        out.add("response_bytes", len(body))
+        out.add("request_max_ms", float(lat.max()))
         pts = sorted((float(r["offset"]), float(r["response-time"]) * 1000) for r in ok)
         out.series.append(Series("request_ms", "ms", pts))
         return out

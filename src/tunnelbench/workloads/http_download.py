@@ -122,11 +122,11 @@ class HttpDownload(Workload):
         if got == 0:
             raise WorkloadError(f"curl fetched nothing (exit {res.returncode}): {res.stderr[-300:]}")
         out = Outcome(measure_s=took)
-        out.add("download_s", took, "s")
-        out.add("goodput_mbps", got * 8 / took / 1e6, "Mbit/s")
-        out.add("files_per_s", (len(files) - errors) / took, "1/s")
-        out.add("fileset_mb", sum(sizes.values()) / 1e6, "MB")
-        out.add("http_errors", errors, "count")
+        out.add("download_s", took)
+        out.add("goodput_mbps", got * 8 / took / 1e6)
+        out.add("files_per_s", (len(files) - errors) / took)
+        out.add("fileset_mb", sum(sizes.values()) / 1e6)
+        out.add("http_errors", errors)
         add_percentiles(out, "small_file", small_ms, "ms", (50, 99))
         return out
 

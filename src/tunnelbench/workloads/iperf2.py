@@ -162,14 +162,14 @@ def interval_series(side: Side, omit_s: float = 0.0, name: str = "goodput_mbps")
 def add_tcp(out: Outcome, sender: Side, receiver: Side, omit_s: float) -> None:
     """The tcp workload's metrics: goodput at both ends, and the sender's retries, cwnd and RTT."""
     snd, rcv = totals(sender, omit_s), totals(receiver, omit_s)
-    out.add("goodput_mbps", rcv.mbps, "Mbit/s")
-    out.add("goodput_sender_mbps", snd.mbps, "Mbit/s")
-    out.add("retransmits", snd.retries, "count")
+    out.add("goodput_mbps", rcv.mbps)
+    out.add("goodput_sender_mbps", snd.mbps)
+    out.add("retransmits", snd.retries)
     if snd.retries is not None and sender.mss and snd.bytes:
-        out.add("retransmit_rate", snd.retries / (snd.bytes / sender.mss), "ratio")
-    out.add("max_cwnd_kbytes", snd.max_cwnd_kib, "KiB")
-    out.add("tcp_rtt_mean_ms", None if snd.rtt_mean_us is None else snd.rtt_mean_us / 1000, "ms")
-    out.add("tcp_mss_bytes", sender.mss or receiver.mss, "B")
+        out.add("retransmit_rate", snd.retries / (snd.bytes / sender.mss))
+    out.add("max_cwnd_kbytes", snd.max_cwnd_kib)
+    out.add("tcp_rtt_mean_ms", None if snd.rtt_mean_us is None else snd.rtt_mean_us / 1000)
+    out.add("tcp_mss_bytes", sender.mss or receiver.mss)
 
 
 def add_udp(out: Outcome, client: Output, server: Side | None) -> None:
@@ -179,18 +179,18 @@ def add_udp(out: Outcome, client: Output, server: Side | None) -> None:
     if recv is None or not recv.finals():
         raise WorkloadError("iperf2 UDP: no server report (the client's last datagram was not acknowledged)")
     rcv, snd = recv.finals(), totals(client.local)
-    out.add("goodput_mbps", totals(recv).mbps, "Mbit/s")
-    out.add("goodput_sender_mbps", snd.mbps, "Mbit/s")
+    out.add("goodput_mbps", totals(recv).mbps)
+    out.add("goodput_sender_mbps", snd.mbps)
     total = sum(r.total or 0 for r in rcv)
     lost = sum(r.lost or 0 for r in rcv)
     if total:
-        out.add("udp_loss_pct", 100.0 * lost / total, "%")
-        out.add("udp_packets", total, "count")
-        out.add("udp_lost_packets", lost, "count")
-    out.add("udp_payload_bytes", client.local.datagram, "B")
+        out.add("udp_loss_pct", 100.0 * lost / total)
+        out.add("udp_packets", total)
+        out.add("udp_lost_packets", lost)
+    out.add("udp_payload_bytes", client.local.datagram)
     jitters = [r.jitter_ms for r in rcv if r.jitter_ms is not None]
     if jitters:
-        out.add("udp_jitter_ms", sum(jitters) / len(jitters), "ms")
+        out.add("udp_jitter_ms", sum(jitters) / len(jitters))
 
 
 # -- running it -----------------------------------------------------------------------------------------

@@ -96,25 +96,25 @@ def interval_series(data: dict[str, Any], name: str = "goodput_mbps") -> Series:
 def parse_tcp(data: dict[str, Any], out: Outcome) -> None:
     end = data["end"]
     sent, recv = end["sum_sent"], end["sum_received"]
-    out.add("goodput_mbps", recv["bits_per_second"] / 1e6, "Mbit/s")
-    out.add("goodput_sender_mbps", sent["bits_per_second"] / 1e6, "Mbit/s")
+    out.add("goodput_mbps", recv["bits_per_second"] / 1e6)
+    out.add("goodput_sender_mbps", sent["bits_per_second"] / 1e6)
     retr = sent.get("retransmits")
-    out.add("retransmits", retr, "count")
+    out.add("retransmits", retr)
     mss = data["start"].get("tcp_mss") or data["start"].get("tcp_mss_default")
-    out.add("tcp_mss_bytes", mss or None, "B")  # the MSS the connection used: the tunnel's MTU shows here
+    out.add("tcp_mss_bytes", mss or None)  # the MSS the connection used: the tunnel's MTU shows here
     if retr is not None and mss and sent["bytes"]:
         # segments sent estimated from bytes and MSS: VPN-agnostic (an outer TCP would pollute kernel counters)
-        out.add("retransmit_rate", retr / (sent["bytes"] / mss), "ratio")
+        out.add("retransmit_rate", retr / (sent["bytes"] / mss))
     senders = [s["sender"] for s in end.get("streams", []) if "sender" in s]
     cwnds = [s["max_snd_cwnd"] for s in senders if "max_snd_cwnd" in s]
     if cwnds:
-        out.add("max_cwnd_kbytes", max(cwnds) / 1024, "KiB")
+        out.add("max_cwnd_kbytes", max(cwnds) / 1024)
     rtts = [s["mean_rtt"] for s in senders if "mean_rtt" in s]
     if rtts:
-        out.add("tcp_rtt_mean_ms", sum(rtts) / len(rtts) / 1000, "ms")
+        out.add("tcp_rtt_mean_ms", sum(rtts) / len(rtts) / 1000)
     cpu = end.get("cpu_utilization_percent", {})
-    out.add("iperf_cpu_client_pct", cpu.get("host_total"), "%")
-    out.add("iperf_cpu_server_pct", cpu.get("remote_total"), "%")
+    out.add("iperf_cpu_client_pct", cpu.get("host_total"))
+    out.add("iperf_cpu_server_pct", cpu.get("remote_total"))
     out.series.append(interval_series(data))
 
 
@@ -123,15 +123,15 @@ def parse_udp(data: dict[str, Any], out: Outcome) -> None:
     s = end["sum"]
     sent = end.get("sum_sent", s)
     recv = end.get("sum_received", s)
-    out.add("goodput_mbps", recv["bits_per_second"] / 1e6, "Mbit/s")
-    out.add("goodput_sender_mbps", sent["bits_per_second"] / 1e6, "Mbit/s")
-    out.add("udp_loss_pct", recv.get("lost_percent", s.get("lost_percent")), "%")
-    out.add("udp_jitter_ms", recv.get("jitter_ms", s.get("jitter_ms")), "ms")
-    out.add("udp_packets", recv.get("packets", s.get("packets")), "count")
-    out.add("udp_lost_packets", recv.get("lost_packets", s.get("lost_packets")), "count")
+    out.add("goodput_mbps", recv["bits_per_second"] / 1e6)
+    out.add("goodput_sender_mbps", sent["bits_per_second"] / 1e6)
+    out.add("udp_loss_pct", recv.get("lost_percent", s.get("lost_percent")))
+    out.add("udp_jitter_ms", recv.get("jitter_ms", s.get("jitter_ms")))
+    out.add("udp_packets", recv.get("packets", s.get("packets")))
+    out.add("udp_lost_packets", recv.get("lost_packets", s.get("lost_packets")))
     # the datagram payload iperf3 sent (-l, or its default: the path MTU's worth)
-    out.add("udp_payload_bytes", data.get("start", {}).get("test_start", {}).get("blksize"), "B")
+    out.add("udp_payload_bytes", data.get("start", {}).get("test_start", {}).get("blksize"))
     cpu = end.get("cpu_utilization_percent", {})
-    out.add("iperf_cpu_client_pct", cpu.get("host_total"), "%")
-    out.add("iperf_cpu_server_pct", cpu.get("remote_total"), "%")
+    out.add("iperf_cpu_client_pct", cpu.get("host_total"))
+    out.add("iperf_cpu_server_pct", cpu.get("remote_total"))
     out.series.append(interval_series(data))

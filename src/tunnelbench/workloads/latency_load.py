@@ -114,14 +114,14 @@ class LatencyLoad(Workload):
         stats = {}
         for phase, parsed in (("idle", idle), ("loaded", loaded)):
             tx = parsed["transmitted"]
-            out.add(f"{phase}_ping_loss_pct", 100.0 * (tx - parsed["received"]) / tx if tx else None, "%")
+            out.add(f"{phase}_ping_loss_pct", 100.0 * (tx - parsed["received"]) / tx if tx else None)
             replies = sorted(parsed["replies"].values())
             vals = np.array([r for _, r in replies])
             stats[phase] = {q: float(np.percentile(vals, q)) for q in (50, 99)}
             for q in (50, 99):
-                out.add(f"{phase}_rtt_p{q}_ms", stats[phase][q], "ms")
+                out.add(f"{phase}_rtt_p{q}_ms", stats[phase][q])
             out.series.append(Series(f"{phase}_rtt_ms", "ms", [(ts - replies[0][0], r) for ts, r in replies]))
         for q in (50, 99):
-            out.add(f"added_latency_p{q}_ms", stats["loaded"][q] - stats["idle"][q], "ms")
-        out.add("load_goodput_mbps", data["end"]["sum_received"]["bits_per_second"] / 1e6, "Mbit/s")
+            out.add(f"added_latency_p{q}_ms", stats["loaded"][q] - stats["idle"][q])
+        out.add("load_goodput_mbps", data["end"]["sum_received"]["bits_per_second"] / 1e6)
         return out

@@ -429,17 +429,17 @@ class Leak(Workload):
         if not plain and why:
             raise WorkloadError(f"inconclusive: the capture on {at.name} {why}")
         if p.capture_at == "relay":
-            out.add("relay_verdict", relay_verdict(plain, carried_pct), "verdict")
-            out.add("relay_plaintext_frames", plain, "frames")
-            out.add("relay_carried_pct", carried_pct, "%")
-            out.add("relay_frames_captured", len(frames), "frames")
+            out.add("relay_verdict", relay_verdict(plain, carried_pct))
+            out.add("relay_plaintext_frames", plain)
+            out.add("relay_carried_pct", carried_pct)
+            out.add("relay_frames_captured", len(frames))
             return out
-        out.add("leak_pass", 0 if plain else 1, "bool")
-        out.add("leak_plaintext_frames", plain, "frames")
+        out.add("leak_pass", 0 if plain else 1)
+        out.add("leak_plaintext_frames", plain)
         for pr in p.protocols:
-            out.add(f"leak_plaintext_frames_{pr}", sum(h for (q, _), h in hits.items() if q == pr), "frames")
-        out.add("leak_markers_delivered_pct", 100.0 * got / sent, "%")
-        out.add("leak_frames_captured", len(frames), "frames")
+            out.add(f"leak_plaintext_frames_{pr}", sum(h for (q, _), h in hits.items() if q == pr))
+        out.add("leak_markers_delivered_pct", 100.0 * got / sent)
+        out.add("leak_frames_captured", len(frames))
         return out
 
     def _send(

@@ -156,21 +156,19 @@ class ManyClients(Workload):
         if n == 0:
             raise WorkloadError("no call was made")
         ok = rows[rows[:, 4] == 1]
-        out.add("calls", n, "count")
-        out.add("failure_rate_pct", 100.0 * (n - len(ok)) / n, "%")
-        out.add("timeouts", int((rows[:, 4] == -1).sum()), "count")
-        out.add("calls_per_s", len(ok) / p.duration_s, "1/s")
-        out.add("clients_calling", len(np.unique(ok[:, 0])) if len(ok) else 0, "count")
+        out.add("calls", n)
+        out.add("failure_rate_pct", 100.0 * (n - len(ok)) / n)
+        out.add("timeouts", int((rows[:, 4] == -1).sum()))
+        out.add("calls_per_s", len(ok) / p.duration_s)
+        out.add("clients_calling", len(np.unique(ok[:, 0])) if len(ok) else 0)
         add_percentiles(out, "schedule_lag", rows[:, 2], "ms", (99,))
         cpu = [json.loads(f.read_text()) for f in ctx.artifact_dir.glob("calls-*.cpu.json")]
         if cpu:  # the load generator's own CPU (% of one core, summed over workers): is the tool the limit?
-            out.add(
-                "generator_cpu_pct", sum(100 * c["cpu_s"] / c["wall_s"] for c in cpu if c["wall_s"] > 0), "%"
-            )
+            out.add("generator_cpu_pct", sum(100 * c["cpu_s"] / c["wall_s"] for c in cpu if c["wall_s"] > 0))
         if len(ok):
             add_percentiles(out, "response", ok[:, 3], "ms", (25, 50, 75, 90, 99))
-            out.add("response_mean_ms", float(ok[:, 3].mean()), "ms")
-            out.add("response_max_ms", float(ok[:, 3].max()), "ms")
+            out.add("response_mean_ms", float(ok[:, 3].mean()))
+            out.add("response_max_ms", float(ok[:, 3].max()))
         return out
 
 

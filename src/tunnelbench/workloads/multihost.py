@@ -118,7 +118,7 @@ class Multihost(Workload):
             streams.append(mbps)
             sums[d] += mbps
             retr += end["sum_sent"].get("retransmits") or 0
-            out.add(f"{d}_goodput_mbps", mbps, "Mbit/s", peer.name)
+            out.add(f"{d}_goodput_mbps", mbps, peer.name)
             pts = [
                 (float(iv["sum"]["end"]), iv["sum"]["bits_per_second"] / 1e6)
                 for iv in data.get("intervals", [])
@@ -126,10 +126,10 @@ class Multihost(Workload):
             ]
             out.series.append(Series(f"{d}_goodput_mbps", "Mbit/s", pts, peer.name))
         for d in directions:
-            out.add(f"{d}_aggregate_goodput_mbps", sums[d], "Mbit/s")
-        out.add("aggregate_goodput_mbps", sum(streams), "Mbit/s")
-        out.add("min_stream_goodput_mbps", min(streams), "Mbit/s")
-        out.add("stream_fairness", jain(streams), "ratio")
-        out.add("retransmits", retr, "count")
-        out.add("streams", len(streams), "count")
+            out.add(f"{d}_aggregate_goodput_mbps", sums[d])
+        out.add("aggregate_goodput_mbps", sum(streams))
+        out.add("min_stream_goodput_mbps", min(streams))
+        out.add("stream_fairness", jain(streams))
+        out.add("retransmits", retr)
+        out.add("streams", len(streams))
         return out

@@ -90,26 +90,23 @@ class Overhead(Workload):
         payload = data["end"]["sum_sent"]["bytes"]
         if not payload:
             raise WorkloadError("the bulk transfer moved no bytes")
-        out.add("underlay_bytes_per_payload_byte", (c1["tx_bytes"] - c0["tx_bytes"]) / payload, "ratio")
+        out.add("underlay_bytes_per_payload_byte", (c1["tx_bytes"] - c0["tx_bytes"]) / payload)
         out.add(
             "underlay_packets_per_payload_kb",
             (c1["tx_packets"] - c0["tx_packets"]) / (payload / 1000),
-            "1/KB",
         )
-        out.add("reverse_bytes_per_payload_byte", (s1["tx_bytes"] - s0["tx_bytes"]) / payload, "ratio")
+        out.add("reverse_bytes_per_payload_byte", (s1["tx_bytes"] - s0["tx_bytes"]) / payload)
         if k0 and k1 and k1["tx_bytes"] > k0["tx_bytes"]:  # pure encapsulation: retransmissions cancel out
             out.add(
                 "underlay_bytes_per_tunnel_byte",
                 (c1["tx_bytes"] - c0["tx_bytes"]) / (k1["tx_bytes"] - k0["tx_bytes"]),
-                "ratio",
             )
         if k0 and k1 and k1["tx_packets"] > k0["tx_packets"]:
             out.add(
                 "underlay_packets_per_tunnel_packet",
                 (c1["tx_packets"] - c0["tx_packets"]) / (k1["tx_packets"] - k0["tx_packets"]),
-                "ratio",
             )
-        out.add("bulk_goodput_mbps", data["end"]["sum_received"]["bits_per_second"] / 1e6, "Mbit/s")
+        out.add("bulk_goodput_mbps", data["end"]["sum_received"]["bits_per_second"] / 1e6)
         if p.small_duration_s > 0:
             c0 = link_counters(ctx.client, uif)
             args = ["-u", "-b", p.small_bitrate, "-l", str(p.small_size)]
@@ -122,13 +119,13 @@ class Overhead(Workload):
             n_sent = int(sent.get("packets") or s.get("packets") or 0)
             lost = int(recv.get("lost_packets", s.get("lost_packets", 0)) or 0)
             n_recv = int(recv.get("packets", n_sent)) - lost
-            out.add("small_packet_pps", n_recv / secs, "1/s")
-            out.add("small_packet_sent_pps", n_sent / secs, "1/s")
-            out.add("small_packet_loss_pct", 100.0 * lost / n_sent if n_sent else None, "%")
+            out.add("small_packet_pps", n_recv / secs)
+            out.add("small_packet_sent_pps", n_sent / secs)
+            out.add("small_packet_loss_pct", 100.0 * lost / n_sent if n_sent else None)
             pkts = c1["tx_packets"] - c0["tx_packets"]
             if pkts:  # per packet that reached the underlay: robust to datagrams the VPN dropped before it
                 per_pkt = (c1["tx_bytes"] - c0["tx_bytes"]) / pkts
-                out.add("small_underlay_bytes_per_packet", per_pkt, "B")
-                out.add("small_underlay_bytes_per_payload_byte", per_pkt / p.small_size, "ratio")
+                out.add("small_underlay_bytes_per_packet", per_pkt)
+                out.add("small_underlay_bytes_per_payload_byte", per_pkt / p.small_size)
         out.measure_s = time.monotonic() - t0
         return out

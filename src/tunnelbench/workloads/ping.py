@@ -49,25 +49,21 @@ def parse_ping(text: str) -> dict[str, Any]:
     return {"transmitted": tx, "received": rx, "replies": rtts, "summary": RTT_LINE.search(text)}
 
 
-def rtt_samples(parsed: dict[str, Any], out: Outcome, prefix: str = "rtt") -> None:
+def rtt_samples(parsed: dict[str, Any], out: Outcome) -> None:
     tx = parsed["transmitted"]
-    out.add(
-        f"{prefix}_loss_pct" if prefix != "rtt" else "ping_loss_pct",
-        100.0 * (tx - parsed["received"]) / tx if tx else None,
-        "%",
-    )
+    out.add("ping_loss_pct", 100.0 * (tx - parsed["received"]) / tx if tx else None)
     vals = np.array([r for _, r in sorted(parsed["replies"].values())])
     if vals.size == 0:
         return
-    out.add(f"{prefix}_min_ms", vals.min(), "ms")
-    out.add(f"{prefix}_avg_ms", vals.mean(), "ms")
-    out.add(f"{prefix}_max_ms", vals.max(), "ms")
+    out.add("rtt_min_ms", vals.min())
+    out.add("rtt_avg_ms", vals.mean())
+    out.add("rtt_max_ms", vals.max())
     # mdev as iputils computes it: population standard deviation
-    out.add(f"{prefix}_mdev_ms", vals.std(), "ms")
+    out.add("rtt_mdev_ms", vals.std())
     for q in (50, 95, 99):
-        out.add(f"{prefix}_p{q}_ms", float(np.percentile(vals, q)), "ms")
+        out.add(f"rtt_p{q}_ms", float(np.percentile(vals, q)))
     # The ten-VPN thesis's spike ratio: the worst RTT over the mean (1 = no spike; a stall of a VPN shows as >> 1)
-    out.add(f"{prefix}_spike_ratio", float(vals.max() / vals.mean()) if vals.mean() > 0 else None, "ratio")
+    out.add("rtt_spike_ratio", float(vals.max() / vals.mean()) if vals.mean() > 0 else None)
 
 
 class PingParams(Params):

@@ -217,11 +217,11 @@ def outcome(cli: dict[str, Any], server: dict[str, Any] | None) -> Outcome:
     """Samples and series from the client's result and the server's own counts."""
     probes = cli["probes"]
     out = Outcome(measure_s=cli["elapsed_s"])
-    out.add("quic_handshakes", len(probes), "count")
-    out.add("quic_handshake_failures", cli["handshake_failures"], "count")
-    out.add("quic_request_failures", cli["request_failures"], "count")
-    out.add("quic_handshake_retries", cli["retries"], "count")
-    out.add("quic_probes_given_up", cli["gave_up"], "count")
+    out.add("quic_handshakes", len(probes))
+    out.add("quic_handshake_failures", cli["handshake_failures"])
+    out.add("quic_request_failures", cli["request_failures"])
+    out.add("quic_handshake_retries", cli["retries"])
+    out.add("quic_probes_given_up", cli["gave_up"])
     if not probes:
         raise WorkloadError(f"no QUIC handshake probe succeeded: {cli['error_kinds']}")
     add_percentiles(out, "quic_handshake", [x["handshake_ms"] for x in probes], "ms", (50, 90, 99))
@@ -236,15 +236,15 @@ def outcome(cli: dict[str, Any], server: dict[str, Any] | None) -> Outcome:
                 f"bytes: {bulk['error']}"
             )
         secs = bulk["seconds"]
-        out.add("quic_bulk_s", secs, "s")
-        out.add("quic_bulk_mb", bulk["bytes"] / 1e6, "MB")
-        out.add("quic_goodput_mbps", bulk["bytes"] * 8 / secs / 1e6 if secs > 0 else None, "Mbit/s")
-        out.add("quic_min_rtt_ms", bulk["min_rtt_ms"] or None, "ms")
-        out.add("quic_client_cpu_pct", 100 * bulk["cpu_s"] / secs if secs > 0 else None, "%")
+        out.add("quic_bulk_s", secs)
+        out.add("quic_bulk_mb", bulk["bytes"] / 1e6)
+        out.add("quic_goodput_mbps", bulk["bytes"] * 8 / secs / 1e6 if secs > 0 else None)
+        out.add("quic_min_rtt_ms", bulk["min_rtt_ms"] or None)
+        out.add("quic_client_cpu_pct", 100 * bulk["cpu_s"] / secs if secs > 0 else None)
     if server is not None:
-        out.add("quic_server_sent_mb", server["bytes_sent"] / 1e6, "MB")
+        out.add("quic_server_sent_mb", server["bytes_sent"] / 1e6)
         big = server.get("largest")
         if bulk is not None and big and big["bytes"] == bulk["bytes"]:
             wall = big["acked_mono"] - big["start_mono"]
-            out.add("quic_server_cpu_pct", 100 * big["cpu_s"] / wall if wall > 0 else None, "%")
+            out.add("quic_server_cpu_pct", 100 * big["cpu_s"] / wall if wall > 0 else None)
     return out

@@ -381,11 +381,10 @@ class Resilience(Workload):
             if first is None:
                 raise WorkloadError(f"{ev}: no reply within {p.timeout_s:g} s")
             time.sleep(p.after_s)
-            out.add(f"reconnect_{tag}_s", first - t_ev, "s")
+            out.add(f"reconnect_{tag}_s", first - t_ev)
             out.add(
                 f"outage_{tag}_s",
                 longest_gap(probe.replies(), t_ev - p.before_s / 2, first + p.after_s / 2),
-                "s",
             )
         finally:
             probe.stop()
@@ -410,8 +409,8 @@ class Resilience(Workload):
             e.outcome = out  # the runner stores a failed case's metrics
             raise
         finally:
-            for name, value, unit, host in summarise_each(results):
-                out.add(name, value, unit, host)
+            for name, value, _unit, host in summarise_each(results):
+                out.add(name, value, host)
             (ctx.artifact_dir / "restart-each.json").write_text(
                 json.dumps([asdict(r) for r in results], indent=1)
             )
@@ -475,7 +474,7 @@ class Resilience(Workload):
                     lab.watch_relay()
                 time.sleep(p.before_s)
                 if watch:
-                    out.add("relay_bytes_before_block", sum(lab.relay_bytes().values()), "B")
+                    out.add("relay_bytes_before_block", sum(lab.relay_bytes().values()))
                     lab.watch_relay()
                 t_block = time.time()
                 lab.block_udp_between_peers()
@@ -485,15 +484,13 @@ class Resilience(Workload):
                 if probe.wait_reply_after(time.time() - 0.5, p.timeout_s) is None:
                     raise WorkloadError(f"failover: no replies {p.watch_s + p.timeout_s:g} s after the block")
                 time.sleep(p.after_s)
-                out.add(
-                    "failover_s", longest_gap(probe.replies(), t_block - p.before_s / 2, time.time()), "s"
-                )
+                out.add("failover_s", longest_gap(probe.replies(), t_block - p.before_s / 2, time.time()))
                 if watch:
-                    out.add("relay_bytes_during_block", sum(lab.relay_bytes().values()), "B")
+                    out.add("relay_bytes_during_block", sum(lab.relay_bytes().values()))
                 t_unblock = time.time()
                 lab.unblock()
                 time.sleep(p.watch_s)
-                out.add("failback_s", longest_gap(probe.replies(), t_unblock, time.time()), "s")
+                out.add("failback_s", longest_gap(probe.replies(), t_unblock, time.time()))
             finally:
                 probe.stop()
         finally:
@@ -541,13 +538,13 @@ class Resilience(Workload):
                 hole.cut()
                 time.sleep(p.control_watch_s)
                 t_end = t_cut + p.control_watch_s
-                out.add(f"{ev}_gap_s", longest_gap(probe.replies(), t_cut, t_end), "s")
+                out.add(f"{ev}_gap_s", longest_gap(probe.replies(), t_cut, t_end))
                 # ping's send rate from icmp_seq of the replies so far (before_s of them at least)
-                out.add(f"{ev}_replies_pct", probe.answered_pct(t_cut, t_end), "%")
+                out.add(f"{ev}_replies_pct", probe.answered_pct(t_cut, t_end))
                 failed: list[BaseException] = []
                 if ev == "control_loss" and p.control_join:
                     starter = self._rejoin(ctx, out, probe, failed)
-                out.add(f"{kind}_dropped_packets", hole.dropped(), "count")
+                out.add(f"{kind}_dropped_packets", hole.dropped())
             finally:
                 t_restore = time.time()
                 hole.restore()
@@ -565,13 +562,13 @@ class Resilience(Workload):
                 err = WorkloadError(f"{ev}: no reply within {limit:.0f} s after {hole.host.name} came back")
                 err.outcome = out  # the runner stores a failed case's metrics
                 raise err
-            out.add(f"{kind}_restore_s", first - t_restore, "s")
+            out.add(f"{kind}_restore_s", first - t_restore)
             try:  # every pair, not only the probe's (a peer may learn the rejoined one later)
                 ctx.mesh.wait_ready(timeout=min(p.control_restore_timeout_s, ctx.remaining()))
             except MeshNotReady as e:
                 e.outcome = out
                 raise
-            out.add(f"{kind}_mesh_restore_s", time.time() - t_restore, "s")
+            out.add(f"{kind}_mesh_restore_s", time.time() - t_restore)
             time.sleep(p.after_s)
         finally:
             hole.restore()  # already gone unless something above raised between cut and restore
@@ -599,7 +596,7 @@ class Resilience(Workload):
         starter = threading.Thread(target=start, name="control-loss-join", daemon=True)
         starter.start()
         first = probe.wait_reply_after(t_join, p.control_join_timeout_s)
-        out.add("control_loss_join_ok", 0 if first is None else 1, "bool")
+        out.add("control_loss_join_ok", 0 if first is None else 1)
         if first is not None:
-            out.add("control_loss_join_s", first - t_join, "s")
+            out.add("control_loss_join_s", first - t_join)
         return starter

@@ -119,15 +119,14 @@ class Revoke(Workload):
                     f"{revoked.name} -> {target.name} kept getting echo replies after {action}"
                 )
             out = Outcome(artifacts=[probe.path, ctx.artifact_dir / "revoke.json"])
-            out.add("revocation_s", max(0.0, last - t_ret) if last is not None else 0.0, "s")
-            out.add("revoke_call_s", t_ret - t_call, "s")
+            out.add("revocation_s", max(0.0, last - t_ret) if last is not None else 0.0)
+            out.add("revoke_call_s", t_ret - t_call)
             others = answers(witness, ctx.mesh.tunnel_ip(target))
-            out.add("others_ok", 1 if others else 0, "bool")
+            out.add("others_ok", 1 if others else 0)
             to_witness = answers(revoked, ctx.mesh.tunnel_ip(witness), 3)
             out.add(
                 "cut_off_all",
                 0 if to_witness or answers(revoked, ctx.mesh.tunnel_ip(target), 3) else 1,
-                "bool",
             )
             record |= {"witness_replies": others, "revoked_to_witness_replies": to_witness}
             out.measure_s = time.monotonic() - t0

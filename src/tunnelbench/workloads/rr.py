@@ -139,15 +139,13 @@ def parse_server_count(text: str) -> int | None:
 
 
 def add_metrics(out: Outcome, r: SockperfResult) -> None:
-    out.add("rr_tps", r.tps, "1/s")
+    out.add("rr_tps", r.tps)
     for name, q in QUANTILES.items():
-        out.add(
-            f"rr_latency_p{name}_ms", None if q not in r.percentiles_us else r.percentiles_us[q] / 1000, "ms"
-        )
-    out.add("rr_latency_mean_ms", r.mean_us / 1000, "ms")
-    out.add("rr_latency_max_ms", r.max_us / 1000, "ms")
-    out.add("rr_transactions", r.transactions, "count")
-    out.add("rr_stalled_s", r.stalled_s, "s")
+        out.add(f"rr_latency_p{name}_ms", None if q not in r.percentiles_us else r.percentiles_us[q] / 1000)
+    out.add("rr_latency_mean_ms", r.mean_us / 1000)
+    out.add("rr_latency_max_ms", r.max_us / 1000)
+    out.add("rr_transactions", r.transactions)
+    out.add("rr_stalled_s", r.stalled_s)
 
 
 def interrupt(host: Host, proc: Process, timeout: float = 3.0) -> None:
@@ -241,7 +239,7 @@ class Rr(Workload):
         result = parse_sockperf(text)
         out = Outcome(measure_s=result.valid_s)
         add_metrics(out, result)
-        out.add("rr_server_messages", parse_server_count(server.log_tail(100_000)), "count")
+        out.add("rr_server_messages", parse_server_count(server.log_tail(100_000)))
         if load_data is not None:
-            out.add("load_goodput_mbps", load_data["end"]["sum_received"]["bits_per_second"] / 1e6, "Mbit/s")
+            out.add("load_goodput_mbps", load_data["end"]["sum_received"]["bits_per_second"] / 1e6)
         return out

@@ -170,15 +170,15 @@ def analyse(arrivals: list[list[float]], n_sent: int, p: StreamingParams, ran: f
     for (s0, a0), (s1, a1) in zip(order, order[1:], strict=False):
         dd = abs((a1 - a0) - (s1 - s0)) * 1000
         j += (dd - j) / 16
-    out.add("lost_pct", 100.0 * max(0, lost) / n_sent, "%")
-    out.add("late_pct", 100.0 * late / n_sent, "%")
-    out.add("on_time_pct", 100.0 * (len(first) - late) / n_sent, "%")
-    out.add("jitter_ms", j, "ms")
-    out.add("delay_p50_ms", float(np.percentile(delays, 50)), "ms")
-    out.add("delay_p99_ms", float(np.percentile(delays, 99)), "ms")
-    out.add("quality_mos", mos(100.0 * (max(0, lost) + late) / n_sent), "MOS")
-    out.add("received_mbps", len(first) * p.packet_bytes * 8 / p.duration_s / 1e6, "Mbit/s")
-    out.add("duplicates", dup, "count")
+    out.add("lost_pct", 100.0 * max(0, lost) / n_sent)
+    out.add("late_pct", 100.0 * late / n_sent)
+    out.add("on_time_pct", 100.0 * (len(first) - late) / n_sent)
+    out.add("jitter_ms", j)
+    out.add("delay_p50_ms", float(np.percentile(delays, 50)))
+    out.add("delay_p99_ms", float(np.percentile(delays, 99)))
+    out.add("quality_mos", mos(100.0 * (max(0, lost) + late) / n_sent))
+    out.add("received_mbps", len(first) * p.packet_bytes * 8 / p.duration_s / 1e6)
+    out.add("duplicates", dup)
     return out
 
 

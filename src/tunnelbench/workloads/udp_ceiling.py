@@ -365,7 +365,7 @@ class UdpCeiling(Workload):
         if res.rate_mbit:
             self._last[key] = res.rate_mbit
         out = Outcome(measure_s=measured)
-        out.add("udp_ceiling_mbps", res.rate_mbit, "Mbit/s")
+        out.add("udp_ceiling_mbps", res.rate_mbit)
         at = res.at(res.rate_mbit) if res.rate_mbit else []
         if at:
 
@@ -373,21 +373,21 @@ class UdpCeiling(Workload):
                 return sum(xs) / len(xs)
 
             good = [x.result.goodput_mbps for x in at if x.result.goodput_mbps is not None]
-            out.add("udp_ceiling_goodput_mbps", mean(good) if good else None, "Mbit/s")
-            out.add("udp_ceiling_loss_pct", mean([x.result.loss_pct for x in at]), "%")
-            out.add("udp_ceiling_loss_max_pct", max(x.result.loss_pct for x in at), "%")
+            out.add("udp_ceiling_goodput_mbps", mean(good) if good else None)
+            out.add("udp_ceiling_loss_pct", mean([x.result.loss_pct for x in at]))
+            out.add("udp_ceiling_loss_max_pct", max(x.result.loss_pct for x in at))
             for k in ("iperf_cpu_client_pct", "iperf_cpu_server_pct"):
                 v = [x.result.extra[k] for x in at if k in x.result.extra]
-                out.add(k, mean(v) if v else None, "%")
+                out.add(k, mean(v) if v else None)
         if res.fail_mbit is not None:
             (bad,) = [x for x in res.at(res.fail_mbit) if not x.passed]
-            out.add("udp_ceiling_fail_mbps", res.fail_mbit, "Mbit/s")
-            out.add("udp_ceiling_fail_loss_pct", bad.result.loss_pct, "%")
-            out.add("udp_ceiling_sender_limited", float(bad.why == "sender"), "bool")
-        out.add("udp_ceiling_bracket_pct", res.bracket_pct, "%")
-        out.add("udp_ceiling_probes", len(res.probes), "count")
-        out.add("udp_ceiling_mtu_retries", mtu_retries, "count")
-        out.add("udp_ceiling_complete", float(res.complete), "bool")
+            out.add("udp_ceiling_fail_mbps", res.fail_mbit)
+            out.add("udp_ceiling_fail_loss_pct", bad.result.loss_pct)
+            out.add("udp_ceiling_sender_limited", float(bad.why == "sender"))
+        out.add("udp_ceiling_bracket_pct", res.bracket_pct)
+        out.add("udp_ceiling_probes", len(res.probes))
+        out.add("udp_ceiling_mtu_retries", mtu_retries)
+        out.add("udp_ceiling_complete", float(res.complete))
         get: Callable[[Probe], float | None]
         for name, unit, get in (
             ("udp_ceiling_probe_rate_mbps", "Mbit/s", lambda x: x.rate_mbit),
