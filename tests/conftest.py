@@ -95,7 +95,9 @@ def lab_factory(tmp_path: Path):
 def mesh_factory(lab_factory):
     """A running mesh of `vpn` on a fresh lab of `n_hosts` (skipped when the VPN is unavailable here), its
     run folder as `.run_dir`; stopped at the end, and nothing of it may be left."""
-    from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+    from tunnelbench.catalog import DRIVERS
+    from tunnelbench.vpns.base import MeshSpec
+    from tunnelbench.vpns.mesh import Mesh
 
     made = []
 

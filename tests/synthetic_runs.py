@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tunnelbench.core.results import Outcome, Sample, Series
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.workloads.base import Outcome, Sample, Series
 
 SCENARIO = 'name = "synthetic"\nvpns = ["internal", "fastvpn", "slowvpn"]\n'
 

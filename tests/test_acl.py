@@ -10,15 +10,17 @@ from pathlib import Path
 import pytest
 from test_driver_options import hosts
 
+from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
 from tunnelbench.vpns.acl import ISOLATE, NOT_APPLIED
+from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.innernet import Innernet
+from tunnelbench.vpns.mesh import Mesh
 from tunnelbench.vpns.nebula import Nebula
 from tunnelbench.vpns.softether import SoftEther
 from tunnelbench.vpns.tailscale import Tailscale
-from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
 from tunnelbench.workloads.acl import Acl, AclParams
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 
 ACL_VPNS = [
     "nebula",

@@ -22,7 +22,8 @@ from conftest import lab_missing
 
 from tunnelbench.lab import ssh as ssh_mod
 from tunnelbench.lab.inventory import InvHost, parse_inventory
-from tunnelbench.lab.journal import proc_start_ticks, process_alive
+from tunnelbench.lab.journal import proc_start_ticks
+from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.netns import netns_exists
 from tunnelbench.lab.tags import new_run_id, new_tag
 

@@ -13,9 +13,9 @@ from conftest import tb
 from synthetic_runs import hand_store
 
 from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report import full
 from tunnelbench.store import DB_NAME
-from tunnelbench.workloads.base import Outcome, Sample
 
 # N -> per repetition: (p25, p50, p75, failure %) or None for a failed case
 CASES = {

@@ -202,8 +202,8 @@ def _add_leak_cases(
 ) -> None:
     """Pass/fail check cases (leak_pass, or acl_enforced with check="acl", per repetition) and a key-hygiene
     record added to a synthetic run."""
+    from tunnelbench.core.results import Outcome, Sample
     from tunnelbench.store import DB_NAME, Store
-    from tunnelbench.workloads.base import Outcome, Sample
 
     st = Store(run_dir / DB_NAME)
     rid = run_dir.name

@@ -16,8 +16,8 @@ from conftest import tb
 
 from tunnelbench.analysis.analyze import load_run
 from tunnelbench.analysis.compare import compare_runs
+from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.workloads.base import Outcome, Sample
 
 
 def ping_run(root: Path, run_id: str, rtts: dict[str, list[float]]) -> Path:

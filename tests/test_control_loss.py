@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from conftest import tb
 
+from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.lab.blackhole import Blackhole, table_name
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.internal import Internal
-from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
+from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.resilience import NotApplicable
 
 Resilience = WORKLOADS["resilience"]

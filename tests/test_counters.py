@@ -16,6 +16,7 @@ import pytest
 from conftest import tb
 
 from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.lab import counters
 from tunnelbench.lab.counters import (
     MACHINE,
@@ -32,7 +33,6 @@ from tunnelbench.lab.counters import (
 from tunnelbench.lab.host import Result
 from tunnelbench.report.headline import build
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.workloads.base import Outcome, Sample
 
 SNMP = """\
 Ip: Forwarding DefaultTTL InReceives InHdrErrors

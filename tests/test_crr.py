@@ -14,7 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from tunnelbench.workloads import WORKLOADS, CaseContext, crr_agent
+from tunnelbench.catalog import WORKLOADS
+from tunnelbench.workloads import crr_agent
+from tunnelbench.workloads.base import CaseContext
 from tunnelbench.workloads.crr import Crr, CrrParams
 
 AGENT = [sys.executable, crr_agent.__file__]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.host import THIS_MACHINE, Host
-from tunnelbench.vpns import DRIVERS, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
 
 
 class FolderHost(Host):

@@ -34,8 +34,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.host import THIS_MACHINE, Host, Process, Result
-from tunnelbench.vpns import DRIVERS, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
 
 
 class FolderHost(Host):

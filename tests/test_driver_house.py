@@ -12,8 +12,9 @@ import inspect
 import re
 from pathlib import Path
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.host import THIS_MACHINE, Host, Result, find_binary
-from tunnelbench.vpns import DRIVERS, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.boringtun import Boringtun
 from tunnelbench.vpns.install import VERSION_RE, Apt, Crate, registry
 from tunnelbench.vpns.nebula import Nebula

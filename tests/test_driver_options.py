@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.host import THIS_MACHINE, Host
 from tunnelbench.scenario import ScenarioError, parse_scenario
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
-from tunnelbench.vpns.base import DriverOptions, OptionsError, TunnelOptions
+from tunnelbench.vpns.base import DriverOptions, MeshSpec, OptionsError, TunnelOptions
+from tunnelbench.vpns.mesh import Mesh
 from tunnelbench.vpns.nebula import Nebula
 from tunnelbench.vpns.openvpn import OpenVpn
 from tunnelbench.vpns.strongswan import StrongSwan

@@ -12,10 +12,10 @@ from rich.console import Console
 
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.analysis.summary import summarize
+from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report.headline import build
 from tunnelbench.report.terminal import print_summary
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.workloads.base import Outcome, Sample
 
 RUN = "20260101-000000-tbhead"
 VERSIONS = {

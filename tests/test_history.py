@@ -19,6 +19,7 @@ from test_report import ARTIFACTS, CHROMIUM, assert_self_contained, chromium_mis
 
 from tunnelbench.analysis.analyze import is_headline, load_run
 from tunnelbench.analysis.compare import compare_runs
+from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report.history import (
     build_history,
     close_runs,
@@ -28,7 +29,6 @@ from tunnelbench.report.history import (
     render_history,
 )
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.workloads.base import Outcome, Sample
 
 DAY = 86400.0
 T0 = 1_780_000_000.0  # 2026-05-28

@@ -19,7 +19,7 @@ from tunnelbench.impair.backend import NativeBackend, impaird_binary
 from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.impair.profiles import GilbertElliott, Profile
 from tunnelbench.impair.session import impair_lab
-from tunnelbench.lab.journal import process_alive
+from tunnelbench.lab.journaling import process_alive
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -256,7 +256,7 @@ def test_run_profile_medium_with_every_first_issue_driver(tmp_path):
     calibrated on the raw path and stored, the backend recorded, and every case of every VPN measures."""
     from conftest import lab_missing
 
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.catalog import DRIVERS
 
     if lab_missing():
         pytest.skip(lab_missing())

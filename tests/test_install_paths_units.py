@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.host import find_binary
 from tunnelbench.scenario import ScenarioError, parse_scenario
-from tunnelbench.vpns import DRIVERS
 from tunnelbench.vpns.impossible import IMPOSSIBLE
 from tunnelbench.vpns.install import Crate, GoModule
 

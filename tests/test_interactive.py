@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelbench.lab.journal import process_alive
+from tunnelbench.lab.journaling import process_alive
 
 pytestmark = [pytest.mark.lab]
 

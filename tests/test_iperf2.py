@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tunnelbench.workloads import WORKLOADS, CaseContext, iperf2
-from tunnelbench.workloads.base import Outcome, WorkloadError
+from tunnelbench.catalog import WORKLOADS
+from tunnelbench.core.results import Outcome
+from tunnelbench.workloads import iperf2
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.common import interface_of, link_counters
 from tunnelbench.workloads.iperf3 import parse_tcp, parse_udp
 from tunnelbench.workloads.tcp import Tcp, TcpParams, byte_count

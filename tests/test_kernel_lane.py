@@ -9,8 +9,10 @@ import subprocess
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab import kernel
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
 
 pytestmark = [pytest.mark.lab]
 

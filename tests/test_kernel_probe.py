@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab import kernel
-from tunnelbench.vpns import DRIVERS
 
 
 def _out(missing: dict[str, str]) -> str:

@@ -12,10 +12,12 @@ import pytest
 from synthetic_runs import make_run
 
 from tunnelbench.analysis.summary import summarize
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.report.html import write_html
 from tunnelbench.security import keys
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
 
 WG_KEY = base64.b64encode(bytes(range(32))).decode()
 

@@ -1,113 +1,252 @@
-"""`lab/` is the ground floor (DESIGN.md): no module under src/tunnelbench/lab/ imports a room above it.
+"""The house's floors (DESIGN.md): every room imports only rooms below it, and no import circle exists anywhere.
 
-Every import statement of every lab module is read with `ast` (the ones inside functions too; only those
-under `if TYPE_CHECKING:` are exempt: they never run), relative imports resolved, and so are
-`importlib.import_module("...")` / `__import__("...")` calls with a literal name. What the lab may import
-of tunnelbench: its own modules (tunnelbench.lab.*) and nothing else. The reference is the source text
-itself, not anything the product computes."""
+Every import statement of every module under src/tunnelbench/ is read with `ast`: inside functions too, under
+`if TYPE_CHECKING:` too (a circle that only the type checker walks is still a circle a reader walks), relative
+imports resolved, and `importlib.import_module("...")` / `__import__("...")` with a literal name. `from P import
+N` is an import of the submodule P.N when that file exists, else of P. The reference is the source text itself,
+not anything the product computes."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-LAB = SRC / "tunnelbench" / "lab"
-# the rooms above the lab, named in the failure; anything else of tunnelbench outside lab/ is refused too
-ABOVE = ("vpns", "workloads", "impair", "analysis", "report", "doctor", "runner", "security", "monitor")
+PKG = SRC / "tunnelbench"
+
+# The floors, lowest first: a room (a folder under tunnelbench/, or a top-level module) imports only rooms on
+# lower floors (and itself). Rooms on one floor do not import each other. `tunnelbench` itself
+# (__init__.py: the version) is below everything.
+FLOORS: list[tuple[str, ...]] = [
+    ("core",),  # the results model and the metric registry; imports nothing of the product
+    ("lab",),  # hosts, topology, process supervision, teardown, the lab's spec
+    ("case_metrics", "monitor", "store", "diagnostics", "placement", "environment"),
+    ("vpns",),  # one driver per VPN, the Mesh a workload gets
+    ("workloads",),  # one file per workload
+    ("impair", "catalog"),  # impairment (calibration parses ping's output); the catalog of every plugin
+    ("analysis", "scenario"),
+    ("report", "plan"),
+    ("security", "natmatrix", "doctor", "enginebench", "meshscale"),
+    ("runner", "interactive", "suite"),
+    ("cli",),
+]
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
+def floor_of(room: str) -> int:
+    if room == "tunnelbench":
+        return -1
+    for i, rooms in enumerate(FLOORS):
+        if room in rooms:
+            return i
+    raise KeyError(room)
 
 
-def _imports(tree: ast.AST, package: str):
-    """(line, absolute module name) of every import that can run: TYPE_CHECKING blocks are skipped."""
-    todo: list[ast.AST] = [tree]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            todo.extend(node.orelse)  # the `else:` of `if TYPE_CHECKING` does run
-            continue
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def modules(src: Path = SRC) -> dict[str, Path]:
+    """Every module under src/tunnelbench by its dotted name (a package by its own name)."""
+    out = {}
+    for f in sorted((src / "tunnelbench").rglob("*.py")):
+        parts = list(f.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = f
+    return out
+
+
+def imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import of tunnelbench in the tree, TYPE_CHECKING blocks included."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        names: list[str] = []
         if isinstance(node, ast.Import):
-            for a in node.names:
-                yield node.lineno, a.name
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parts = package.split(".")
-                up = parts[: len(parts) - node.level + 1]
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(up + ([node.module] if node.module else []))
-            if base == "tunnelbench":  # `from tunnelbench import impair` imports tunnelbench.impair
-                for a in node.names:
-                    yield node.lineno, f"{base}.{a.name}"
-            else:
-                yield node.lineno, base
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            names = subs + ([base] if len(subs) < len(node.names) else [])
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
             if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
-                yield node.lineno, node.args[0].value
-        todo.extend(ast.iter_child_nodes(node))
+                names = [node.args[0].value]
+        for n in names:
+            if n == "tunnelbench" or n.startswith("tunnelbench."):
+                while (
+                    n not in known and "." in n
+                ):  # `import tunnelbench.lab.host.X` -> the module that exists
+                    n = n.rpartition(".")[0]
+                if n != module:
+                    yield node.lineno, n
 
 
-def violations(source: str, filename: str, package: str = "tunnelbench.lab") -> list[str]:
-    """One "file:line: imports module" per import of tunnelbench outside lab/, in line order."""
-    found = set()
-    for line, mod in _imports(ast.parse(source, filename), package):
-        if mod.startswith("tunnelbench.") and mod.split(".")[1] != "lab":
-            room = mod.split(".")[1]
-            found.add((line, mod + (f" (the {room} room is above the lab)" if room in ABOVE else "")))
-    return [f"{filename}:{line}: imports {what}" for line, what in sorted(found)]
+def graph(src: Path = SRC) -> dict[str, dict[str, int]]:
+    """module -> {imported module: first line}."""
+    mods = modules(src)
+    known = set(mods)
+    g: dict[str, dict[str, int]] = {}
+    for m, f in mods.items():
+        edges: dict[str, int] = {}
+        for line, target in imports(ast.parse(f.read_text(), str(f)), m, f.name == "__init__.py", known):
+            edges.setdefault(target, line)
+        g[m] = edges
+    return g
 
 
-def test_lab_imports_nothing_above_it():
-    files = sorted(LAB.rglob("*.py"))
-    assert len(files) >= 10, files  # the lab is really there
+def cycles(g: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted; a self-import too."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def cycle_report(g: dict[str, dict[str, int]]) -> list[str]:
+    out = []
+    for comp in cycles(g):
+        inside = set(comp)
+        out.append(f"an import circle of {len(comp)} modules:")
+        out += [f"  {a} -> {b} (line {g[a][b]})" for a in comp for b in sorted(g[a]) if b in inside]
+    return out
+
+
+def floor_violations(g: dict[str, dict[str, int]]) -> list[str]:
+    """One line per import of a room on the same or a higher floor, and per module of an undeclared room."""
     bad = []
-    for f in files:
-        package = ".".join(f.relative_to(SRC).parent.parts)
-        bad += violations(f.read_text(), str(f.relative_to(SRC.parent)), package)
-    assert not bad, "lab/ must not import the rooms above it:\n" + "\n".join(bad)
+    for m, edges in sorted(g.items()):
+        room = room_of(m)
+        try:
+            mine = floor_of(room)
+        except KeyError:
+            bad.append(f"{m}: room {room!r} has no floor: add it to FLOORS in tests/test_layering.py")
+            continue
+        for target, line in sorted(edges.items()):
+            other = room_of(target)
+            if other == room:
+                continue
+            theirs = floor_of(other) if other in {r for f in FLOORS for r in f} | {"tunnelbench"} else 99
+            if theirs >= mine:
+                where = "the same floor as" if theirs == mine else "above"
+                bad.append(f"{m} (line {line}) imports {target}: the {other} room is {where} the {room} room")
+    return bad
 
 
-def test_the_checker_sees_every_form_of_import():
-    """The checker itself, on planted sources: each forbidden form is named with its line; the lab's own
-    modules, the standard library and TYPE_CHECKING-only imports pass."""
-    src = """\
-from __future__ import annotations
-import json
-from typing import TYPE_CHECKING
-from tunnelbench.lab.host import Host
-from . import journal
-if TYPE_CHECKING:
-    from tunnelbench.scenario import LabCfg
-    from tunnelbench.vpns import DRIVERS
-else:
-    import tunnelbench.monitor
-def f():
-    from tunnelbench.impair.backend import make_backend
-    import tunnelbench.doctor
-    from ..workloads import WORKLOADS
-    from tunnelbench import report
-    import importlib
-    importlib.import_module("tunnelbench.runner")
-"""
-    got = violations(src, "x.py", "tunnelbench.lab")
-    assert got == [
-        "x.py:10: imports tunnelbench.monitor (the monitor room is above the lab)",
-        "x.py:12: imports tunnelbench.impair.backend (the impair room is above the lab)",
-        "x.py:13: imports tunnelbench.doctor (the doctor room is above the lab)",
-        "x.py:14: imports tunnelbench.workloads (the workloads room is above the lab)",
-        "x.py:15: imports tunnelbench.report (the report room is above the lab)",
-        "x.py:17: imports tunnelbench.runner (the runner room is above the lab)",
-    ], got
+def test_no_import_circle_anywhere():
+    g = graph()
+    assert len(g) > 100 and sum(len(e) for e in g.values()) > 300, "the graph is really read"
+    report = cycle_report(g)
+    assert not report, "\n".join(report)
+
+
+def test_every_room_imports_only_rooms_below_it():
+    bad = floor_violations(graph())
+    assert not bad, "imports that go up or sideways:\n" + "\n".join(bad)
+
+
+def test_core_imports_nothing_of_the_product_and_packages_hold_no_imports():
+    """core/ is the ground floor; a package's __init__ imports none of its children (the circle this house had:
+    the registries in vpns/__init__ and workloads/__init__ imported every plugin, and each plugin its package)."""
+    g = graph()
+    assert all(room_of(t) == "core" for m, e in g.items() if room_of(m) == "core" for t in e), g[
+        "tunnelbench.core"
+    ]
+    for m, f in modules().items():
+        if f.name == "__init__.py":
+            assert not g[m], f"{f.relative_to(SRC)} imports {sorted(g[m])}"
+
+
+def _tree(tmp: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = tmp / "tunnelbench" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp
+
+
+def test_the_checkers_see_a_planted_back_import_and_a_planted_circle(tmp_path):
+    """On a planted tree: a lab module importing the runner under TYPE_CHECKING, inside a function, is a floor
+    violation; core importing lab is one too; a two-module circle through a package __init__ is named with
+    both edges and their lines; every import form (relative, `from tunnelbench import X`, import_module)."""
+    src = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "core/__init__.py": "",
+            "core/metrics.py": "from tunnelbench.lab import host\n",
+            "lab/__init__.py": "from . import host\n",
+            "lab/host.py": (
+                "from typing import TYPE_CHECKING\n"
+                "import tunnelbench.lab\n"
+                "if TYPE_CHECKING:\n"
+                "    from tunnelbench.runner import Runner\n"
+                "def f():\n"
+                "    import importlib\n"
+                "    importlib.import_module('tunnelbench.cli')\n"
+                "    from tunnelbench import vpns\n"
+            ),
+            "runner.py": "",
+            "cli.py": "from .runner import f\n",
+            "vpns/__init__.py": "",
+        },
+    )
+    g = graph(src)
+    assert g["tunnelbench.lab.host"] == {
+        "tunnelbench.lab": 2,
+        "tunnelbench.runner": 4,
+        "tunnelbench.cli": 7,
+        "tunnelbench.vpns": 8,
+    }, g
+    assert g["tunnelbench.cli"] == {"tunnelbench.runner": 1}
+    assert cycle_report(g) == [
+        "an import circle of 2 modules:",
+        "  tunnelbench.lab -> tunnelbench.lab.host (line 1)",
+        "  tunnelbench.lab.host -> tunnelbench.lab (line 2)",
+    ]
+    bad = floor_violations(g)
+    assert bad == [
+        "tunnelbench.core.metrics (line 1) imports tunnelbench.lab.host: the lab room is above the core room",
+        "tunnelbench.lab.host (line 7) imports tunnelbench.cli: the cli room is above the lab room",
+        "tunnelbench.lab.host (line 4) imports tunnelbench.runner: the runner room is above the lab room",
+        "tunnelbench.lab.host (line 8) imports tunnelbench.vpns: the vpns room is above the lab room",
+    ], bad
 
 
 def test_both_labs_declare_every_member_of_the_lab_protocol_and_the_runner_duck_types_neither():
-    """The runner and the workloads use a lab only through `Lab` (lab/__init__.py): every member it declares
+    """The runner and the workloads use a lab only through `Lab` (lab/base.py): every member it declares
     exists on NetnsLab and SshLab (read from the protocol's own text), and runner.py holds no getattr/hasattr
     on the lab or a driver. The SSH lab's path policies refuse with LabError instead of being absent."""
     import inspect
@@ -115,7 +254,7 @@ def test_both_labs_declare_every_member_of_the_lab_protocol_and_the_runner_duck_
 
     import pytest
 
-    from tunnelbench.lab import Lab, LabError
+    from tunnelbench.lab.base import Lab, LabError
     from tunnelbench.lab.journal import Journal
     from tunnelbench.lab.netns import NetnsLab
     from tunnelbench.lab.ssh import SshLab

@@ -19,11 +19,11 @@ import pytest
 
 from tunnelbench.analysis.analyze import analyze, load_run, metric_spec
 from tunnelbench.case_metrics import MONITOR_METRICS
+from tunnelbench.core.results import Outcome, Sample, Series
 from tunnelbench.lab.host import Process
 from tunnelbench.monitor import Monitor, _Track
 from tunnelbench.report import full, plots
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.workloads.base import Outcome, Sample, Series
 
 MiB = 2**20
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.monitor import Monitor
-from tunnelbench.workloads.base import Outcome
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -234,8 +234,8 @@ def test_traversal_matrix_sample(tmp_path):
     side's port towards its peer is new (unknown to the supernode), and the port-restricted side drops it."""
     from conftest import lab_missing
 
+    from tunnelbench.catalog import DRIVERS
     from tunnelbench.natmatrix import run_matrix, table_rows
-    from tunnelbench.vpns import DRIVERS
 
     why = lab_missing()
     if why:
@@ -257,7 +257,7 @@ def test_traversal_matrix_sample(tmp_path):
 def test_scenario_nat_type_fields():
     from pydantic import ValidationError
 
-    from tunnelbench.scenario import LabCfg
+    from tunnelbench.lab.spec import LabCfg
 
     c = LabCfg(hosts=3, path="nat", nat_type="symmetric", nat_types={"h2": "full-cone"})
     assert (c.nat_type, c.nat_types) == ("symmetric", {"h2": "full-cone"})

@@ -226,7 +226,7 @@ LINK_DRIVERS = [
 
 @pytest.mark.parametrize("name", LINK_DRIVERS)
 def test_after_stop_deletes_the_tunnel_interface_only_if_it_is_there(name, tmp_path):
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.catalog import DRIVERS
     from tunnelbench.vpns.base import MeshSpec
 
     hosts = [LinkHost("h1", {"tbcf00v1"}), LinkHost("h2", set())]
@@ -248,7 +248,7 @@ def test_after_stop_deletes_the_tunnel_interface_only_if_it_is_there(name, tmp_p
     [("openvpn", "tbcf00v1p2"), ("softether", "vpn_tbcf00v1"), ("gre", "tbcf00k2"), ("strongswan", "ipsec0")],
 )
 def test_after_stop_deletes_the_devices_the_driver_names(name, link, tmp_path):
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.catalog import DRIVERS
     from tunnelbench.vpns.base import MeshSpec
 
     hosts = [LinkHost("h1", {link}), LinkHost("h2", set())]
@@ -262,7 +262,8 @@ def test_after_stop_deletes_the_devices_the_driver_names(name, link, tmp_path):
 # -- one unit per metric: the declaration's ----------------------------------------------------------------
 def test_outcome_add_takes_the_unit_its_metric_declares():
     from tunnelbench.analysis.analyze import metric_spec
-    from tunnelbench.workloads.base import MetricSpec, Outcome, declare
+    from tunnelbench.core.metrics import MetricSpec, declare
+    from tunnelbench.core.results import Outcome
 
     out = Outcome()
     out.add("goodput_mbps", 12.5)  # the tcp workload declares it in Mbit/s

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelbench.workloads.base import Outcome
+from tunnelbench.core.results import Outcome
 from tunnelbench.workloads.iperf3 import parse_tcp, parse_udp
 from tunnelbench.workloads.ping import parse_ping, rtt_samples
 

@@ -14,9 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import CommandError
 from tunnelbench.workloads import iperf3, ping, streaming
-from tunnelbench.workloads.base import CaseContext, Outcome, WorkloadError
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.iperf3 import interval_series, parse_tcp, parse_udp, run_client, wait_listening
 from tunnelbench.workloads.ping import Ping, PingParams, parse_ping, rtt_samples
 from tunnelbench.workloads.streaming import Streaming, StreamingParams, analyse, mos

@@ -182,7 +182,7 @@ def test_a_relayed_case_in_a_direct_scenario_fails_as_path_not_direct(tmp_path, 
 
 
 def test_only_a_failover_event_is_exempt_from_the_path_verdict():
-    from tunnelbench.workloads import WORKLOADS
+    from tunnelbench.catalog import WORKLOADS
 
     res = WORKLOADS["resilience"]
     assert res(res.Params(events=["failover"])).moves_path()
@@ -213,7 +213,7 @@ def test_easytier_route_table_next_hops():
 def test_wait_ready_waits_until_the_driver_says_the_paths_settled(monkeypatch):
     from types import SimpleNamespace
 
-    from tunnelbench.vpns.base import Mesh, MeshNotReady
+    from tunnelbench.vpns.mesh import Mesh, MeshNotReady
 
     answers = [["h1 -> h2 via h3"], ["h1 -> h2 via h3"], []]
     calls: list[float] = []

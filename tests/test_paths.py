@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.catalog import DRIVERS
+from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.features import save_probe
+from tunnelbench.vpns.mesh import Mesh
 
 PINGS, SIZE = 300, 1200  # ~360 kB each way between h1 and h2
 

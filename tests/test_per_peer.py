@@ -10,8 +10,8 @@ from pathlib import Path
 from synthetic_runs import hand_store
 
 from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.core.results import Outcome, Sample, Series
 from tunnelbench.report import full, plots
-from tunnelbench.workloads.base import Outcome, Sample, Series
 
 
 def make_store(root: Path) -> Path:

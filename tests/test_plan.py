@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tunnelbench.core.results import Outcome
 from tunnelbench.plan import CASE_OVERHEAD_S, MESH_START_S, make_plan
 from tunnelbench.scenario import parse_scenario
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.workloads.base import Outcome
 
 SC = {
     "vpns": ["internal", "nebula"],

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.impair.backend import make_backend
 from tunnelbench.impair.profiles import Profile
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
-from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.common import interface_of, link_counters
 from tunnelbench.workloads.ping import parse_ping
 from tunnelbench.workloads.quic import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelbench.workloads import WORKLOADS
+from tunnelbench.catalog import WORKLOADS
 from tunnelbench.workloads.resilience import node_result, summarise_each
 
 T = 1000.0  # the restart, in the probes' clock

@@ -111,7 +111,7 @@ def test_resume_cannot_be_combined_with_a_scenario_or_overrides(tmp_path):
 
 
 def test_store_discards_unfinished_cases_and_plans_from_earlier_repetitions(tmp_path):
-    from tunnelbench.workloads.base import Outcome
+    from tunnelbench.core.results import Outcome
 
     st = Store(tmp_path / DB_NAME)
     st.begin_run("r", "tb0000", SCENARIO, "test")

@@ -8,8 +8,10 @@ import time
 
 import pytest
 
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
-from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
+from tunnelbench.catalog import DRIVERS, WORKLOADS
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.resilience import REPLY
 
 pytestmark = pytest.mark.lab

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tunnelbench.workloads import WORKLOADS, CaseContext
-from tunnelbench.workloads.base import Outcome, WorkloadError
+from tunnelbench.catalog import WORKLOADS
+from tunnelbench.core.results import Outcome
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.common import interface_of, link_counters
 from tunnelbench.workloads.rr import (
     Rr,

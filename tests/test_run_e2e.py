@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import tb
 
-from tunnelbench.lab.journal import process_alive
+from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.netns import netns_exists
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -230,7 +230,7 @@ def test_relative_results_folder_works_for_daemons_that_resolve_paths_themselves
     folder and swanctl runs in its own mount namespace; both failed with a relative run folder."""
     from conftest import lab_missing
 
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.catalog import DRIVERS
 
     if lab_missing():
         pytest.skip(lab_missing())

@@ -23,15 +23,16 @@ import pytest
 from conftest import lab_missing
 from rich.console import Console
 
+from tunnelbench.catalog import DRIVERS, WORKLOADS, resolve
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host
-from tunnelbench.lab.journal import process_alive
+from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.netns import netns_exists
 from tunnelbench.runner import Runner
 from tunnelbench.scenario import parse_scenario
-from tunnelbench.vpns import DRIVERS, resolve
 from tunnelbench.vpns.base import VpnDriver
-from tunnelbench.workloads import WORKLOADS, CaseContext, Outcome, Workload
-from tunnelbench.workloads.base import MetricSpec, NotApplicable, Params, WorkloadError
+from tunnelbench.workloads.base import CaseContext, NotApplicable, Params, Workload, WorkloadError
 
 pytestmark = [pytest.mark.lab]
 

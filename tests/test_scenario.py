@@ -94,7 +94,7 @@ def test_bad_udp_bitrate_and_zero_repetitions():
 
 
 def test_all_expands_to_every_driver():
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.catalog import DRIVERS
 
     assert parse_scenario({**MIN, "vpns": ["all"]}).vpns == list(DRIVERS)
 

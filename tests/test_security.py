@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
-from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
+from tunnelbench.catalog import DRIVERS, WORKLOADS
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.leak import (
     CARRIED_PCT,
     METADATA_ONLY,

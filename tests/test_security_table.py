@@ -11,11 +11,11 @@ from rich.console import Console
 from synthetic_runs import make_run
 
 from tunnelbench.analysis.analyze import RunData
+from tunnelbench.core.results import Outcome
 from tunnelbench.report.full import load_analysis, render_markdown, render_report
 from tunnelbench.report.security import NOT_RUN, NOT_SUPPORTED, security_rows
 from tunnelbench.report.terminal import print_security
 from tunnelbench.store import DB_NAME, CaseRow, Store
-from tunnelbench.workloads.base import Outcome
 
 STILL = "WorkloadError: still reachable 31.0 s after revocation (cap 30 s): last echo reply at +31.0 s"
 # vpn -> (workload, status, error, metrics) per case, one repetition each unless retried

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import emulated_cpu, lab_missing
 
-from tunnelbench.lab.journal import Journal, process_alive
+from tunnelbench.lab.journal import Journal
+from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.netns import NetnsLab
 from tunnelbench.lab.tags import new_run_id, new_tag
 
@@ -385,7 +386,7 @@ def test_doctor_inventory_reports_per_host(ssh_env: SshFixture, tmp_path):
 
 
 def test_scenario_runs_over_ssh_with_the_same_shape_as_netns(ssh_env: SshFixture, tmp_path):
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.catalog import DRIVERS
 
     other = [v for v in ("nebula", "tinc", "openvpn") if DRIVERS[v].availability().ok]
     assert other, "no VPN besides WireGuard is installed (scripts/setup.sh installs nebula, tinc, openvpn)"
@@ -625,8 +626,8 @@ def test_install_inventory_copies_cached_builds_and_doctor_sees_them(ssh_env: Ss
     """boringtun (a crates.io build in the local cache, not on PATH) is copied to each peer's bin dir (here
     in the targets' private /var/tmp); its Debian part and the lab tools are already installed (the targets
     share this machine's /usr, so nothing is apt-installed here)."""
+    from tunnelbench.catalog import DRIVERS
     from tunnelbench.lab.ssh_install import ROUTER_APT, TOOLS_APT
-    from tunnelbench.vpns import DRIVERS
     from tunnelbench.vpns.install import Apt, _dpkg_version
 
     cls = DRIVERS["boringtun"]

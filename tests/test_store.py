@@ -5,8 +5,8 @@ import sqlite3
 import pytest
 
 from tunnelbench.analysis.summary import Stat, summarize
+from tunnelbench.core.results import Outcome, Series
 from tunnelbench.store import Store
-from tunnelbench.workloads.base import Outcome, Series
 
 
 def fill(store: Store, run_id: str = "r1") -> None:

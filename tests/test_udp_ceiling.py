@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tunnelbench.workloads import WORKLOADS, CaseContext, WorkloadError
+from tunnelbench.catalog import WORKLOADS
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.udp_ceiling import (
     MAX_MTU_RETRIES,
     PROBE_OVERHEAD_S,
@@ -225,9 +226,11 @@ def test_workload_reports_zero_when_nothing_passes_and_fails_when_cut_short(tmp_
 
 @pytest.mark.lab
 def test_ceiling_of_a_rate_limited_path_is_the_configured_rate(lab_factory):
+    from tunnelbench.catalog import DRIVERS
     from tunnelbench.impair.backend import make_backend
     from tunnelbench.impair.profiles import Profile
-    from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+    from tunnelbench.vpns.base import MeshSpec
+    from tunnelbench.vpns.mesh import Mesh
 
     rate = 50
     lab = lab_factory(2)

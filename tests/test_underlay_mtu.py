@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import lab_missing, tb
 
-from tunnelbench.lab import make_lab
+from tunnelbench.catalog import resolve
 from tunnelbench.lab.host import THIS_MACHINE
-from tunnelbench.scenario import LabCfg
-from tunnelbench.vpns import resolve
+from tunnelbench.lab.make import make_lab
+from tunnelbench.lab.spec import LabCfg
 from tunnelbench.vpns.internal import Internal
 
 

@@ -1,4 +1,4 @@
-"""Versions as a dimension (issue 12): `NAME`, `NAME@debian`, `NAME@X.Y.Z` (vpns.resolve), their installs,
+"""Versions as a dimension (issue 12): `NAME`, `NAME@debian`, `NAME@X.Y.Z` (catalog.resolve), their installs,
 work dirs, options and versions; one lab test brings up the Debian build and the default build in turn."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS, resolve
 from tunnelbench.lab.host import THIS_MACHINE, find_binary
 from tunnelbench.scenario import ScenarioError, parse_scenario
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec, resolve
+from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.install import Apt, Crate, GoModule, registry, upstream_version
+from tunnelbench.vpns.mesh import Mesh
 
 
 def _sc(vpns, **extra) -> dict:
@@ -273,7 +275,7 @@ def test_debian_and_default_builds_come_up_with_different_versions(name, lab_fac
 def test_every_driver_carries_its_own_feature_record():
     """A subclass (boringtun of wireguard-go, the kernel IPsec family of strongswan) once showed its parent's
     record: kernel WireGuard listed as "userspace (Go)". Each subclassed driver has a record of its own."""
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.catalog import DRIVERS
 
     parents = [(n, b.name) for n, d in DRIVERS.items() for b in d.__mro__[1:] if b in DRIVERS.values()]
     assert parents  # the case that broke: subclassed drivers exist

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.kernel import LANE_FEATURES
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
 
 
 def driver_params() -> list:

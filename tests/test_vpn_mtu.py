@@ -8,7 +8,9 @@ import json
 import pytest
 from test_vpn_mesh import driver_params  # kernel drivers: their MTU is checked in tests/test_kernel_lane.py
 
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.catalog import DRIVERS
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
 
 MTU = 1360
 # drivers whose settings record has no "mtu" (wireguard-go records its offloads only); every other records it

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.impair.backend import make_backend
 from tunnelbench.impair.profiles import Profile
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
-from tunnelbench.vpns.base import MeshNotReady
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh, MeshNotReady
 
 SPOKES = 50
 

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.monitor import Monitor
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
-from tunnelbench.workloads import WORKLOADS, CaseContext
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.workloads.base import CaseContext
 
 pytestmark = pytest.mark.lab
 

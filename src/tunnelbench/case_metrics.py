@@ -5,8 +5,8 @@ units here and analysis their direction: no metric is special-cased by where it 
 
 from __future__ import annotations
 
+from tunnelbench.core.metrics import MetricSpec, declare
 from tunnelbench.lab.counters import HOST_COUNTERS, MACHINE_COUNTERS, PREFIX
-from tunnelbench.workloads.base import MetricSpec, declare
 
 # the daemon_* metrics carry the host they were sampled on; machine_cpu_pct carries none
 MONITOR_METRICS = (

@@ -644,7 +644,7 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     import statistics
     import tempfile
 
-    from tunnelbench.impair.enginebench import run_bench
+    from tunnelbench.enginebench import run_bench
 
     names = [v.strip() for v in vpns.split(",") if v.strip()]
     with tempfile.TemporaryDirectory(prefix="tunnelbench-bench-") as tmp:
@@ -831,7 +831,7 @@ def install(
     /var/cache/tunnelbench): a second install, or CI with the cache restored, does not rebuild.
     With --inventory: on each host, Debian packages with apt-get, registry builds copied from the local
     cache when the architecture matches (install them here first), plus the lab's tools."""
-    from tunnelbench.vpns import DRIVERS, resolve
+    from tunnelbench.catalog import DRIVERS, resolve
     from tunnelbench.vpns.install import cache_root, install_source
 
     if for_scenario is not None:
@@ -892,6 +892,7 @@ def install(
 
 
 def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
+    from tunnelbench.catalog import DRIVERS
     from tunnelbench.vpns.remote_install import install_inventory
 
     inv = _load_inventory(path, insecure)
@@ -901,7 +902,7 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
         t.add_column(c)
     failed = False
     colour = {"present": "green", "installed": "green", "copied": "green", "failed": "red"}
-    for r in install_inventory(inv, names):
+    for r in install_inventory(inv, {n: DRIVERS[n].installs for n in names}):
         failed |= r.status == "failed"
         t.add_row(
             r.host, r.what, r.source, f"[{colour[r.status]}]{r.status}[/]", f"{r.seconds:.0f}", r.detail
@@ -963,8 +964,8 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
 
 
 def _print_plan(sc: Scenario, results: Path) -> float:
+    from tunnelbench.catalog import resolve
     from tunnelbench.plan import make_plan
-    from tunnelbench.vpns import resolve
 
     def available(vpn: str) -> str | None:
         a = resolve(vpn).availability()
@@ -992,13 +993,12 @@ def _print_plan(sc: Scenario, results: Path) -> float:
 @main.command("list")
 def list_() -> None:
     """VPNs, workloads and impairment profiles, and whether each is available here."""
+    from tunnelbench.catalog import DRIVERS, WORKLOADS, resolve
     from tunnelbench.doctor import vpn_and_workload_checks
     from tunnelbench.impair.profiles import PROFILES
     from tunnelbench.scenario import builtin_scenarios
-    from tunnelbench.vpns import DRIVERS, resolve
     from tunnelbench.vpns.impossible import IMPOSSIBLE
     from tunnelbench.vpns.install import registry
-    from tunnelbench.workloads import WORKLOADS
 
     checks = vpn_and_workload_checks()  # the rows `doctor` shows
     vpn_rows = {c.name: c for c in checks if c.group == "vpns"}
@@ -1338,7 +1338,7 @@ def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> N
     import tempfile
 
     from tunnelbench import meshscale as ms
-    from tunnelbench.vpns import DRIVERS
+    from tunnelbench.catalog import DRIVERS
 
     _need_root()
     names = [x.strip() for v in vpns for x in v.split(",") if x.strip()]

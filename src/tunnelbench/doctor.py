@@ -15,10 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.lab.tags import TAG_PREFIX
 from tunnelbench.lab.tools import DOCTOR_TOOLS
-from tunnelbench.vpns import DRIVERS
-from tunnelbench.workloads import WORKLOADS
 
 if TYPE_CHECKING:
     from tunnelbench.lab.inventory import Inventory, InvHost

@@ -44,19 +44,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tunnelbench.lab.journal import (
-    REGISTRY,
-    Journal,
-    Leftovers,
-    proc_start_ticks,
-    process_alive,
-    read_open_entries,
-)
+from tunnelbench.lab.journal import REGISTRY, Journal, Leftovers, proc_start_ticks, read_open_entries
+from tunnelbench.lab.journaling import process_alive
 
 if TYPE_CHECKING:
     from tunnelbench.impair.backend import Backend
     from tunnelbench.lab.netns import NetnsLab
-    from tunnelbench.vpns import Mesh
+    from tunnelbench.vpns.mesh import Mesh
 
 STATE_DIR = REGISTRY / "up"
 READY_TIMEOUT_EXTRA_S = 180.0  # on top of the scenario's tunnel timeout: lab build, configure, profile
@@ -136,8 +130,8 @@ def prepare(
     """The scenario with the command line's VPN, profile and host count; raises UpError on anything invalid."""
     import tomllib
 
+    from tunnelbench.catalog import resolve
     from tunnelbench.scenario import ScenarioError, load_scenario, parse_scenario
-    from tunnelbench.vpns import resolve
 
     try:
         _sc, text = load_scenario(scenario)
@@ -471,11 +465,13 @@ class Keeper:
             signal.signal(s, signal.SIG_IGN)
 
     def bring_up(self) -> None:
+        from tunnelbench.catalog import resolve
         from tunnelbench.impair.backend import NativeBackend, make_backend
-        from tunnelbench.lab import make_lab
+        from tunnelbench.lab.make import make_lab
         from tunnelbench.lab.netns import NetnsLab
         from tunnelbench.security import keys
-        from tunnelbench.vpns import Mesh, MeshSpec, resolve
+        from tunnelbench.vpns.base import MeshSpec
+        from tunnelbench.vpns.mesh import Mesh
 
         sc = self.sc
         self.journal = Journal(self.run_dir, self.run_id)  # registers this process as the run's owner

@@ -29,9 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.point import fresh_lab
 from tunnelbench.lab.procstat import read_stat
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
+from tunnelbench.vpns.mesh import Mesh
 
 DEFAULT_SIZES = (10, 25, 50, 100)
 IDLE_S = 10.0

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from tunnelbench.core.results import Outcome, Series
 from tunnelbench.lab.host import Host, Process, PsProcess
-from tunnelbench.workloads.base import Outcome, Series
 
 
 @dataclass

@@ -25,11 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.netns import NAT_TYPES, NetnsLab
 from tunnelbench.lab.pathcheck import DIRECT_MIN_PCT, RELAY_MAX_PCT, PathWatch, share
 from tunnelbench.lab.point import fresh_lab
-from tunnelbench.vpns import DRIVERS, Mesh, MeshSpec
+from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.features import save_probe
+from tunnelbench.vpns.mesh import Mesh
 
 READY_S = 45.0
 WARMUP = ("-c", "25", "-i", "0.2")  # 5 s of pings before measuring

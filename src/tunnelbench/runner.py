@@ -24,26 +24,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.text import Text
 
 from tunnelbench import __version__, environment, placement
-from tunnelbench.diagnostics import CaseDiagnostics
+from tunnelbench.catalog import resolve as resolve_driver
+from tunnelbench.core.results import Outcome, Series
+from tunnelbench.diagnostics.case import CaseDiagnostics
 from tunnelbench.impair import placement as impair_placement
 from tunnelbench.impair import tax
 from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend
 from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
-from tunnelbench.lab import Lab, counters, hostfw, make_lab, pathcheck, sysctl
+from tunnelbench.lab import counters, hostfw, pathcheck, sysctl
+from tunnelbench.lab.base import Lab
 from tunnelbench.lab.host import Host, abort_running
 from tunnelbench.lab.journal import Journal, run_leftovers
+from tunnelbench.lab.make import make_lab
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.lab.tools import LAB_TOOLS  # the one list of the lab's tools
 from tunnelbench.monitor import Monitor
 from tunnelbench.scenario import Scenario
 from tunnelbench.security import keys
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.vpns import Mesh, MeshSpec
-from tunnelbench.vpns import resolve as resolve_driver
-from tunnelbench.vpns.base import Availability, MeshNotReady, VpnDriver
-from tunnelbench.workloads import CaseContext, Outcome, Workload, WorkloadError
-from tunnelbench.workloads.base import NotApplicable, Series
+from tunnelbench.vpns.base import Availability, MeshSpec, VpnDriver
+from tunnelbench.vpns.mesh import Mesh, MeshNotReady
+from tunnelbench.workloads.base import CaseContext, NotApplicable, Workload, WorkloadError
 
 # A case fails on any error (a parser bug in one workload must not end the run); Interrupted and
 # KeyboardInterrupt are not Exceptions of this kind and always end it.

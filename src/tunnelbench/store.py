@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunnelbench.workloads.base import Outcome
+from tunnelbench.core.results import Outcome
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (

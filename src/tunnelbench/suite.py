@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from tunnelbench.analysis.analyze import RunData
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.report.security import COLUMNS, NOT_RUN, NOT_SUPPORTED, security_rows, tone
 from tunnelbench.scenario import Scenario, ScenarioError, builtin_scenarios
-from tunnelbench.vpns import DRIVERS
 
 SUITE_KEYS = {"name", "description", "suite"}
 

@@ -28,9 +28,9 @@ from tunnelbench.analysis.stats import (
     tiers,
 )
 from tunnelbench.case_metrics import DAEMON_METRICS
+from tunnelbench.catalog import WORKLOADS
+from tunnelbench.core.metrics import declared
 from tunnelbench.store import CaseRow, Store
-from tunnelbench.workloads import WORKLOADS
-from tunnelbench.workloads.base import declared
 
 BASELINE = "internal"
 # ratios to the baseline are shown where they read as "x times slower/faster", not for near-zero rates

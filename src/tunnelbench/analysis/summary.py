@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tunnelbench.analysis.analyze import has_ratio
+from tunnelbench.catalog import WORKLOADS
 from tunnelbench.store import Store
-from tunnelbench.workloads import WORKLOADS
 
 BASELINE = "internal"
 

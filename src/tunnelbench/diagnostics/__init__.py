@@ -8,7 +8,3 @@
 `run.capture` decides what is kept: "on-failure" (the default) keeps the pcap and the kernel log of a failed
 case only, "always" keeps them for every case, "off" takes neither. `run.flamegraph` profiles every case.
 A diagnostic that cannot run says why in the case's `diagnostics.txt`; it never fails the case."""
-
-from tunnelbench.diagnostics.case import CaseDiagnostics
-
-__all__ = ["CaseDiagnostics"]

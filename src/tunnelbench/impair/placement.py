@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 from tunnelbench.impair.backend import Backend, EgressNetemBackend, ImpairError, make_backend, netem_available
 
 if TYPE_CHECKING:
-    from tunnelbench.lab import Lab
+    from tunnelbench.lab.base import Lab
     from tunnelbench.lab.ssh import SshLab
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunnelbench.lab.host import THIS_MACHINE, Host
-from tunnelbench.lab.journal import Leftovers, process_alive, registered_runs, registry_files, undo_handler
+from tunnelbench.lab.journal import Leftovers, registered_runs, registry_files, undo_handler
+from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.netns import NetnsHost, destroy_netns, netns_exists
 from tunnelbench.lab.tags import TAG_PREFIX
 

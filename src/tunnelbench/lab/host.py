@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tunnelbench.lab.journal import HostJournaling, process_alive
+from tunnelbench.lab.journaling import HostJournaling, process_alive
 
 # where Debian packages put binaries: a binary that a system-package source declares is looked up here only
 DEBIAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"

@@ -27,8 +27,9 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.procstat import read_stat
 
 if TYPE_CHECKING:
@@ -59,12 +60,6 @@ def proc_start_ticks(pid: int) -> int | None:
     return None if st is None else st.starttime
 
 
-def process_alive(pid: int, start: int | None) -> bool:
-    """True if `pid` is still the process that was started at `start` ticks and is not a zombie."""
-    st = read_stat(pid)
-    return st is not None and st.state != "Z" and (start is None or st.starttime == start)
-
-
 def registry_files(run_id: str) -> tuple[Path, Path]:
     """A run's registration (run folder, owner PID) and the copy of its journal entries, under REGISTRY
     (read at call time: tests point the module's REGISTRY at a private folder)."""
@@ -73,20 +68,6 @@ def registry_files(run_id: str) -> tuple[Path, Path]:
 
 def entry_key(entry: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in entry.items() if k != "argv"}, sort_keys=True)
-
-
-class HostJournaling(Protocol):
-    """What a host records through: the run's Journal, or the SSH lab's HostJournal (tags each entry)."""
-
-    path: Path
-    run_id: str
-
-    def add(self, entry: dict[str, Any]) -> dict[str, Any]: ...
-    def netns(self, name: str) -> dict[str, Any]: ...
-    def process(self, pid: int, argv: list[str], host: str) -> dict[str, Any]: ...
-    def path_entry(self, path: str) -> dict[str, Any]: ...
-    def release(self, entry: dict[str, Any]) -> None: ...
-    def end(self) -> None: ...
 
 
 class Journal:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tunnelbench.lab import Lab
+    from tunnelbench.core.results import Outcome
+    from tunnelbench.lab.base import Lab
     from tunnelbench.lab.host import Host
-    from tunnelbench.workloads.base import Outcome
 
 MIN_BYTES = 256 * 1024  # underlay bytes of client and server in a case below which no verdict is given
 DIRECT_MIN_PCT = 80.0  # a `direct` case must send at least this share straight between client and server

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tunnelbench.lab import LabError
 from tunnelbench.lab import host as _hostmod
 from tunnelbench.lab.addressing import TUNNEL_RANGES_V4, TUNNEL_RANGES_V6
+from tunnelbench.lab.base import LabError
 from tunnelbench.lab.host import BinarySource, CommandError, Host, Process, Result
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.journal import Journal, read_open_entries, undo_handler

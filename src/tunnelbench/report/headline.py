@@ -14,8 +14,8 @@ from typing import Any
 
 from tunnelbench.analysis.analyze import BASELINE, Analysis, Family, RunData
 from tunnelbench.analysis.stats import ALPHA, Better, Tiering, tiers
+from tunnelbench.catalog import WORKLOADS
 from tunnelbench.report.fmt import num
-from tunnelbench.workloads import WORKLOADS
 
 MAX_COLUMNS = 5  # metric columns per table: 5 of ~17 characters plus the VPN column fit 120 columns
 UNIT_SUFFIXES = ("_mbps", "_ms", "_s", "_pct")

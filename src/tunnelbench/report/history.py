@@ -29,9 +29,9 @@ from rich.text import Text
 from tunnelbench.analysis.analyze import BASELINE, RunData, is_headline, load_run, metric_spec
 from tunnelbench.analysis.compare import DEFAULT_THRESHOLD_PCT, Change, Comparison, _samples, compare_runs
 from tunnelbench.analysis.stats import describe
+from tunnelbench.catalog import WORKLOADS
 from tunnelbench.report.fmt import num
 from tunnelbench.store import DB_NAME
-from tunnelbench.workloads import WORKLOADS
 
 # the tables (and their columns) load_run reads: an older or partial store without them is skipped
 NEEDED_COLUMNS = {

@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from tunnelbench.analysis.analyze import RunData
-from tunnelbench.vpns import DRIVERS
+from tunnelbench.catalog import DRIVERS
 
 NOT_RUN = ("not run", "")
 SKIPPED = "skipped: "  # a skipped case's reason, as evidence of a "not run" cell

@@ -11,11 +11,11 @@ from rich.text import Text
 
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.summary import Summary, headline_rows
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.report.fmt import num, spread
 from tunnelbench.report.headline import CAPTION, Headline
 from tunnelbench.report.headline import build as build_headline
 from tunnelbench.store import Store
-from tunnelbench.vpns import DRIVERS
 from tunnelbench.vpns.impossible import IMPOSSIBLE
 
 if TYPE_CHECKING:

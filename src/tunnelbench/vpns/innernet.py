@@ -84,7 +84,7 @@ class Innernet(VpnDriver):
         Crate("innernet-server", VERSION, ("innernet-server",)),
         Apt(("wireguard-go", "wireguard-tools")),
     )
-    versioned_sources = ("innernet", "innernet-server")  # innernet@X.Y.Z pins both crates (vpns.resolve)
+    versioned_sources = ("innernet", "innernet-server")  # innernet@X.Y.Z pins both crates (catalog.resolve)
     default_mtu = 1280  # innernet's default (`innernet --mtu`, "default: 1280")
     acl_support = True
     revocation = "`innernet-server disable-peer <network> --name <host>` on the server; peers drop it on their next fetch"

@@ -14,7 +14,7 @@ the source's `libexec` folders) only; anything else from PATH. Debian packages a
 installed with apt-get and their version is the package's.
 
 Versions: `pinned(source, version)` is the same source at another version (`tunnelbench install
-nebula@1.9.0`, vpns.resolve); `source_label(source)` says where a build comes from ("go proxy",
+nebula@1.9.0`, catalog.resolve); `source_label(source)` says where a build comes from ("go proxy",
 "crates.io", "debian 1.6.1+dfsg-3").
 
 Go builds: the module proxy answers some modules' version lists with "403 Forbidden" (headscale), and the

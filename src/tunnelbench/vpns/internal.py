@@ -58,7 +58,7 @@ class Internal(VpnDriver):
 
 @functools.cache
 def mtu_variant(spec: str) -> type[Internal]:
-    """The class of `internal@mtuNNNN` (vpns.resolve); the same spec always gives the same class."""
+    """The class of `internal@mtuNNNN` (catalog.resolve); the same spec always gives the same class."""
     _, _, variant = spec.partition("@")
     m = MTU_VARIANT.fullmatch(variant)
     if not m or not MTU_RANGE[0] <= int(m.group(1)) <= MTU_RANGE[1]:

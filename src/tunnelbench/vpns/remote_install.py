@@ -7,6 +7,8 @@ crates) copied from the local cache (`tunnelbench install NAME` fills it), never
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.ssh_install import (
     ROUTER_APT,
@@ -18,7 +20,6 @@ from tunnelbench.lab.ssh_install import (
     copy_binaries,
     install_hosts,
 )
-from tunnelbench.vpns import DRIVERS
 from tunnelbench.vpns.install import Apt, Source
 
 
@@ -31,22 +32,22 @@ def step(what: str, s: Source | DebianPackages) -> Step:
     return what, s.label, lambda h, arch: copy_binaries(h, s.binaries, local, s.label, arch)
 
 
-def host_steps(vpns: list[str], router: bool) -> list[Step]:
-    """The lab's tools (and the router's, on the router host), then each VPN's install sources."""
+def host_steps(vpns: dict[str, Sequence[Source]], router: bool) -> list[Step]:
+    """The lab's tools (and the router's, on the router host), then each VPN's install sources (by name)."""
     steps = [step("tools", TOOLS_APT)]
     if router:
         steps.append(step("router tools", ROUTER_APT))
-    for n in vpns:
-        steps += [step(n, s) for s in DRIVERS[n].installs]
+    for n, installs in vpns.items():
+        steps += [step(n, s) for s in installs]
     return steps
 
 
-def install_inventory(inventory: Inventory, vpns: list[str]) -> list[RemoteResult]:
+def install_inventory(inventory: Inventory, vpns: dict[str, Sequence[Source]]) -> list[RemoteResult]:
     """Every host at once; results in inventory order, one per host and thing installed."""
     router = inventory.router()
 
     def steps_for(h: InvHost) -> list[Step]:
         only_router = "router" in h.roles and "peer" not in h.roles
-        return host_steps([] if only_router else vpns, router is not None and h.name == router.name)
+        return host_steps({} if only_router else vpns, router is not None and h.name == router.name)
 
     return install_hosts(inventory, steps_for)

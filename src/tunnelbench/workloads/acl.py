@@ -22,8 +22,10 @@ from typing import Any
 
 from pydantic import Field
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.leak import wait_log
 from tunnelbench.workloads.ping import parse_ping
 

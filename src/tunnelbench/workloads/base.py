@@ -5,76 +5,17 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from tunnelbench.lab import Lab
+from tunnelbench.core.metrics import MetricSpec, declare
+from tunnelbench.core.results import Outcome
+from tunnelbench.lab.base import Lab
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import Mesh
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str  # one name everywhere: store, report, CSV; the unit is in the name
-    unit: str
-    better: Literal["higher", "lower", "none"]
-    description: str
-
-
-# every metric a case can store, by name: each workload's `metrics` (declared when its class is made) and
-# the runner's own (case_metrics.py); one name has one unit everywhere
-_DECLARED: dict[str, MetricSpec] = {}
-
-
-def declare(specs: Iterable[MetricSpec], owner: str) -> None:
-    """Declare metrics; a name declared again must keep its unit (store, report and CSV show one unit)."""
-    for m in specs:
-        prior = _DECLARED.setdefault(m.name, m)
-        if prior.unit != m.unit:
-            raise ValueError(f"{owner}: metric {m.name!r} in {m.unit!r}, declared before in {prior.unit!r}")
-
-
-def declared(name: str) -> MetricSpec:
-    """The declaration of a metric; KeyError naming the fix when nothing declares it."""
-    if name not in _DECLARED:  # declared on first use: the workloads, and the runner's own metrics
-        import tunnelbench.case_metrics  # noqa: F401
-        import tunnelbench.workloads  # noqa: F401
-    if name not in _DECLARED:
-        raise KeyError(f"metric {name!r} is not declared: add a MetricSpec to its workload's `metrics`")
-    return _DECLARED[name]
-
-
-@dataclass
-class Sample:
-    name: str
-    value: float
-    unit: str
-    host: str | None = None
-
-
-@dataclass
-class Series:
-    name: str
-    unit: str
-    points: list[tuple[float, float]]  # (seconds since case start, value)
-    host: str | None = None
-
-
-@dataclass
-class Outcome:
-    samples: list[Sample] = field(default_factory=list)
-    series: list[Series] = field(default_factory=list)
-    artifacts: list[Path] = field(default_factory=list)
-    measure_s: float = 0.0  # seconds spent measuring (tool running), for the run's time budget
-
-    def add(self, name: str, value: float | None, host: str | None = None) -> None:
-        """One sample of a declared metric, in the unit its MetricSpec gives (None: not measured, left out)."""
-        if value is not None:
-            self.samples.append(Sample(name, float(value), declared(name).unit, host))
+from tunnelbench.vpns.mesh import Mesh
 
 
 class WorkloadError(RuntimeError):

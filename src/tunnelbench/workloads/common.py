@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads.base import CaseContext, Outcome, WorkloadError
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.iperf3 import client_argv, start_server
 
 

@@ -7,7 +7,9 @@ import time
 
 from pydantic import Field
 
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
 
 class ConnectParams(Params):

@@ -29,17 +29,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome, Series
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads import crr_agent
-from tunnelbench.workloads.base import (
-    CaseContext,
-    MetricSpec,
-    Outcome,
-    Params,
-    Series,
-    Workload,
-    WorkloadError,
-)
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
 CRR_PORT = 8400
 TW_REUSE = "net.ipv4.tcp_tw_reuse"

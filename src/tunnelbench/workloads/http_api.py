@@ -19,15 +19,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from tunnelbench.workloads.base import (
-    CaseContext,
-    MetricSpec,
-    Outcome,
-    Params,
-    Series,
-    Workload,
-    WorkloadError,
-)
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome, Series
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.common import add_percentiles, tool
 from tunnelbench.workloads.nginx import make_certificate, start_nginx, stop_nginx
 

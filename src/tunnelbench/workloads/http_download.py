@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.common import add_percentiles
 from tunnelbench.workloads.nginx import start_nginx, stop_nginx
 

@@ -14,8 +14,9 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from tunnelbench.core.results import Outcome, Series
 from tunnelbench.lab.host import CommandError, Host, Process
-from tunnelbench.workloads.base import CaseContext, Outcome, Series, WorkloadError
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.iperf3 import wait_listening
 
 PORT = 5001

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.core.results import Outcome, Series
 from tunnelbench.lab.host import CommandError, Host, Process
-from tunnelbench.workloads.base import CaseContext, Outcome, Series, WorkloadError
+from tunnelbench.workloads.base import CaseContext, WorkloadError
 
 PORT = 5201
 

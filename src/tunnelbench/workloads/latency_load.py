@@ -10,15 +10,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from tunnelbench.workloads.base import (
-    CaseContext,
-    MetricSpec,
-    Outcome,
-    Params,
-    Series,
-    Workload,
-    WorkloadError,
-)
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome, Series
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.common import start_iperf3
 from tunnelbench.workloads.ping import parse_ping
 

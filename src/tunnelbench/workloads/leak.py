@@ -47,9 +47,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads import leak_peer
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.ping import parse_ping
 
 Proto = Literal["tcp", "udp", "icmp"]

@@ -23,15 +23,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from tunnelbench.workloads.base import (
-    CaseContext,
-    MetricSpec,
-    NotApplicable,
-    Outcome,
-    Params,
-    Workload,
-    WorkloadError,
-)
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
+from tunnelbench.workloads.base import CaseContext, NotApplicable, Params, Workload, WorkloadError
 from tunnelbench.workloads.common import add_percentiles
 from tunnelbench.workloads.nginx import start_nginx, stop_nginx
 

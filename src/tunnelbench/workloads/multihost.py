@@ -11,16 +11,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome, Series
 from tunnelbench.lab.host import Host
-from tunnelbench.workloads.base import (
-    CaseContext,
-    MetricSpec,
-    Outcome,
-    Params,
-    Series,
-    Workload,
-    WorkloadError,
-)
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.common import Iperf3Run, start_iperf3
 
 TX_PORT, RX_PORT = 5301, 5501

@@ -16,7 +16,9 @@ import time
 
 from pydantic import Field
 
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.common import interface_of, link_counters
 from tunnelbench.workloads.iperf3 import run_client
 

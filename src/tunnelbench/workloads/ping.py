@@ -9,15 +9,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from tunnelbench.workloads.base import (
-    CaseContext,
-    MetricSpec,
-    Outcome,
-    Params,
-    Series,
-    Workload,
-    WorkloadError,
-)
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome, Series
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
 # an echo reply line of `ping -D` ("[ts] 64 bytes from ...: icmp_seq=N ttl=64 time=0.05 ms"), never an ICMP
 # error ping prints with a timestamp too ("From 10.77.0.2 icmp_seq=N Destination Host Unreachable", e.g. a TAP

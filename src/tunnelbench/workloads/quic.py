@@ -33,16 +33,10 @@ from typing import Any
 
 from pydantic import Field
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome, Series
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads.base import (
-    CaseContext,
-    MetricSpec,
-    Outcome,
-    Params,
-    Series,
-    Workload,
-    WorkloadError,
-)
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.common import add_percentiles, tool
 
 QUIC_PORT = 8444  # UDP

@@ -28,8 +28,10 @@ from typing import Any
 
 from pydantic import Field
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.resilience import Probe
 
 REPLY_LINE = re.compile(r"bytes from .*icmp_seq=", re.M)

@@ -29,8 +29,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import CommandError, Host, Process
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.common import start_iperf3
 from tunnelbench.workloads.iperf2 import wait_udp_bound
 from tunnelbench.workloads.iperf3 import wait_listening

@@ -25,7 +25,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload, WorkloadError
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
 HDR = struct.Struct("!Qd")  # sequence number, send time (CLOCK_REALTIME: namespaces share it)
 RIST_PORT = 8200  # even: RIST uses the port and the next one

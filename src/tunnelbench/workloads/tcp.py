@@ -18,8 +18,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
 from tunnelbench.workloads import iperf2
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Params, Workload
+from tunnelbench.workloads.base import CaseContext, Params, Workload
 from tunnelbench.workloads.iperf3 import parse_tcp, run_client
 
 TCP_METRICS = (

@@ -15,8 +15,10 @@ import re
 
 from pydantic import Field, field_validator, model_validator
 
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome
 from tunnelbench.workloads import iperf2
-from tunnelbench.workloads.base import CaseContext, MetricSpec, Outcome, Workload
+from tunnelbench.workloads.base import CaseContext, Workload
 from tunnelbench.workloads.iperf3 import parse_udp, run_client
 from tunnelbench.workloads.tcp import EngineParams, byte_count
 

@@ -30,15 +30,9 @@ from dataclasses import asdict, dataclass, field
 
 from pydantic import Field, model_validator
 
-from tunnelbench.workloads.base import (
-    CaseContext,
-    MetricSpec,
-    Outcome,
-    Params,
-    Series,
-    Workload,
-    WorkloadError,
-)
+from tunnelbench.core.metrics import MetricSpec
+from tunnelbench.core.results import Outcome, Series
+from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.iperf3 import parse_udp, run_client
 
 # seconds one iperf3 run takes beyond -t (server spawn, listen wait, control connection, results exchange);

@@ -141,7 +141,9 @@ def run_bench(
                 finally:
                     be.clear()
         if vpns and isinstance(be, NativeBackend):
-            from tunnelbench.vpns import Mesh, MeshSpec, resolve
+            from tunnelbench.catalog import resolve
+            from tunnelbench.vpns.base import MeshSpec
+            from tunnelbench.vpns.mesh import Mesh
 
             for name in vpns:
                 cls = resolve(name)

@@ -1,0 +1,2 @@
+"""The ground floor: the results model (metric specs, samples, series, outcomes) and the metric registry.
+Imports nothing of the product."""
