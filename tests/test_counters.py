@@ -26,6 +26,7 @@ from tunnelbench.lab.counters import (
     parse_snmp,
     parse_snmp6,
     parse_softnet,
+    parse_udp_sockets,
     read_counters,
     sample,
     split_grep,
@@ -209,6 +210,57 @@ def test_deltas_per_host_metric_names_and_a_counter_that_went_down_is_left_out()
     ]  # h2's interface drops went down (an interface went away); the router's second sample failed
 
 
+# /proc/net/udp as the kernel prints it (6.x): a header, then one line per socket; inode is column 10, drops last
+UDP4 = """\
+   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+  233: 0100000A:CA6C 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 41001 2 0000000000000000 {wg}
+  801: 0200000A:1451 00000000:0000 07 00000000:00034000 00:00000000 00000000     0        0 {tool_inode} 2 0000000000000000 {tool}
+  900: 00000000:0044 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 0 1 0000000000000000 99
+"""
+UDP6 = """\
+  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+  101: 00000000000000000000000000000000:0BB8 00000000000000000000000000000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 41002 2 0000000000000000 {ygg}
+"""
+
+
+def _udp_texts(rcvbuf: int, wg: int, ygg: int, tool: int | None, tool_inode: int = 52000) -> dict[str, str]:
+    t = _texts(rcvbuf)
+    lines = UDP4.format(wg=wg, tool=tool or 0, tool_inode=tool_inode).splitlines()
+    t[counters.UDP4] = "\n".join(x for x in lines if tool is not None or str(tool_inode) not in x)
+    t[counters.UDP6] = UDP6.format(ygg=ygg)
+    return t
+
+
+def test_parse_udp_sockets_keys_drops_by_inode_and_skips_the_header_and_orphans():
+    got = parse_udp_sockets(UDP4.format(wg=7, tool=3, tool_inode=52000))
+    assert got == {"socket:table": 0, "socket:41001": 7, "socket:52000": 3}  # inode 0 (orphaned) left out
+    assert parse_udp_sockets("") == {}  # not read: no attribution
+
+
+def test_drops_are_split_between_long_lived_sockets_and_the_measuring_tools():
+    """RcvbufErrors went up by 500 on h2 (v4 + v6 summed: 300 -> 800 in snmp, snmp6's 8 unchanged). The VPN's
+    v4 socket dropped 40 and its v6 one 60 over the case (open at both samples): 100 are the daemons'. The
+    tool's socket opened after the first sample: the other 400 are the tool's."""
+    before = sample([FakeHost("h2", _udp_texts(300, wg=10, ygg=5, tool=None))])
+    after = sample([FakeHost("h2", _udp_texts(800, wg=50, ygg=65, tool=None))])
+    d = {(n, h): v for n, v, _, h in deltas(before, after)}
+    assert d[("kern_udp_rcvbuf_errors", "h2")] == 500
+    assert d[("kern_udp_daemon_drops", "h2")] == 100
+    assert d[("kern_udp_tool_drops", "h2")] == 400
+    assert not any(n.startswith("kern_socket") for n, _ in d)  # per-socket values are no metrics
+    # the same tool socket open at both samples is long-lived: its 400 count as a daemon's
+    before = sample([FakeHost("h2", _udp_texts(300, wg=10, ygg=5, tool=0))])
+    after = sample([FakeHost("h2", _udp_texts(800, wg=50, ygg=65, tool=400))])
+    d = {(n, h): v for n, v, _, h in deltas(before, after)}
+    assert (d[("kern_udp_daemon_drops", "h2")], d[("kern_udp_tool_drops", "h2")]) == (500, 0)
+    # a sample without the socket tables (an older run's) attributes nothing
+    assert not [
+        x
+        for x in deltas({"h2": {"udp_rcvbuf_errors": 1}}, {"h2": {"udp_rcvbuf_errors": 9}})
+        if "tool" in x[0]
+    ]
+
+
 # -- the lab: provoke receive-buffer drops with a plain socket -----------------------------------------
 
 RECEIVER = r"""
@@ -239,11 +291,15 @@ for i in range(int(sys.argv[3])):
 
 
 @pytest.mark.lab
-def test_receive_buffer_drops_are_counted_on_the_receiver_only(lab_factory):
+@pytest.mark.parametrize("opened", ["before", "within"])
+def test_receive_buffer_drops_are_counted_on_the_receiver_only(lab_factory, opened):
+    """`opened` before the first sample, the receiver is a long-lived socket (a VPN daemon's): its drops are
+    udp_daemon_drops; opened within the case (after it), it is a tool's: udp_tool_drops."""
     lab = lab_factory(2)
     h1, h2 = lab.hosts
     n, port = 400, 45123
-    before = sample([h1, h2, lab.router])
+    if opened == "within":
+        before = sample([h1, h2, lab.router])
     rx = subprocess.Popen(
         h2.argv([sys.executable, "-c", RECEIVER, str(port)]),
         stdin=subprocess.PIPE,
@@ -253,10 +309,15 @@ def test_receive_buffer_drops_are_counted_on_the_receiver_only(lab_factory):
     try:
         assert rx.stdout is not None and rx.stdin is not None
         assert rx.stdout.readline().strip() == "ready"
+        if opened == "before":
+            before = sample([h1, h2, lab.router])
         h1.run([sys.executable, "-c", SENDER, h2.underlay_ip, str(port), str(n)])
         time.sleep(0.3)  # the last datagrams land
-        after = sample([h1, h2, lab.router])
+        if opened == "before":
+            after = sample([h1, h2, lab.router])
         out, _ = rx.communicate("go\n", timeout=20)
+        if opened == "within":  # the receiver's socket is closed now, as a finished tool's
+            after = sample([h1, h2, lab.router])
     finally:
         if rx.poll() is None:
             rx.kill()
@@ -268,6 +329,11 @@ def test_receive_buffer_drops_are_counted_on_the_receiver_only(lab_factory):
     rcvbuf = d[("kern_udp_rcvbuf_errors", "h2")]
     assert n - received - 5 <= rcvbuf <= n - received, (n, received, rcvbuf)
     assert d[("kern_udp_in_errors", "h2")] >= rcvbuf  # InErrors counts buffer drops too
+    # who dropped them: the socket's own drops column, by whether it was open at the first sample
+    if opened == "before":
+        assert d[("kern_udp_daemon_drops", "h2")] == rcvbuf and d[("kern_udp_tool_drops", "h2")] == 0
+    else:
+        assert d[("kern_udp_tool_drops", "h2")] == rcvbuf and d[("kern_udp_daemon_drops", "h2")] == 0
     # the sender's namespace saw none of it, and the path dropped nothing
     for name in ("kern_udp_rcvbuf_errors", "kern_udp_sndbuf_errors", "kern_udp_in_errors"):
         assert d[(name, "h1")] == 0

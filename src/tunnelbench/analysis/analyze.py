@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tunnelbench.analysis.emulator import emulator_facts
 from tunnelbench.analysis.stats import (
     Better,
     Describe,
@@ -27,6 +28,7 @@ from tunnelbench.analysis.stats import (
     ratio_ci,
     tiers,
 )
+from tunnelbench.analysis.verdict import CaseFacts, Verdict, is_ceiling_metric, judge
 from tunnelbench.case_metrics import DAEMON_METRICS
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.core.metrics import declared
@@ -141,6 +143,7 @@ class Group:
     case_ids: list[int] = field(default_factory=list)
     desc: Describe | None = None
     ratio: tuple[float, float, float] | None = None  # (median / baseline median, CI lo, CI hi)
+    verdict: Verdict = field(default_factory=Verdict)  # measured, or what limited it (analysis/verdict.py)
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -265,6 +268,7 @@ def analyze(runs: list[RunData]) -> Analysis:
     # per case: the headline goodput and daemon CPU per role, for efficiency
     per_case: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
     usage_raw: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    facts: dict[tuple[str, int], CaseFacts] = defaultdict(CaseFacts)  # per case: its instruments, its engine
     profiles: list[str] = []
     labels: list[str] = []
     for r in runs:
@@ -282,6 +286,7 @@ def analyze(runs: list[RunData]) -> Analysis:
             c = case_by_id[cid]
             var = variant_of[(r.run_id, c.vpn)]
             name, host = m["name"], m["host"]
+            facts[(r.run_id, cid)].add(name, m["value"])
             if name in DAEMON_METRICS:
                 if name == "daemon_cpu_pct" and host is not None:  # every host's daemons, for multihost
                     d = per_case[(r.run_id, cid)]
@@ -323,6 +328,7 @@ def analyze(runs: list[RunData]) -> Analysis:
             base = groups.get((bv, g.profile, g.label, g.metric))
             if base and base.values:
                 g.ratio = ratio_ci(g.values, base.values)
+    _judge(runs, groups, facts, base_variant)
     # families: per (profile, label, metric) across variants
     fam: dict[tuple[str, str, str], dict[str, Group]] = defaultdict(dict)
     for g in groups.values():
@@ -333,8 +339,9 @@ def analyze(runs: list[RunData]) -> Analysis:
         any_g = next(iter(gs.values()))
         gs = dict(sorted(gs.items(), key=lambda kv: rank.get(kv[0], 99)))
         f = Family(profile, label, any_g.workload, metric, any_g.unit, any_g.better, gs)
-        if len(gs) > 1:
-            f.tiering = tiers({v: g.values for v, g in gs.items()}, any_g.better)
+        ranked = {v: g.values for v, g in gs.items() if g.verdict.ranked}  # limited cells take no tier
+        if len(ranked) > 1:
+            f.tiering = tiers(ranked, any_g.better)
         families.append(f)
     lrank = {lb: i for i, lb in enumerate(labels)}
     prank = {p: i for i, p in enumerate(profiles)}
@@ -351,6 +358,28 @@ def analyze(runs: list[RunData]) -> Analysis:
         profiles,
         labels,
     )
+
+
+def _judge(
+    runs: list[RunData],
+    groups: dict[tuple[str, str, str, str], Group],
+    facts: dict[tuple[str, int], CaseFacts],
+    base_variant: dict[str, str | None],
+) -> None:
+    """Each group's verdict from its cases' facts, its ratio to the baseline and the VPN's engine tax."""
+    taxes = {
+        r.run_id: {p.profile: p.tax_pct for p in emulator_facts(r.env, r.metrics).profiles if p.mode}
+        for r in runs
+    }
+    for g in groups.values():
+        base = groups.get((base_variant.get(g.run_id) or "", g.profile, g.label, g.metric))
+        ceiling = g.ratio if is_ceiling_metric(g.unit, g.better) and g.vpn != BASELINE else None
+        g.verdict = judge(
+            [facts[(g.run_id, cid)] for cid in g.case_ids],
+            ceiling=ceiling if ceiling and not any(map(math.isnan, ceiling)) else None,
+            baseline_median=base.desc.median if base and base.desc else None,
+            tax_pct=taxes.get(g.run_id, {}).get(g.profile, {}).get(g.vpn),
+        )
 
 
 def _scaling(groups: dict[tuple[str, str, str, str], Group], variants: list[str]) -> list[Derived]:

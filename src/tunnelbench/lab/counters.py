@@ -11,6 +11,13 @@ Per host (per network namespace in the embedded lab, per machine over SSH), one 
       rx/tx `drop` summed over the interfaces of /proc/net/dev except `lo` (veth, tunnel, NIC): on the
       router, a full qdisc or an impairment's drops show here. An interface created or removed during the
       case can make the sum go down: such a delta is not recorded.
+  udp_tool_drops, udp_daemon_drops
+      who lost the datagrams RcvbufErrors counted, read from the `drops` column of /proc/net/udp and
+      /proc/net/udp6 (one line per socket, keyed by inode): a socket open at both samples is long-lived (a
+      VPN daemon's underlay socket, the lab's own daemons): its drops are udp_daemon_drops; what RcvbufErrors
+      counted beyond those was dropped on sockets opened and closed within the case, the measuring tools'
+      (iperf3, sockperf, ...): udp_tool_drops. A tool's socket that overflowed means the tool, not the
+      tunnel, lost those datagrams: the case is instrument-bound.
 Per machine:
   softnet_dropped, softnet_squeezed
       columns 2 (dropped: a CPU's backlog queue was full) and 3 (time_squeeze: NAPI ran out of budget) of
@@ -31,6 +38,8 @@ if TYPE_CHECKING:
     from tunnelbench.lab.host import Host
 
 SNMP, SNMP6, DEV, SOFTNET = "/proc/net/snmp", "/proc/net/snmp6", "/proc/net/dev", "/proc/net/softnet_stat"
+UDP4, UDP6 = "/proc/net/udp", "/proc/net/udp6"
+SOCKET = "socket:"  # a sample's per-socket drops: key SOCKET + inode (not a counter of its own)
 MACHINE = "machine"  # the host label of the embedded lab's machine-wide counters (softnet)
 PREFIX = "kern_"  # metric name = PREFIX + counter
 UDP_FIELDS = {
@@ -39,7 +48,7 @@ UDP_FIELDS = {
     "SndbufErrors": "udp_sndbuf_errors",
     "NoPorts": "udp_no_ports",
 }
-HOST_COUNTERS = (*UDP_FIELDS.values(), "if_rx_dropped", "if_tx_dropped")
+HOST_COUNTERS = (*UDP_FIELDS.values(), "if_rx_dropped", "if_tx_dropped", "udp_tool_drops", "udp_daemon_drops")
 MACHINE_COUNTERS = ("softnet_dropped", "softnet_squeezed")
 
 
@@ -62,6 +71,19 @@ def parse_snmp6(text: str) -> dict[str, int]:
             key = UDP_FIELDS.get(parts[0].removeprefix("Udp6"))
             if key:
                 out[key] = int(parts[1])
+    return out
+
+
+def parse_udp_sockets(text: str) -> dict[str, int]:
+    """Per UDP socket of /proc/net/udp or udp6 (a header line, then `sl local rem st tx:rx tr:when retrnsmt uid
+    timeout inode ref pointer drops`): {SOCKET + inode: drops}, and SOCKET + "table": 0 when the table was
+    read at all. Sockets with inode 0 (orphaned) are skipped."""
+    out: dict[str, int] = {SOCKET + "table": 0} if "inode" in text else {}  # read, even with no socket open
+    for line in text.splitlines():
+        cols = line.split()
+        if len(cols) < 13 or not cols[0].endswith(":") or not cols[9].isdigit() or cols[9] == "0":
+            continue
+        out[SOCKET + cols[9]] = out.get(SOCKET + cols[9], 0) + int(cols[-1])
     return out
 
 
@@ -117,13 +139,14 @@ def parse_all(texts: dict[str, str]) -> dict[str, int]:
         raise ValueError(f"no Udp counters in {SNMP}")
     for key, n in parse_snmp6(texts.get(SNMP6, "")).items():
         udp[key] = udp.get(key, 0) + n
-    return {**udp, **parse_dev(texts.get(DEV, "")), **parse_softnet(texts.get(SOFTNET, ""))}
+    socks = {**parse_udp_sockets(texts.get(UDP4, "")), **parse_udp_sockets(texts.get(UDP6, ""))}
+    return {**udp, **parse_dev(texts.get(DEV, "")), **parse_softnet(texts.get(SOFTNET, "")), **socks}
 
 
 def read_counters(host: Host, softnet: bool = False) -> dict[str, int]:
     """One sample of a host's counters, with one command run on it (inside its namespace, or over SSH);
     `softnet`: also the machine's softnet_stat (for an SSH host: its machine). Raises when it cannot read."""
-    files = [SNMP, SNMP6, DEV, *([SOFTNET] if softnet else [])]
+    files = [SNMP, SNMP6, DEV, UDP4, UDP6, *([SOFTNET] if softnet else [])]
     # -s: a kernel without IPv6 has no snmp6 (grep then exits 2 but prints the rest)
     res = host.run(["grep", "-Hs", "", *files], timeout=10, check=False)
     return parse_all(split_grep(res.stdout, files))
@@ -164,11 +187,18 @@ def deltas(
     before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
 ) -> list[tuple[str, int, str, str]]:
     """(metric, after - before, "count", host) for every counter sampled both times; a counter that went
-    down (an interface removed, a machine rebooted) is left out."""
+    down (an interface removed, a machine rebooted) is left out. The per-socket drops become udp_daemon_drops
+    (sockets open at both samples) and udp_tool_drops (the rest of RcvbufErrors' increase)."""
     out = []
     for host, b in before.items():
         a = after.get(host, {})
         for key, v0 in b.items():
-            if key in a and a[key] >= v0:
+            if not key.startswith(SOCKET) and key in a and a[key] >= v0:
                 out.append((PREFIX + key, a[key] - v0, "count", host))
+        rcvbuf = a.get("udp_rcvbuf_errors", -1) - b.get("udp_rcvbuf_errors", 0)
+        if rcvbuf < 0 or not any(k.startswith(SOCKET) for k in (*a, *b)):
+            continue  # no UDP sample, or no socket table read (an old sample): no attribution
+        daemon = sum(max(0, a[k] - v) for k, v in b.items() if k.startswith(SOCKET) and k in a)
+        out.append((PREFIX + "udp_daemon_drops", daemon, "count", host))
+        out.append((PREFIX + "udp_tool_drops", max(0, rcvbuf - daemon), "count", host))
     return out

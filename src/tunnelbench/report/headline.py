@@ -14,6 +14,7 @@ from typing import Any
 
 from tunnelbench.analysis.analyze import BASELINE, Analysis, Family, RunData
 from tunnelbench.analysis.stats import ALPHA, Better, Tiering, tiers
+from tunnelbench.analysis.verdict import SHORT, limited_lines
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.report.fmt import num
 
@@ -21,7 +22,8 @@ MAX_COLUMNS = 5  # metric columns per table: 5 of ~17 characters plus the VPN co
 UNIT_SUFFIXES = ("_mbps", "_ms", "_s", "_pct")
 CAPTION = (
     "median over repetitions (T = significance tier, 1 = best; one tier = no significant difference, "
-    f"Mann-Whitney U, Holm, α = {ALPHA}); × = median / no-VPN baseline (CI in the report)"
+    f"Mann-Whitney U, Holm, α = {ALPHA}); × = median / no-VPN baseline (CI in the report); instr. / emul. = "
+    "the measuring tool / the impairment engine set the pace: shown, not ranked (why: below the table)"
 )
 
 
@@ -61,10 +63,15 @@ class Cell:
     n: int
     tier: int | None  # None: one VPN only, or no better direction
     ratio: float | None
+    limited: str = (
+        ""  # "", or the verdict that keeps it out of the ranking (instrument-bound, emulator-bound)
+    )
 
     @property
     def text(self) -> str:
         extra = [f"T{self.tier}"] if self.tier is not None else []
+        if self.limited:
+            extra.insert(0, SHORT.get(self.limited, self.limited))
         if self.ratio is not None and not math.isnan(self.ratio):
             extra.append(f"{self.ratio:.0f}×" if self.ratio >= 100 else f"{self.ratio:.2g}×")  # not 1.7e+02×
         return num(self.median, self.unit) + (f" ({', '.join(extra)})" if extra else "")
@@ -118,7 +125,8 @@ def _cell(c: Column, variant: str) -> Cell | None:
     if g is None or g.desc is None:
         return None
     tier = c.tiering.tier.get(variant) if c.tiering else None
-    return Cell(g.desc.median, c.unit, g.desc.n, tier, g.ratio[0] if g.ratio else None)
+    limited = "" if g.verdict.ranked else g.verdict.kind
+    return Cell(g.desc.median, c.unit, g.desc.n, tier, g.ratio[0] if g.ratio else None, limited)
 
 
 def _sort_key(col: Column | None, variant: str) -> tuple[int, float]:
@@ -144,7 +152,11 @@ def build(a: Analysis) -> Headline:
         )
         others = sorted((v for v in variants if v not in base), key=lambda v: _sort_key(cols[0], v))
         for c in cols:
-            vpns = {v: g.values for v, g in c.family.groups.items() if v not in base and g.values}
+            vpns = {
+                v: g.values
+                for v, g in c.family.groups.items()
+                if v not in base and g.values and g.verdict.ranked  # a limited cell takes no tier
+            }
             if len(vpns) > 1 and c.better != "none":
                 c.tiering = tiers(vpns, c.better)
         rows = []
@@ -160,6 +172,8 @@ def build(a: Analysis) -> Headline:
             line = _leader(c, multi)
             if line:
                 h.findings.append(line)
+            verdicts = {v: g.verdict for v, g in c.family.groups.items() if g.values}
+            h.findings += limited_lines(profile, c.where, verdicts, multi)
         under = [c.where for c in cols if c.family.underpowered]
         if under:
             n = min(g.desc.n for c in cols for g in c.family.groups.values() if g.desc)

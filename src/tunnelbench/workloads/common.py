@@ -14,7 +14,7 @@ import numpy as np
 from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import CaseContext, WorkloadError
-from tunnelbench.workloads.iperf3 import client_argv, start_server
+from tunnelbench.workloads.iperf3 import client_argv, sized, start_server
 
 
 def tool(name: str) -> str:
@@ -85,7 +85,9 @@ def start_iperf3(
     srv = start_server(server, server_ip, port, f"iperf3-server-{label}", log)
     json_path = ctx.artifact_dir / f"{label}-client.json"
     json_path.unlink(missing_ok=True)
-    argv = client_argv(server_ip, port, duration_s, omit_s, mss, ["--logfile", str(json_path), *args])
+    argv = client_argv(
+        server_ip, port, duration_s, omit_s, mss, ["--logfile", str(json_path), *sized(args, client, server)]
+    )
     cli = client.spawn(
         argv, label=f"iperf3-client-{label}", log_path=ctx.artifact_dir / f"{label}-client.log"
     )

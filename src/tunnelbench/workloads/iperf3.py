@@ -16,6 +16,27 @@ from tunnelbench.lab.host import CommandError, Host, Process
 from tunnelbench.workloads.base import CaseContext, WorkloadError
 
 PORT = 5201
+# iperf3's UDP sockets (-w: SO_SNDBUF on the sender, SO_RCVBUF on the receiver). At the kernel's default
+# (net.core.rmem_default, 208 KiB) the receiving iperf3 socket overflows whenever the scheduler keeps iperf3
+# off the CPU for a few ms at a few hundred Mbit/s: the UDP ceiling then measured iperf3's buffer, not a
+# tunnel (kern_udp_tool_drops counts what it still drops). 4 MiB holds ~20 ms at 1.6 Gbit/s; capped at
+# net.core.rmem_max / wmem_max (iperf3 fails when it cannot set the size it was given).
+UDP_SOCKET_BUFFER = 4 * 2**20
+
+
+def udp_window(client: Host, server: Host) -> list[str]:
+    """iperf3's `-w BYTES` for a UDP test between these hosts: UDP_SOCKET_BUFFER within both kernels' caps."""
+    caps = [UDP_SOCKET_BUFFER]
+    for host, key in ((server, "rmem_max"), (client, "wmem_max")):
+        got = host.run(["cat", f"/proc/sys/net/core/{key}"], check=False).stdout.strip()
+        if got.isdigit():
+            caps.append(int(got))
+    return ["-w", str(min(caps))]
+
+
+def sized(args: Sequence[str], client: Host, server: Host) -> list[str]:
+    """The client's arguments with the socket buffer sized for a UDP test (-u without a -w of its own)."""
+    return [*args, *udp_window(client, server)] if "-u" in args and "-w" not in args else list(args)
 
 
 def wait_listening(host: Host, port: int, timeout: float = 5.0, what: str = "iperf3 server") -> None:
@@ -64,7 +85,14 @@ def run_client(
     srv_log = ctx.artifact_dir / f"{tag}-server.log"
     server = start_server(ctx.server, ctx.server_ip, PORT, "iperf3-server", srv_log)
     try:
-        argv = client_argv(ctx.server_ip, PORT, duration_s, omit_s, ctx.options.get("mss"), args)
+        argv = client_argv(
+            ctx.server_ip,
+            PORT,
+            duration_s,
+            omit_s,
+            ctx.options.get("mss"),
+            sized(args, ctx.client, ctx.server),
+        )
         t0 = time.monotonic()
         try:
             res = ctx.client.run(argv, timeout=min(ctx.remaining(), duration_s + omit_s + 30), check=False)

@@ -1,0 +1,136 @@
+"""A cell's verdict (analysis/verdict.py): the measuring tool's own drops, its CPU, the lab's ceiling and the
+impairment engine each keep a cell out of the ranking, shown with the reason. Hand-made stores with known
+answers, and one lab test that plants a tiny iperf3 receive buffer and finds the drops on the tool's socket."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.analysis.verdict import CaseFacts, judge
+from tunnelbench.core.results import Outcome, Sample
+from tunnelbench.report.headline import build
+from tunnelbench.store import DB_NAME, Store
+
+RUN = "20260101-000000-tbverd"
+
+
+def make_run(root: Path, cells: dict[str, tuple[list[float], dict[str, float]]]) -> Path:
+    """One run of udp_ceiling under `baseline`: per VPN its ceilings (one per repetition) and extra per-case
+    metrics {"name@host" or "name": value} added to every repetition."""
+    run_dir = root / RUN
+    run_dir.mkdir(parents=True)
+    st = Store(run_dir / DB_NAME)
+    st.begin_run(RUN, "tbverd", 'name = "hand-made"\n', "0.1.0")
+    for vpn, (values, extra) in cells.items():
+        st.set_vpn(RUN, vpn, "1.0", "ok")
+        for rep, v in enumerate(values, 1):
+            adir = run_dir / "cases" / vpn / f"r{rep}"
+            adir.mkdir(parents=True)
+            cid = st.start_case(
+                RUN, vpn, "baseline", "udp_ceiling", "udp-ceiling", {}, rep, 0, "h1", "h2", adir
+            )
+            samples = [Sample("udp_ceiling_mbps", v, "Mbit/s")]
+            for key, x in extra.items():
+                name, _, host = key.partition("@")
+                samples.append(Sample(name, x, "count" if name.startswith("kern_") else "%", host or None))
+            st.finish_case(cid, "ok", Outcome(samples=samples))
+    st.end_run(RUN, "ok")
+    st.close()
+    return run_dir
+
+
+BASE = [2000.0 + i for i in range(8)]
+FAST = [800.0 + i for i in range(8)]  # separable from SLOW and clearly below the baseline
+SLOW = [300.0 + i for i in range(8)]
+
+
+def _headline(run_dir: Path):
+    a = analyze([load_run(run_dir)])
+    return a, build(a)
+
+
+def test_a_tool_that_dropped_on_its_own_socket_is_shown_with_the_reason_and_takes_no_tier(tmp_path):
+    run_dir = make_run(
+        tmp_path,
+        {
+            "internal": (BASE, {}),
+            "fast": (FAST, {"kern_udp_tool_drops@h2": 1234, "kern_udp_tool_drops@h1": 0}),
+            "slow": (SLOW, {"kern_udp_tool_drops@h2": 0}),
+            "mid": ([500.0 + i for i in range(8)], {"kern_udp_daemon_drops@h2": 999}),  # the VPN's own: fine
+        },
+    )
+    a, h = _headline(run_dir)
+    groups = {g.variant: g for g in a.groups.values() if g.metric == "udp_ceiling_mbps"}
+    assert groups["fast"].verdict.kind == "instrument-bound"
+    assert "dropped 9,872 datagrams (8 of 8 repetitions)" in groups["fast"].verdict.text  # 8 x 1234
+    assert groups["slow"].verdict.ranked and groups["mid"].verdict.ranked
+    (table,) = h.tables
+    rows = {r.variant: r for r in table.rows}
+    assert rows["fast"].cells["udp-ceiling"].text.startswith("804 (instr.")
+    assert rows["fast"].cells["udp-ceiling"].tier is None  # no tier for a limited cell
+    assert rows["mid"].cells["udp-ceiling"].tier == 1 and rows["slow"].cells["udp-ceiling"].tier == 2
+    texts = [t for t, _ in h.findings]
+    assert any(": mid leads" in t for t in texts), texts  # fast, the fastest, leads nothing
+    (why,) = [t for t in texts if "not ranked" in t]
+    assert "fast instrument-bound: the measuring tool's own socket dropped" in why and "slow" not in why
+
+
+def test_a_vpn_at_the_no_vpn_baseline_reads_the_labs_ceiling(tmp_path):
+    run_dir = make_run(tmp_path, {"internal": (BASE, {}), "fast": (BASE, {}), "slow": (SLOW, {})})
+    a, h = _headline(run_dir)
+    g = next(g for g in a.groups.values() if g.variant == "fast" and g.metric == "udp_ceiling_mbps")
+    assert g.verdict.kind == "instrument-bound" and "the lab's ceiling" in g.verdict.text
+    assert "(2,004)" in g.verdict.text  # the baseline's median, named
+    slow = next(g for g in a.groups.values() if g.variant == "slow" and g.metric == "udp_ceiling_mbps")
+    assert slow.verdict.ranked  # 0.15x the baseline: clearly below
+
+
+def test_a_saturated_iperf3_and_an_engine_bottleneck_are_named():
+    busy = [CaseFacts(tool_cpu_pct=97.0), CaseFacts(tool_cpu_pct=40.0)]
+    v = judge(busy)
+    assert v.kind == "instrument-bound" and "iperf3 used 97% of a core (1 of 2 repetitions)" in v.text
+    assert judge([CaseFacts(tool_cpu_pct=89.9)]).ranked
+    v = judge([CaseFacts(engine_bound=True), CaseFacts()])
+    assert v.kind == "emulator-bound" and "(1 of 2 repetitions)" in v.text
+    assert judge([CaseFacts()], tax_pct=25.0).kind == "emulator-bound"
+    assert judge([CaseFacts()], tax_pct=8.0).ranked
+    # both: the instrument is named first
+    assert judge([CaseFacts(tool_drops=5, engine_bound=True)]).kind == "instrument-bound"
+
+
+@pytest.mark.lab
+def test_a_planted_tiny_iperf3_buffer_shows_as_the_tools_drops(lab_factory, tmp_path, monkeypatch):
+    """A real iperf3 UDP test between two namespaces with the receiver's buffer planted tiny (-w 4 KiB): the
+    datagrams iperf3 counted lost were dropped on its own socket, and the per-socket attribution says so
+    (kern_udp_tool_drops on the server, against iperf3's own lost count); the verdict is instrument-bound."""
+    from tunnelbench.lab import counters
+    from tunnelbench.workloads import iperf3
+
+    lab = lab_factory(2)
+    h1, h2 = lab.hosts
+    monkeypatch.setattr(iperf3, "UDP_SOCKET_BUFFER", 4096)
+    before = counters.sample([h1, h2])
+    srv = iperf3.start_server(h2, h2.underlay_ip, 5201, "iperf3-server", tmp_path / "srv.log")
+    try:
+        args = iperf3.sized(["-u", "-b", "300M"], h1, h2)
+        assert args[-2:] == ["-w", "4096"]
+        res = h1.run(iperf3.client_argv(h2.underlay_ip, 5201, 2, extra=args), timeout=30)
+    finally:
+        srv.stop(grace=2)
+    time.sleep(0.2)
+    after = counters.sample([h1, h2])
+
+    lost = json.loads(res.stdout)["end"]["sum"]["lost_packets"]
+    d = {(n, h): v for n, v, _, h in counters.deltas(before, after)}
+    tool = d[("kern_udp_tool_drops", "h2")]
+    assert lost > 100, lost  # a 4 KiB buffer at 300 Mbit/s overflows
+    # nearly every lost datagram died on iperf3's socket (the last few, after the highest sequence number
+    # iperf3 saw, it does not count as lost)
+    assert 0.8 * lost <= tool <= 1.05 * lost + 50, (tool, lost)
+    assert d[("kern_udp_daemon_drops", "h2")] == 0
+    assert judge([CaseFacts(tool_drops=tool)]).kind == "instrument-bound"
