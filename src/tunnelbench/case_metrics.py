@@ -27,8 +27,22 @@ ENGINE_METRICS = (
     ),
     MetricSpec("engine_packets", "packets", "none", "packets the engine handled"),
     MetricSpec("engine_realtime", "bool", "none", "1: the engine ran with SCHED_FIFO as asked"),
-    MetricSpec("engine_cpu_pct", "%", "lower", "the engine's CPU over the case, % of one core"),
-    MetricSpec("engine_bound", "bool", "lower", "1: the emulator, not the VPN, may have set the pace"),
+    MetricSpec(
+        "engine_cpu_pct", "%", "lower", "the engine's CPU over the case, % of one core (spinning included)"
+    ),
+    MetricSpec(
+        "engine_work_pct",
+        "%",
+        "lower",
+        "the engine's CPU doing work (not spinning or idle polling), % of a core",
+    ),
+    MetricSpec("engine_late_us", "us", "lower", "mean time a held packet left after its scheduled release"),
+    MetricSpec(
+        "engine_bound",
+        "bool",
+        "lower",
+        "1: the emulator set the pace (drops, >= 85% of a core working, >= 1 ms late)",
+    ),
 )
 
 # the underlay path the case's traffic took (lab/pathcheck.py)

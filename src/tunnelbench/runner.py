@@ -31,6 +31,7 @@ from tunnelbench.impair import placement as impair_placement
 from tunnelbench.impair import tax
 from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend
 from tunnelbench.impair.calibrate import calibrate, measure_base
+from tunnelbench.impair.load import engine_load
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
 from tunnelbench.lab import counters, hostfw, pathcheck, sysctl
 from tunnelbench.lab.base import Lab
@@ -50,10 +51,6 @@ from tunnelbench.workloads.base import CaseContext, NotApplicable, Workload, Wor
 # A case fails on any error (a parser bug in one workload must not end the run); Interrupted and
 # KeyboardInterrupt are not Exceptions of this kind and always end it.
 CASE_ERRORS = (Exception,)
-# a case whose engine used this much of its core (or dropped packets the profile did not ask for) ran at
-# the emulator's pace: its throughput is marked emulator-bound
-ENGINE_BOUND_CPU_PCT = 85.0
-
 
 # router drop counters (lab.offlab_drops) -> the environment key prefix of each VPN's share
 DROP_COUNTERS = {"offlab": "offlab_drops", "tunnel_leak": "tunnel_leak_drops"}
@@ -1323,12 +1320,12 @@ class Runner:
         # asked for SCHED_FIFO: did it get it? (an engine with its own CPU does not ask)
         if self.backend.realtime:
             out.add("engine_realtime", 1.0 if s1.get("realtime") else 0.0, "router")
-        if s1.get("cpu_s") is not None and s0.get("cpu_s") is not None and s1["_t"] > s0["_t"]:
-            # the engine's CPU over the case, % of one core: near 100 the emulator, not the VPN, set the pace
-            cpu = 100 * (s1["cpu_s"] - s0["cpu_s"]) / (s1["_t"] - s0["_t"])
-            out.add("engine_cpu_pct", cpu, "router")
-            drops = s1["dropped_overflow"] - s0["dropped_overflow"]
-            out.add("engine_bound", 1.0 if cpu >= ENGINE_BOUND_CPU_PCT or drops > 0 else 0.0, "router")
+        load = engine_load(s0, s1, s1["_t"] - s0["_t"])
+        if load is not None:  # judged by its work, lateness and drops, not by its CPU share (impair/load.py)
+            out.add("engine_cpu_pct", load.cpu_pct, "router")
+            out.add("engine_work_pct", load.work_pct, "router")
+            out.add("engine_late_us", load.late_us, "router")
+            out.add("engine_bound", 1.0 if load.bound else 0.0, "router")
 
     def _lab_hosts(self) -> list[Host]:
         assert self.lab is not None

@@ -190,11 +190,17 @@ struct StatsOut<'a> {
     /// Mean / max lateness of held-packet releases (whole run), microseconds.
     release_late_us_mean: f64,
     release_late_us_max: f64,
+    /// Held packets released, and their lateness summed (whole run, microseconds): two
+    /// samples give the mean lateness between them (a case's), which the run-long mean cannot.
+    releases_held: u64,
+    release_late_us_sum: f64,
     /// Running mean of timer wake-up overshoot, and total time spent
     /// spinning for exact release times.
     timer_overshoot_us: f64,
     spin_s: f64,
     busy_poll_s: f64,
+    /// The part of busy_poll_s whose polls found nothing: waiting, not work.
+    busy_poll_idle_s: f64,
     kernel_queue_total: Option<u64>,
     kernel_queue_dropped: Option<u64>,
     kernel_user_dropped: Option<u64>,
@@ -258,6 +264,7 @@ pub struct Engine {
     busy_poll_ns: u64,
     last_rx_ns: u64,
     busy_ns: u64,
+    busy_idle_ns: u64,
     stats_path: String,
     stats_tmp: String,
     stats_error_logged: bool,
@@ -328,6 +335,7 @@ impl Engine {
             busy_poll_ns: cfg.busy_poll_us * 1000,
             last_rx_ns: 0,
             busy_ns: 0,
+            busy_idle_ns: 0,
             stats_tmp: format!("{}.tmp.{}", cfg.stats_path, pid),
             stats_path: cfg.stats_path.clone(),
             stats_error_logged: false,
@@ -658,9 +666,12 @@ impl Engine {
                 0.0
             },
             release_late_us_max: self.late_max_ns as f64 / 1e3,
+            releases_held: self.late_n,
+            release_late_us_sum: self.late_sum_ns as f64 / 1e3,
             timer_overshoot_us: self.overshoot_ewma_ns as f64 / 1e3,
             spin_s: self.spin_ns as f64 / 1e9,
             busy_poll_s: self.busy_ns as f64 / 1e9,
+            busy_poll_idle_s: self.busy_idle_ns as f64 / 1e9,
             kernel_queue_total: k.map(|k| k.0),
             kernel_queue_dropped: k.map(|k| k.1),
             kernel_user_dropped: k.map(|k| k.2),
@@ -725,6 +736,7 @@ impl Engine {
                     self.last_rx_ns = t;
                 } else {
                     std::hint::spin_loop();
+                    self.busy_idle_ns += t - now;
                 }
                 self.busy_ns += t - now;
                 continue;

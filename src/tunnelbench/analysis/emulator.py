@@ -141,7 +141,9 @@ def facts_lines(f: EmulatorFacts) -> list[str]:
         out.append(line)
         hot = [f"{v} {lbl} ({b} of {n})" for (v, lbl), (b, n) in sorted(p.bound.items()) if b]
         if hot:
-            out.append(f"  emulator-bound cases (engine >= 85% of a core or dropping): {', '.join(hot)}")
+            out.append(
+                f"  emulator-bound cases (the engine dropped, worked >= 85% of a core, or released >= 1 ms late): {', '.join(hot)}"
+            )
     for vpn, t in f.taxes.items():
         if "error" in t:
             out.append(f"engine-tax check for {vpn} failed: {t['error']}")
