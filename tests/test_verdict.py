@@ -99,6 +99,11 @@ def test_a_saturated_iperf3_and_an_engine_bottleneck_are_named():
     assert v.kind == "emulator-bound" and "(1 of 2 repetitions)" in v.text
     assert judge([CaseFacts()], tax_pct=25.0).kind == "emulator-bound"
     assert judge([CaseFacts()], tax_pct=8.0).ranked
+    v = judge([CaseFacts(sender_limited=True), CaseFacts(), CaseFacts()])
+    assert v.kind == "instrument-bound" and "sender could not offer" in v.text and "(1 of 3" in v.text
+    f = CaseFacts()
+    f.add("udp_ceiling_sender_limited", 1.0)
+    assert f.sender_limited
     # both: the instrument is named first
     assert judge([CaseFacts(tool_drops=5, engine_bound=True)]).kind == "instrument-bound"
 

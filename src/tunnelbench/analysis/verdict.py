@@ -4,8 +4,9 @@ with their reasons (DESIGN.md, "A cell is only as good as its verdict").
 
 A (VPN, profile, workload label, metric) cell is
   instrument-bound when, in any of its repetitions, the measuring tool's own UDP socket dropped datagrams
-    (kern_udp_tool_drops > 0 on a host: lab/counters.py attributes the drops per socket), or iperf3 used
-    TOOL_CPU_PCT or more of a core on either side (it reports its own CPU); or, for a rate a VPN should be
+    (kern_udp_tool_drops > 0 on a host: lab/counters.py attributes the drops per socket), iperf3 used
+    TOOL_CPU_PCT or more of a core on either side (it reports its own CPU), or the UDP ceiling's search ended
+    on a rate iperf3's sender could not offer (udp_ceiling_sender_limited); or, for a rate a VPN should be
     ranked by (Mbit/s, higher is better), when the no-VPN baseline of the same run is not clearly above it
     (the ratio's CI reaches CEILING_RATIO: the lab's own ceiling, not the VPN's);
   emulator-bound when the engine was the bottleneck in a repetition (engine_bound, judged by its work:
@@ -53,6 +54,7 @@ class CaseFacts:
 
     tool_drops: float = 0.0  # kern_udp_tool_drops summed over hosts
     tool_cpu_pct: float | None = None  # the higher of iperf3's client and server CPU
+    sender_limited: bool = False  # the UDP ceiling's failing rate failed because iperf3 could not offer it
     engine_bound: bool = False
 
     def add(self, name: str, value: float) -> None:
@@ -62,6 +64,8 @@ class CaseFacts:
             self.tool_cpu_pct = max(self.tool_cpu_pct or 0.0, value)
         elif name == "engine_bound" and value >= 1:
             self.engine_bound = True
+        elif name == "udp_ceiling_sender_limited" and value >= 1:
+            self.sender_limited = True
 
 
 def judge(
@@ -86,6 +90,9 @@ def judge(
     busy = [c.tool_cpu_pct for c in cases if c.tool_cpu_pct is not None and c.tool_cpu_pct >= TOOL_CPU_PCT]
     if busy:
         inst.append(f"iperf3 used {max(busy):.0f}% of a core ({len(busy)} of {n} repetitions)")
+    short = sum(c.sender_limited for c in cases)
+    if short:
+        inst.append(f"iperf3's sender could not offer the rate above the ceiling ({short} of {n} repetitions)")
     if ceiling is not None and ceiling[2] >= CEILING_RATIO:
         base = f" ({baseline_median:,.0f})" if baseline_median is not None else ""
         inst.append(
