@@ -325,6 +325,8 @@ pub struct Engine {
     gc: GsoCounters,
     /// Verdicts for split-queue packets in vbuf (not counted as outstanding).
     vbuf_split: usize,
+    /// Split-queue wire packets waiting in the heap.
+    split_held: usize,
     raw: Option<RawSock>,
     rules: Vec<Rule>,
     models: Vec<RuleModel>,
@@ -407,6 +409,7 @@ impl Engine {
             fates: Vec::with_capacity(128),
             gc: GsoCounters::default(),
             vbuf_split: 0,
+            split_held: 0,
             raw,
             rules,
             models,
@@ -597,6 +600,7 @@ impl Engine {
                 } => {
                     self.counters[h.rule as usize].accepted += count as u64;
                     self.gc.segments_injected += 1;
+                    self.split_held -= 1;
                     self.verdict_split(id, NF_ACCEPT, payload.as_deref());
                 }
                 Action::Verdict {
@@ -735,7 +739,7 @@ impl Engine {
     /// the heap (due at once) so that it does not overtake the split's wire
     /// packets.
     fn accept_or_queue(&mut self, id: u32, rule: u16, count: u32, now: u64) {
-        if self.splits.is_empty() {
+        if self.splits.is_empty() && self.split_held == 0 {
             self.counters[rule as usize].accepted += count as u64;
             self.accept_now(id);
         } else {
@@ -1017,6 +1021,7 @@ impl Engine {
             self.verdict_split(id, NF_DROP, None);
             return;
         }
+        self.split_held += 1;
         self.push_held_seq(
             t0 + o.delay_ns.max(0) as u64,
             seq,
