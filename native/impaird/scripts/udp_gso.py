@@ -42,7 +42,10 @@ def send(host: str, port: int, sends: int, segs: int, size: int, gap_us: float) 
 
 def recv(host: str, port: int, out: str, ready: str | None, idle: float) -> None:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+    try:  # root: past net.core.rmem_max, so that a slow receiver does not drop
+        s.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
+    except OSError:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
     s.bind((host, port))
     if ready:
         open(ready, "w").close()
