@@ -98,9 +98,11 @@ def test_engine_mode_per_profile():
     lossy = Profile(name="l", delay_ms=5, loss_pct=1)
     reord = Profile(name="r", delay_ms=5, reorder_pct=5)
     assert tax.mode_of(d, "auto") == "gso" and tax.mode_of(d, "segment") == "segment"
-    assert tax.mode_of(lossy, "auto") == "segment" and tax.mode_of(reord, "auto") == "segment"
+    # per-wire profiles too: the engine decides per wire packet inside the super-packets it takes whole
+    assert tax.mode_of(lossy, "auto") == "gso" and tax.mode_of(reord, "auto") == "gso"
+    assert tax.mode_of(lossy, "segment") == "segment"
     assert tax.mode_of(Profile(name="b"), "auto") is None
-    assert tax.modes_for([Profile(name="b"), d, lossy], "auto") == ["gso", "segment"]
+    assert tax.modes_for([Profile(name="b"), d, lossy], "auto") == ["gso"]
     assert tax.modes_for([Profile(name="b"), d], "segment") == ["segment"]
 
 
@@ -170,7 +172,7 @@ def test_host_pinning_reaches_the_process_and_keeps_its_pid(lab_factory):
 
 
 @pytest.mark.lab
-def test_engine_pinned_and_gso_only_for_delay_profiles(tmp_path):
+def test_engine_pinned_and_gso_for_every_profile(tmp_path):
     from conftest import lab_missing
 
     from tunnelbench.impair.backend import NativeBackend
@@ -199,9 +201,9 @@ def test_engine_pinned_and_gso_only_for_delay_profiles(tmp_path):
             be.clear()
         be.apply(Profile(name="l", delay_ms=1, loss_pct=1))
         try:
-            assert json.loads((be.workdir / "impaird.json").read_text())["gso"] is False
+            assert json.loads((be.workdir / "impaird.json").read_text())["gso"] is True
             time.sleep(0.2)
-            assert "per wire packet" in be.proc.log_tail()
+            assert be.proc is not None and "decided per wire packet" in be.proc.log_tail()
         finally:
             be.clear()
 

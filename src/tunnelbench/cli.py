@@ -678,8 +678,8 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
         )
     console.print(t)
     console.print(
-        "µs CPU/pkt counts the packets the engine saw: GSO super-packets in the gso rows, wire packets "
-        "in the others; kpkt/s counts wire-size packets on both",
+        "µs CPU/pkt counts wire packets in both modes (a GSO super-packet counts as the wire packets it "
+        "stands for); kpkt/s counts wire-size packets on both",
         highlight=False,
     )
     if checks:

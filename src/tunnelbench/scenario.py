@@ -156,8 +156,9 @@ class ImpairCfg(Strict):
     profiles: dict[str, Profile] = Field(default_factory=dict, description="user-defined profiles by name")
     gso: Literal["auto", "segment"] = Field(
         "auto",
-        description="native engine: auto = GSO/GRO super-packets pass whole under profiles with only delay, "
-        "jitter and rate (netem's semantics, far cheaper); segment = every wire packet separately",
+        description="native engine: auto = GSO/GRO super-packets queued whole, loss/reorder/duplicate/corrupt "
+        "decided per wire packet inside them (far cheaper); segment = the kernel segments every super-packet "
+        "before the engine sees it",
     )
     tax_check_s: int = Field(
         2,

@@ -174,6 +174,9 @@ fn default_maxlen() -> u32 {
 fn default_interval() -> u64 {
     200
 }
+fn default_true() -> bool {
+    true
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -193,11 +196,22 @@ pub struct Config {
     pub seed: Option<u64>,
     #[serde(default)]
     pub realtime: bool,
-    /// Queue GSO/GRO super-packets whole (NFQA_CFG_F_GSO), as netem sees
-    /// them: one delay decision per super-packet. Only for rules that make
-    /// no per-wire-packet decision (no loss, duplicate, corrupt, reorder).
-    #[serde(default)]
+    /// Queue GSO/GRO super-packets whole (NFQA_CFG_F_GSO) and decide per
+    /// wire packet inside them (default). A super-packet whose wire packets
+    /// all pass alike gets one verdict; otherwise it is re-queued to
+    /// `split_queue`, where the kernel segments it. `false`: the old mode,
+    /// the kernel segments every super-packet before queueing (one message
+    /// per wire packet; slower, kept for comparison).
+    #[serde(default = "default_true")]
     pub gso: bool,
+    /// NFQUEUE number for segmentation (gso mode): bound by the engine with
+    /// no iptables rule pointing at it. Default: `queue + 1`.
+    #[serde(default)]
+    pub split_queue: Option<u16>,
+    /// Wire MTU used to count the wire packets in a super-packet. Default:
+    /// the MTU of each packet's output interface (read once per interface).
+    #[serde(default)]
+    pub wire_mtu: Option<u32>,
     /// Busy-poll the queue for this long after the last packet before
     /// sleeping (0 = sleep at once). For an engine with a CPU of its own:
     /// a sleeping engine costs every burst a cross-CPU wake-up (an IPI, a
@@ -264,6 +278,10 @@ impl Config {
         Config::parse(&text)
     }
 
+    pub fn effective_split_queue(&self) -> u16 {
+        self.split_queue.unwrap_or(self.queue.wrapping_add(1))
+    }
+
     pub fn effective_max_held(&self) -> usize {
         self.max_held.unwrap_or(self.queue_maxlen as usize * 2)
     }
@@ -277,6 +295,14 @@ impl Config {
         }
         if !self.stats_path.starts_with('/') {
             return err("stats_path", "must be an absolute path");
+        }
+        if self.gso && self.effective_split_queue() == self.queue {
+            return err("split_queue", "must differ from queue");
+        }
+        if let Some(m) = self.wire_mtu {
+            if !(68..=65535).contains(&m) {
+                return err("wire_mtu", "must be within 68..65535");
+            }
         }
         if self.stats_interval_ms < 10 {
             return err("stats_interval_ms", "must be >= 10");
@@ -306,20 +332,6 @@ impl Config {
                 return err(&f("jitter_us"), format_args!("must be <= {MAX_JITTER_US}"));
             }
             check_p(&f("delay_correlation"), r.delay_correlation)?;
-            if self.gso {
-                let per_wire = [
-                    ("loss", r.loss.is_some()),
-                    ("reorder", r.reorder.as_ref().is_some_and(|x| x.p > 0.0)),
-                    ("duplicate", r.duplicate.as_ref().is_some_and(|x| x.p > 0.0)),
-                    ("corrupt", r.corrupt.as_ref().is_some_and(|x| x.p > 0.0)),
-                ];
-                if let Some((what, _)) = per_wire.iter().find(|(_, on)| *on) {
-                    return err(
-                        &f(what),
-                        "decided per wire packet: not allowed with gso = true (a GSO packet carries up to 64 KB)",
-                    );
-                }
-            }
             match &r.loss {
                 None => {}
                 Some(LossCfg::Random { p, correlation }) => {
@@ -425,22 +437,26 @@ mod tests {
     }
 
     #[test]
-    fn gso_only_with_per_packet_free_rules() {
-        // delay/jitter only: allowed
-        let ok = r#"{"stats_path": "/tmp/x.json", "gso": true,
-          "rules": [{"name": "d", "delay_us": 50, "jitter_us": 10,
-                     "reorder": {"p": 0.0}, "duplicate": {"p": 0.0}, "corrupt": {"p": 0.0}}]}"#;
-        assert!(Config::parse(ok).unwrap().0.gso);
-        // the example has loss and reorder: refused, naming the first per-wire field
-        let bad = GOOD.replace("\"realtime\": true,", "\"realtime\": true, \"gso\": true,");
+    fn gso_with_per_wire_rules() {
+        // gso is the default and accepts per-wire rules (loss, reorder, ...)
+        let (c, _) = Config::parse(GOOD).unwrap();
+        assert!(c.gso);
+        assert_eq!(c.effective_split_queue(), 1);
+        let on = GOOD.replace(
+            "\"realtime\": true,",
+            "\"realtime\": true, \"gso\": true, \"wire_mtu\": 1400, \"split_queue\": 9,",
+        );
+        let (c, r) = Config::parse(&on).unwrap();
+        assert!(c.gso && r.len() == 4);
+        assert_eq!((c.wire_mtu, c.effective_split_queue()), (Some(1400), 9));
+        let off = GOOD.replace("\"realtime\": true,", "\"realtime\": true, \"gso\": false,");
+        assert!(!Config::parse(&off).unwrap().0.gso);
+        let bad = GOOD.replace("\"queue\": 0,", "\"queue\": 3, \"split_queue\": 3,");
         let e = Config::parse(&bad).unwrap_err().0;
-        assert!(e.contains("rules[0].loss") && e.contains("gso"), "{e}");
-        let bad = ok.replace("\"reorder\": {\"p\": 0.0}", "\"reorder\": {\"p\": 0.1}");
+        assert!(e.contains("split_queue"), "{e}");
+        let bad = GOOD.replace("\"queue\": 0,", "\"queue\": 0, \"wire_mtu\": 20,");
         let e = Config::parse(&bad).unwrap_err().0;
-        assert!(e.contains("rules[0].reorder"), "{e}");
-        // without gso the same rules are fine
-        let plain = GOOD.to_string();
-        assert!(!Config::parse(&plain).unwrap().0.gso);
+        assert!(e.contains("wire_mtu"), "{e}");
     }
 
     #[test]

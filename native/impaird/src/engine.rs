@@ -2,11 +2,12 @@
 //! release-time heap (netem's tfifo), issue verdicts / inject duplicates.
 
 use crate::config::{Config, Rule};
+use crate::gso::{self, FlowKey, Plan, SegFate, Split};
 use crate::model::RuleModel;
 use crate::nfq::{self, Msg, Queue, VerdictBuf, NF_ACCEPT, NF_DROP};
 use serde::Serialize;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering as AO};
 
@@ -14,6 +15,11 @@ pub static STOP: AtomicBool = AtomicBool::new(false);
 
 /// Upper bound of the early timer wake-up (and so of one spin).
 const MAX_EARLY_NS: u64 = 200_000;
+/// A re-queued super-packet whose wire packets have not all come back by
+/// then is given up (the kernel could not queue them: split queue full).
+const SPLIT_TIMEOUT_NS: u64 = 20_000_000;
+/// Bound of the learned per-flow segment sizes (cleared when exceeded).
+const MAX_FLOWS: usize = 16_384;
 
 #[inline]
 pub fn mono_ns() -> u64 {
@@ -42,8 +48,19 @@ pub struct Counters {
 }
 
 enum Action {
-    Verdict { id: u32, payload: Option<Box<[u8]>> },
-    Inject { pkt: Box<[u8]>, dst: u32 },
+    /// A verdict for a packet of the main queue (`split` false; `count` wire
+    /// packets: a super-packet passed whole counts all of its) or of the
+    /// split queue (`split` true: one wire packet of a segmented super-packet).
+    Verdict {
+        id: u32,
+        payload: Option<Box<[u8]>>,
+        split: bool,
+        count: u32,
+    },
+    Inject {
+        pkt: Box<[u8]>,
+        dst: u32,
+    },
 }
 
 struct Held {
@@ -69,6 +86,45 @@ impl Ord for Held {
     // FIFO among equal release times.
     fn cmp(&self, o: &Self) -> Ordering {
         (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// Metadata of one queued packet.
+struct PktMeta {
+    queue: u16,
+    id: u32,
+    len: usize,
+    skb_info: u32,
+    outdev: u32,
+}
+
+/// MTU of the interface with index `ifindex` (SIOCGIFMTU).
+fn if_mtu(ifindex: u32) -> Option<usize> {
+    if ifindex == 0 {
+        return None;
+    }
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buffer of IF_NAMESIZE bytes as required.
+    if unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null() {
+        return None;
+    }
+    // SAFETY: plain syscalls; ifreq zeroed and its name NUL-terminated.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(name.iter()) {
+            *d = *s;
+        }
+        let r = libc::ioctl(fd, libc::SIOCGIFMTU, &mut ifr);
+        libc::close(fd);
+        if r < 0 {
+            return None;
+        }
+        let m = ifr.ifr_ifru.ifru_mtu;
+        (m > 0).then_some(m as usize)
     }
 }
 
@@ -204,7 +260,41 @@ struct StatsOut<'a> {
     kernel_queue_total: Option<u64>,
     kernel_queue_dropped: Option<u64>,
     kernel_user_dropped: Option<u64>,
+    /// Super-packets taken whole (GSO mode): see `GsoCounters`.
+    gso: bool,
+    #[serde(flatten)]
+    gso_counters: GsoCounters,
     rules: BTreeMap<&'a str, Counters>,
+}
+
+/// What happened to queued packets in GSO mode. Per-rule counters above
+/// count wire packets; these count super-packets (queued packets that stand
+/// for more than one wire packet) and the wire packets split out of them.
+#[derive(Default, Clone, Copy, Serialize, Debug)]
+pub struct GsoCounters {
+    /// Queued packets standing for >1 wire packet.
+    pub gso_packets: u64,
+    /// ... passed whole with one verdict (the fast path).
+    pub gso_whole: u64,
+    /// ... dropped whole (every wire packet lost).
+    pub gso_dropped_whole: u64,
+    /// ... re-queued for segmentation (wire packets with different fates).
+    pub gso_segmented: u64,
+    /// Single wire packets re-queued to get their bytes (corrupt, duplicate).
+    pub single_requeued: u64,
+    /// Wire packets released from segmented super-packets (ACCEPT on the split queue).
+    pub segments_injected: u64,
+    /// Wire packets that came back from the split queue.
+    pub segments_in: u64,
+    /// Segmentations where the kernel made a different number of wire
+    /// packets than counted (segment size not known yet for the flow).
+    pub gso_size_mismatch: u64,
+    /// Segment sizes learned per flow (differing from the MTU-derived one).
+    pub gso_size_learned: u64,
+    /// Re-queued packets whose wire packets never came back.
+    pub split_lost: u64,
+    /// Packets on the split queue that matched no re-queued packet.
+    pub split_unmatched: u64,
 }
 
 /// (user, system) CPU seconds of this process.
@@ -230,6 +320,19 @@ fn kernel_queue_stats(queue: u16) -> Option<(u64, u64, u64)> {
 
 pub struct Engine {
     q: Queue,
+    /// GSO mode: super-packets whole on `q.queue`, segmentation on `split_q`.
+    gso: bool,
+    split_q: u16,
+    wire_mtu: Option<usize>,
+    mtu_cache: HashMap<u32, usize>,
+    flow_gso: HashMap<FlowKey, u16>,
+    splits: VecDeque<Split>,
+    fates: Vec<SegFate>,
+    gc: GsoCounters,
+    /// Verdicts for split-queue packets in vbuf (not counted as outstanding).
+    vbuf_split: usize,
+    /// Split-queue wire packets waiting in the heap.
+    split_held: usize,
     raw: Option<RawSock>,
     rules: Vec<Rule>,
     models: Vec<RuleModel>,
@@ -304,6 +407,16 @@ impl Engine {
         let pid = std::process::id();
         Ok(Engine {
             q,
+            gso: cfg.gso,
+            split_q: cfg.effective_split_queue(),
+            wire_mtu: cfg.wire_mtu.map(|m| m as usize),
+            mtu_cache: HashMap::new(),
+            flow_gso: HashMap::new(),
+            splits: VecDeque::new(),
+            fates: Vec::with_capacity(128),
+            gc: GsoCounters::default(),
+            vbuf_split: 0,
+            split_held: 0,
             raw,
             rules,
             models,
@@ -378,9 +491,10 @@ impl Engine {
 
     /// Send all pending verdicts (one sendto).
     fn flush(&mut self) {
-        // vbuf.count counts individual verdict messages (one per packet).
-        let total = self.accepts.len() + self.vbuf.count;
-        if total == 0 {
+        // vbuf.count counts individual verdict messages (one per packet);
+        // those for split-queue packets are not among `outstanding`.
+        let total = self.accepts.len() + self.vbuf.count - self.vbuf_split;
+        if total == 0 && self.vbuf_split == 0 {
             return;
         }
         if self.use_batch
@@ -405,6 +519,7 @@ impl Engine {
             eprintln!("impaird: verdict send failed: {e}");
         }
         self.outstanding -= total;
+        self.vbuf_split = 0;
         self.accepts.clear();
         self.accepts_sorted = true;
         self.vbuf_has_accept = false;
@@ -413,9 +528,13 @@ impl Engine {
 
     fn push_held(&mut self, at: u64, rule: u16, action: Action) {
         self.seq += 1;
+        self.push_held_seq(at, self.seq, rule, action);
+    }
+
+    fn push_held_seq(&mut self, at: u64, seq: u64, rule: u16, action: Action) {
         self.heap.push(Held {
             at,
-            seq: self.seq,
+            seq,
             rule,
             action,
         });
@@ -435,10 +554,43 @@ impl Engine {
         }
     }
 
+    /// A verdict for a wire packet on the split queue.
+    fn verdict_split(&mut self, id: u32, verdict: u32, payload: Option<&[u8]>) {
+        if verdict == NF_ACCEPT && !self.accepts.is_empty() {
+            // Keep wire order: plain accepts collected so far go first.
+            for i in 0..self.accepts.len() {
+                let a = self.accepts[i];
+                self.vbuf.push(a, NF_ACCEPT, None);
+            }
+            self.accepts.clear();
+            self.accepts_sorted = true;
+            self.vbuf_has_accept = true;
+        }
+        self.vbuf.push_q(self.split_q, id, verdict, payload);
+        self.vbuf_split += 1;
+        if self.vbuf.buf.len() >= nfq::VERDICT_FLUSH_AT {
+            self.flush();
+        }
+    }
+
     fn release_due(&mut self, now: u64) {
         while let Some(top) = self.heap.peek() {
             if top.at > now {
                 break;
+            }
+            // Order barrier: nothing queued after a re-queued super-packet
+            // leaves before its wire packets have come back from the split
+            // queue (they return within the same loop turn; a timeout guards
+            // against a kernel that could not queue them).
+            if let Some(s) = self.splits.front() {
+                if top.seq > s.seq_end {
+                    if now.saturating_sub(s.t0) > SPLIT_TIMEOUT_NS {
+                        self.splits.pop_front();
+                        self.gc.split_lost += 1;
+                        continue;
+                    }
+                    break;
+                }
             }
             let h = self.heap.pop().unwrap();
             let late = now - h.at;
@@ -448,15 +600,33 @@ impl Engine {
                 self.late_max_ns = late;
             }
             match h.action {
-                Action::Verdict { id, payload: None } => {
-                    self.counters[h.rule as usize].accepted += 1;
+                Action::Verdict {
+                    id,
+                    payload,
+                    split: true,
+                    count,
+                } => {
+                    self.counters[h.rule as usize].accepted += count as u64;
+                    self.gc.segments_injected += 1;
+                    self.split_held -= 1;
+                    self.verdict_split(id, NF_ACCEPT, payload.as_deref());
+                }
+                Action::Verdict {
+                    id,
+                    payload: None,
+                    count,
+                    ..
+                } => {
+                    self.counters[h.rule as usize].accepted += count as u64;
                     self.accept_now(id);
                 }
                 Action::Verdict {
                     id,
                     payload: Some(p),
+                    count,
+                    ..
                 } => {
-                    self.counters[h.rule as usize].accepted += 1;
+                    self.counters[h.rule as usize].accepted += count as u64;
                     self.verdict_now(id, NF_ACCEPT, Some(&p));
                 }
                 Action::Inject { pkt, dst } => self.inject(h.rule, &pkt, dst),
@@ -554,6 +724,321 @@ impl Engine {
             Action::Verdict {
                 id,
                 payload: payload_mod,
+                split: false,
+                count: 1,
+            },
+        );
+    }
+
+    /// Wire MTU of the output interface (config `wire_mtu` overrides).
+    fn mtu_of(&mut self, outdev: u32) -> usize {
+        if let Some(m) = self.wire_mtu {
+            return m;
+        }
+        if let Some(&m) = self.mtu_cache.get(&outdev) {
+            return m;
+        }
+        let m = if_mtu(outdev).unwrap_or(1500);
+        self.mtu_cache.insert(outdev, m);
+        m
+    }
+
+    /// Accept a main-queue packet now; behind a pending split it waits in
+    /// the heap (due at once) so that it does not overtake the split's wire
+    /// packets.
+    fn accept_or_queue(&mut self, id: u32, rule: u16, count: u32, now: u64) {
+        if self.splits.is_empty() && self.split_held == 0 {
+            self.counters[rule as usize].accepted += count as u64;
+            self.accept_now(id);
+        } else {
+            self.push_held(
+                now,
+                rule,
+                Action::Verdict {
+                    id,
+                    payload: None,
+                    split: false,
+                    count,
+                },
+            );
+        }
+    }
+
+    /// GSO mode: one packet of the main queue (a super-packet or a single
+    /// wire packet); decide per wire packet, then pass it whole, drop it
+    /// whole, or re-queue it to the split queue.
+    fn on_gso_packet(&mut self, m: &PktMeta, payload: &[u8], now: u64) {
+        let id = m.id;
+        self.outstanding += 1;
+        self.last_id = id;
+        let Some(h) = gso::parse_headers(payload) else {
+            self.unmatched += 1;
+            self.accept_now(id);
+            return;
+        };
+        let (src, dst) = (h.key.src, h.key.dst);
+        let Some(ri) = self
+            .rules
+            .iter()
+            .position(|r| r.src.contains(src) && r.dst.contains(dst))
+        else {
+            self.unmatched += 1;
+            self.accept_now(id);
+            return;
+        };
+        let rule = ri as u16;
+        let is_gso = m.skb_info & nfq::NFQA_SKB_GSO != 0;
+        let (n, gso_size) = if is_gso {
+            let mtu = self.mtu_of(m.outdev);
+            let learned = self.flow_gso.get(&h.key).copied();
+            gso::segment_count(m.len, &h, true, mtu, learned)
+        } else {
+            (1, 0)
+        };
+        if n > 1 {
+            self.gc.gso_packets += 1;
+        }
+        let mut fates = std::mem::take(&mut self.fates);
+        let plan = gso::decide(&mut self.models[ri], n, &mut fates);
+        let c = &mut self.counters[ri];
+        match plan {
+            Plan::Whole {
+                delay_ns,
+                reordered,
+            } => {
+                self.fates = fates;
+                c.packets_in += n as u64;
+                if reordered {
+                    c.reordered += n as u64;
+                }
+                if n > 1 {
+                    self.gc.gso_whole += 1;
+                }
+                if delay_ns <= 0 {
+                    self.accept_or_queue(id, rule, n, now);
+                } else if self.heap.len() >= self.max_held {
+                    self.counters[ri].dropped_overflow += n as u64;
+                    self.verdict_now(id, NF_DROP, None);
+                } else {
+                    self.push_held(
+                        now + delay_ns as u64,
+                        rule,
+                        Action::Verdict {
+                            id,
+                            payload: None,
+                            split: false,
+                            count: n,
+                        },
+                    );
+                }
+            }
+            Plan::Drop => {
+                self.fates = fates;
+                c.packets_in += n as u64;
+                c.dropped_loss += n as u64;
+                if n > 1 {
+                    self.gc.gso_dropped_whole += 1;
+                }
+                self.verdict_now(id, NF_DROP, None);
+            }
+            Plan::Split => {
+                if n > 1 {
+                    self.gc.gso_segmented += 1;
+                } else {
+                    self.gc.single_requeued += 1;
+                }
+                // Reserve heap sequence numbers for the wire packets (with
+                // room for a few more than counted), so that they keep their
+                // place among packets queued after the super-packet.
+                let reserve = (2 * n as u64).max(128);
+                let seq_base = self.seq + 1;
+                self.seq += reserve;
+                let expected = if n > 1
+                    || h.key.proto == gso::IPPROTO_TCP
+                    || h.key.proto == gso::IPPROTO_UDP
+                {
+                    m.len.saturating_sub(h.hdr)
+                } else {
+                    m.len.saturating_sub(h.ihl)
+                };
+                self.splits.push_back(Split {
+                    key: h.key,
+                    rule,
+                    t0: now,
+                    seq_base,
+                    seq_end: seq_base + reserve - 1,
+                    expected,
+                    seen: 0,
+                    gso_size,
+                    next: 0,
+                    fates,
+                });
+                self.fates = Vec::with_capacity(128);
+                self.verdict_now(id, nfq::nf_queue_nr(self.split_q), None);
+            }
+        }
+    }
+
+    /// A wire packet back from the split queue: apply the fate decided for it.
+    fn on_split_packet(&mut self, m: &PktMeta, payload: &[u8], now: u64) {
+        self.gc.segments_in += 1;
+        let h = gso::parse_headers(payload);
+        let key = h.map(|h| h.key).unwrap_or_default();
+        let k = self.splits.iter().take(64).position(|s| s.key == key);
+        let Some(k) = k else {
+            // Not from a re-queued packet we know of: decide it afresh as one
+            // wire packet (its rule by address), or pass it if none matches.
+            self.gc.split_unmatched += 1;
+            let ri = self
+                .rules
+                .iter()
+                .position(|r| r.src.contains(key.src) && r.dst.contains(key.dst));
+            match ri {
+                Some(ri) if h.is_some() => {
+                    let (orig, clone) = self.models[ri].process();
+                    let seq = self.seq + 1;
+                    self.seq += 1;
+                    self.apply_split_fate(
+                        ri as u16,
+                        m.id,
+                        payload,
+                        SegFate { orig, clone },
+                        now,
+                        seq,
+                    );
+                }
+                _ => self.verdict_split(m.id, NF_ACCEPT, None),
+            }
+            return;
+        };
+        // Wire packets come back in re-queue order: earlier splits that
+        // got none are lost (the kernel could not queue them).
+        for _ in 0..k {
+            self.splits.pop_front();
+            self.gc.split_lost += 1;
+        }
+        let h = h.unwrap();
+        let s = self.splits.front_mut().unwrap();
+        let idx = s.next;
+        s.next += 1;
+        let seg_payload =
+            if s.gso_size > 0 || key.proto == gso::IPPROTO_TCP || key.proto == gso::IPPROTO_UDP {
+                m.len.saturating_sub(h.hdr)
+            } else {
+                m.len.saturating_sub(h.ihl)
+            };
+        s.seen += seg_payload;
+        let done = s.seen >= s.expected;
+        let rule = s.rule;
+        let t0 = s.t0;
+        let seq = (s.seq_base + idx as u64).min(s.seq_end);
+        // learn the flow's real segment size from its first wire packet
+        if idx == 0 && s.gso_size > 0 && !done && seg_payload as u32 != s.gso_size {
+            if self.flow_gso.len() >= MAX_FLOWS {
+                self.flow_gso.clear();
+            }
+            self.flow_gso
+                .insert(key, seg_payload.min(u16::MAX as usize) as u16);
+            self.gc.gso_size_learned += 1;
+        }
+        let fate = if idx < s.fates.len() {
+            s.fates[idx]
+        } else {
+            // more wire packets than counted: decide the extra ones now, with
+            // the shared delay of the others
+            let shared = s
+                .fates
+                .iter()
+                .filter_map(|f| f.orig)
+                .find(|o| !o.reordered)
+                .map(|o| o.delay_ns);
+            let (mut orig, clone) = self.models[rule as usize].process();
+            if let (Some(o), Some(sh)) = (orig.as_mut(), shared) {
+                if !o.reordered {
+                    o.delay_ns = sh;
+                }
+            }
+            SegFate { orig, clone }
+        };
+        let s = self.splits.front().unwrap();
+        if done && idx + 1 != s.fates.len() {
+            // the kernel made more or fewer wire packets than counted
+            self.gc.gso_size_mismatch += 1;
+        }
+        if done {
+            self.splits.pop_front();
+        }
+        self.apply_split_fate(rule, m.id, payload, fate, t0, seq);
+    }
+
+    /// Apply one wire packet's fate on the split queue (netem_enqueue's
+    /// effects, as on_packet does for a per-wire queue). Releases go through
+    /// the heap, so they keep the order of the sequence numbers reserved.
+    fn apply_split_fate(
+        &mut self,
+        rule: u16,
+        id: u32,
+        payload: &[u8],
+        f: SegFate,
+        t0: u64,
+        seq: u64,
+    ) {
+        let ri = rule as usize;
+        self.counters[ri].packets_in += 1;
+        let Some(o) = f.orig else {
+            self.counters[ri].dropped_loss += 1;
+            self.verdict_split(id, NF_DROP, None);
+            return;
+        };
+        if let Some(c) = f.clone {
+            self.counters[ri].duplicated += 1;
+            let dst = gso::parse_headers(payload).map_or(0, |h| h.key.dst);
+            if c.drop {
+                self.counters[ri].dropped_loss += 1;
+            } else if self.heap.len() >= self.max_held {
+                self.counters[ri].dropped_overflow += 1;
+            } else {
+                let mut copy: Box<[u8]> = payload.into();
+                if c.corrupt {
+                    self.counters[ri].corrupted += 1;
+                    corrupt_packet(&mut copy, &mut self.models[ri]);
+                }
+                if c.reordered {
+                    self.counters[ri].reordered += 1;
+                }
+                self.push_held(
+                    t0 + c.delay_ns.max(0) as u64,
+                    rule,
+                    Action::Inject { pkt: copy, dst },
+                );
+            }
+        }
+        let payload_mod: Option<Box<[u8]>> = if o.corrupt {
+            self.counters[ri].corrupted += 1;
+            let mut p: Box<[u8]> = payload.into();
+            corrupt_packet(&mut p, &mut self.models[ri]);
+            Some(p)
+        } else {
+            None
+        };
+        if o.reordered {
+            self.counters[ri].reordered += 1;
+        }
+        if self.heap.len() >= self.max_held {
+            self.counters[ri].dropped_overflow += 1;
+            self.verdict_split(id, NF_DROP, None);
+            return;
+        }
+        self.split_held += 1;
+        self.push_held_seq(
+            t0 + o.delay_ns.max(0) as u64,
+            seq,
+            rule,
+            Action::Verdict {
+                id,
+                payload: payload_mod,
+                split: true,
+                count: 1,
             },
         );
     }
@@ -561,20 +1046,34 @@ impl Engine {
     fn handle_datagram(&mut self, d: &[u8], now: u64) {
         // One queued packet per datagram (nfnetlink_queue unicasts one
         // skb per packet); collect it, then act outside the closure.
-        let mut pkt: Option<(u32, usize, usize)> = None;
+        let mut pkt: Option<(PktMeta, usize, usize)> = None;
         let mut errs = 0u64;
         let base = d.as_ptr() as usize;
         nfq::parse_datagram(d, |m| match m {
             Msg::Packet(p) => {
                 let off = p.payload.as_ptr() as usize - base;
-                pkt = Some((p.id, off, p.payload.len()));
+                let meta = PktMeta {
+                    queue: p.queue,
+                    id: p.id,
+                    len: p.len as usize,
+                    skb_info: p.skb_info,
+                    outdev: p.outdev,
+                };
+                pkt = Some((meta, off, p.payload.len()));
             }
             Msg::Error { errno, .. } if errno != 0 => errs += 1,
             _ => {}
         });
         self.netlink_errors += errs;
-        if let Some((id, off, len)) = pkt {
-            self.on_packet(id, &d[off..off + len], now);
+        if let Some((m, off, len)) = pkt {
+            let payload = &d[off..off + len];
+            if !self.gso {
+                self.on_packet(m.id, payload, now);
+            } else if m.queue == self.split_q && m.queue != self.q.queue {
+                self.on_split_packet(&m, payload, now);
+            } else {
+                self.on_gso_packet(&m, payload, now);
+            }
         }
     }
 
@@ -675,6 +1174,8 @@ impl Engine {
             kernel_queue_total: k.map(|k| k.0),
             kernel_queue_dropped: k.map(|k| k.1),
             kernel_user_dropped: k.map(|k| k.2),
+            gso: self.gso,
+            gso_counters: self.gc,
             rules,
         };
         let mut json = serde_json::to_vec_pretty(&s).map_err(io::Error::other)?;
@@ -838,6 +1339,8 @@ mod tests {
                 action: Action::Verdict {
                     id: seq as u32,
                     payload: None,
+                    split: false,
+                    count: 1,
                 },
             });
         }

@@ -2,6 +2,7 @@
 
 mod config;
 mod engine;
+mod gso;
 mod model;
 mod nfq;
 
@@ -60,10 +61,25 @@ fn run(path: &str) -> ExitCode {
         .collect::<Vec<_>>();
     let need_payload = seedless.iter().any(|m| m.needs_payload());
     drop(seedless);
-    let copy_range: u32 = if need_payload { 0xffff } else { 128 };
+    // GSO mode: the main queue never needs more than the headers (a packet
+    // whose bytes are needed is re-queued to the split queue, which copies
+    // whole wire packets when some rule duplicates or corrupts).
+    let full: u32 = if need_payload { 0xffff } else { 128 };
+    let (copy_range, split) = if cfg.gso {
+        (128, Some((cfg.effective_split_queue(), full)))
+    } else {
+        (full, None)
+    };
     let nbufs = if need_payload { 64 } else { 256 };
 
-    let q = match nfq::Queue::open(cfg.queue, copy_range, cfg.queue_maxlen, nbufs, cfg.gso) {
+    let q = match nfq::Queue::open(
+        cfg.queue,
+        copy_range,
+        cfg.queue_maxlen,
+        nbufs,
+        cfg.gso,
+        split,
+    ) {
         Ok(q) => q,
         Err(e) => {
             eprintln!("impaird: {e}");
@@ -103,9 +119,12 @@ fn run(path: &str) -> ExitCode {
         cfg.effective_max_held(),
         cfg.rules.len(),
         if cfg.gso {
-            "GSO packets whole"
+            format!(
+                "GSO packets whole, decided per wire packet, split on NFQUEUE {}",
+                cfg.effective_split_queue()
+            )
         } else {
-            "per wire packet"
+            "kernel segments before queueing".to_string()
         }
     );
     match eng.run() {

@@ -26,10 +26,27 @@ const NFQA_CFG_F_GSO: u32 = 4;
 
 const NFQA_PACKET_HDR: u16 = 1;
 const NFQA_VERDICT_HDR: u16 = 2;
+const NFQA_IFINDEX_OUTDEV: u16 = 6;
 const NFQA_PAYLOAD: u16 = 10;
+const NFQA_CAP_LEN: u16 = 13;
+const NFQA_SKB_INFO: u16 = 14;
+/// NFQA_SKB_INFO flags.
+/// Not needed by the engine: it never sends a super-packet's bytes back, and the
+/// split queue (no GSO flag) gets wire packets with their checksums completed
+/// by the kernel (skb_checksum_help / software segmentation).
+#[allow(dead_code)]
+pub const NFQA_SKB_CSUMNOTREADY: u32 = 1;
+pub const NFQA_SKB_GSO: u32 = 2;
 
 pub const NF_DROP: u32 = 0;
 pub const NF_ACCEPT: u32 = 1;
+const NF_QUEUE: u32 = 3;
+
+/// Verdict that re-queues the packet to NFQUEUE `queue` (the kernel's
+/// `NF_QUEUE_NR`): nf_reinject() hands it to nf_queue() at the same hook.
+pub const fn nf_queue_nr(queue: u16) -> u32 {
+    ((queue as u32) << 16) | NF_QUEUE
+}
 
 const NLMSG_HDRLEN: usize = 16;
 const NLMSG_ERROR: u16 = 2;
@@ -70,12 +87,20 @@ fn finish_msg(buf: &mut [u8], start: usize) {
 
 /// One parsed NFQNL_MSG_PACKET.
 pub struct Packet<'a> {
+    /// Queue number (nfgenmsg res_id).
+    pub queue: u16,
     pub id: u32,
     /// Link-layer protocol (0x0800 for IPv4).
     #[allow(dead_code)]
     pub hw_protocol: u16,
     /// Copied bytes (possibly truncated by copy_range).
     pub payload: &'a [u8],
+    /// Length of the whole packet (NFQA_CAP_LEN when truncated).
+    pub len: u32,
+    /// NFQA_SKB_INFO flags (NFQA_SKB_GSO, NFQA_SKB_CSUMNOTREADY), 0 if absent.
+    pub skb_info: u32,
+    /// Output interface index (0 if absent).
+    pub outdev: u32,
 }
 
 pub enum Msg<'a> {
@@ -120,10 +145,14 @@ fn parse_one(d: &[u8], len: usize, f: &mut impl FnMut(Msg)) {
         f(Msg::Other);
         return;
     }
+    let queue = u16::from_be_bytes([body[2], body[3]]);
     let mut a = &body[4..];
     let mut id = None;
     let mut hw = 0u16;
     let mut payload: &[u8] = &[];
+    let mut cap_len = None;
+    let mut skb_info = 0u32;
+    let mut outdev = 0u32;
     while a.len() >= 4 {
         let alen = u16::from_ne_bytes([a[0], a[1]]) as usize;
         let aty = u16::from_ne_bytes([a[2], a[3]]) & 0x3fff;
@@ -138,6 +167,15 @@ fn parse_one(d: &[u8], len: usize, f: &mut impl FnMut(Msg)) {
                 hw = u16::from_be_bytes([data[4], data[5]]);
             }
             NFQA_PAYLOAD => payload = data,
+            NFQA_CAP_LEN if data.len() >= 4 => {
+                cap_len = Some(u32::from_be_bytes(data[0..4].try_into().unwrap()))
+            }
+            NFQA_SKB_INFO if data.len() >= 4 => {
+                skb_info = u32::from_be_bytes(data[0..4].try_into().unwrap())
+            }
+            NFQA_IFINDEX_OUTDEV if data.len() >= 4 => {
+                outdev = u32::from_be_bytes(data[0..4].try_into().unwrap())
+            }
             _ => {}
         }
         let adv = align4(alen);
@@ -148,9 +186,13 @@ fn parse_one(d: &[u8], len: usize, f: &mut impl FnMut(Msg)) {
     }
     match id {
         Some(id) => f(Msg::Packet(Packet {
+            queue,
             id,
             hw_protocol: hw,
             payload,
+            len: cap_len.unwrap_or(payload.len() as u32),
+            skb_info,
+            outdev,
         })),
         None => f(Msg::Other),
     }
@@ -187,6 +229,7 @@ impl Queue {
         maxlen: u32,
         nbufs: usize,
         gso: bool,
+        split: Option<(u16, u32)>,
     ) -> io::Result<Queue> {
         // SAFETY: plain syscalls with valid arguments.
         let fd = cvt(unsafe {
@@ -221,7 +264,8 @@ impl Queue {
                 )
             };
         }
-        let buf_size = align4(copy_range as usize + 1024).max(2048);
+        let widest = split.map_or(copy_range, |(_, c)| c.max(copy_range));
+        let buf_size = align4(widest as usize + 1024).max(2048);
         let mut q = Queue {
             fd,
             queue,
@@ -236,10 +280,21 @@ impl Queue {
         };
         q.setup_mmsg();
 
+        q.bind_one(queue, copy_range, maxlen, gso)?;
+        if let Some((sq, sq_copy)) = split {
+            // The split queue: no GSO flag, so the kernel segments every
+            // super-packet re-queued to it (skb_gso_segment) and queues the
+            // wire packets one by one, checksums completed.
+            q.bind_one(sq, sq_copy, maxlen, false)?;
+        }
+        Ok(q)
+    }
+
+    fn bind_one(&mut self, queue: u16, copy_range: u32, maxlen: u32, gso: bool) -> io::Result<()> {
         // BIND (pf 0, as libnetfilter_queue does).
         let mut cmd = [0u8; 4];
         cmd[0] = NFQNL_CFG_CMD_BIND;
-        q.config(NFQA_CFG_CMD, &cmd).map_err(|e| {
+        self.config(queue, NFQA_CFG_CMD, &cmd).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("binding NFQUEUE {queue} failed: {e} (EBUSY = queue already bound by another process; EPERM = need CAP_NET_ADMIN)"),
@@ -248,15 +303,15 @@ impl Queue {
         let mut params = [0u8; 5];
         params[0..4].copy_from_slice(&copy_range.to_be_bytes());
         params[4] = NFQNL_COPY_PACKET;
-        q.config(NFQA_CFG_PARAMS, &params)?;
-        q.config(NFQA_CFG_QUEUE_MAXLEN, &maxlen.to_be_bytes())?;
+        self.config(queue, NFQA_CFG_PARAMS, &params)?;
+        self.config(queue, NFQA_CFG_QUEUE_MAXLEN, &maxlen.to_be_bytes())?;
         // Flags: always clear FAIL_OPEN (fail closed). Without GSO the kernel
-        // segments GSO packets before queueing (impairment per wire packet);
-        // with it they arrive whole (one verdict per super-packet, as netem).
+        // segments GSO packets before queueing (one message per wire packet);
+        // with it they arrive whole.
         let mask = NFQA_CFG_F_FAIL_OPEN | NFQA_CFG_F_GSO;
         let flags = if gso { NFQA_CFG_F_GSO } else { 0 };
         let mut buf = Vec::new();
-        let seq = q.next_seq();
+        let seq = self.next_seq();
         let st = put_nlhdr(
             &mut buf,
             NFQNL_MSG_CONFIG,
@@ -267,9 +322,8 @@ impl Queue {
         put_attr(&mut buf, NFQA_CFG_FLAGS, &flags.to_be_bytes());
         put_attr(&mut buf, NFQA_CFG_MASK, &mask.to_be_bytes());
         finish_msg(&mut buf, st);
-        q.send(&buf)?;
-        q.wait_ack(seq)?;
-        Ok(q)
+        self.send(&buf)?;
+        self.wait_ack(seq)
     }
 
     fn setup_mmsg(&mut self) {
@@ -295,7 +349,7 @@ impl Queue {
         self.seq
     }
 
-    fn config(&mut self, attr: u16, data: &[u8]) -> io::Result<()> {
+    fn config(&mut self, queue: u16, attr: u16, data: &[u8]) -> io::Result<()> {
         let mut buf = Vec::new();
         let seq = self.next_seq();
         let st = put_nlhdr(
@@ -303,7 +357,7 @@ impl Queue {
             NFQNL_MSG_CONFIG,
             NLM_F_REQUEST | NLM_F_ACK,
             seq,
-            self.queue,
+            queue,
         );
         put_attr(&mut buf, attr, data);
         finish_msg(&mut buf, st);
@@ -448,17 +502,23 @@ impl VerdictBuf {
 
     #[inline]
     pub fn push(&mut self, id: u32, verdict: u32, payload: Option<&[u8]>) {
-        self.push_ty(NFQNL_MSG_VERDICT, id, verdict, payload)
+        self.push_ty(NFQNL_MSG_VERDICT, self.queue, id, verdict, payload)
+    }
+
+    /// A verdict for a packet of another queue (the split queue).
+    #[inline]
+    pub fn push_q(&mut self, queue: u16, id: u32, verdict: u32, payload: Option<&[u8]>) {
+        self.push_ty(NFQNL_MSG_VERDICT, queue, id, verdict, payload)
     }
 
     /// NFQNL_MSG_VERDICT_BATCH: verdict for every queued id <= `id`.
     pub fn push_batch(&mut self, id: u32, verdict: u32) {
-        self.push_ty(NFQNL_MSG_VERDICT_BATCH, id, verdict, None)
+        self.push_ty(NFQNL_MSG_VERDICT_BATCH, self.queue, id, verdict, None)
     }
 
     #[inline]
-    fn push_ty(&mut self, ty: u16, id: u32, verdict: u32, payload: Option<&[u8]>) {
-        let st = put_nlhdr(&mut self.buf, ty, NLM_F_REQUEST, 0, self.queue);
+    fn push_ty(&mut self, ty: u16, queue: u16, id: u32, verdict: u32, payload: Option<&[u8]>) {
+        let st = put_nlhdr(&mut self.buf, ty, NLM_F_REQUEST, 0, queue);
         let mut vh = [0u8; 8];
         vh[0..4].copy_from_slice(&verdict.to_be_bytes());
         vh[4..8].copy_from_slice(&id.to_be_bytes());
@@ -510,5 +570,26 @@ mod tests {
             }
         });
         assert_eq!(got, Some((42, 0x0800, vec![0x45, 0, 0, 20])));
+        // queue number, NFQA_CAP_LEN, NFQA_SKB_INFO, outdev
+        let mut b = Vec::new();
+        let st = put_nlhdr(&mut b, NFQNL_MSG_PACKET, 0, 0, 7);
+        put_attr(&mut b, NFQA_PACKET_HDR, &ph);
+        put_attr(&mut b, NFQA_IFINDEX_OUTDEV, &3u32.to_be_bytes());
+        put_attr(&mut b, NFQA_PAYLOAD, &[0x45, 0, 0, 20]);
+        put_attr(&mut b, NFQA_CAP_LEN, &65000u32.to_be_bytes());
+        put_attr(
+            &mut b,
+            NFQA_SKB_INFO,
+            &(NFQA_SKB_GSO | NFQA_SKB_CSUMNOTREADY).to_be_bytes(),
+        );
+        finish_msg(&mut b, st);
+        let mut got = None;
+        parse_datagram(&b, |m| {
+            if let Msg::Packet(p) = m {
+                got = Some((p.queue, p.id, p.len, p.skb_info, p.outdev));
+            }
+        });
+        assert_eq!(got, Some((7, 42, 65000, 3, 3)));
+        assert_eq!(nf_queue_nr(1), 0x0001_0003);
     }
 }

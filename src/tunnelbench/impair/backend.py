@@ -407,8 +407,9 @@ class NativeBackend(Backend):
         self.seed: int | None = None  # fixed for reproducible tests; random per apply otherwise
         self.stats_path = workdir / "impaird-stats.json"
         self._chain_entry: dict[str, Any] | None = None
-        # "auto": GSO/GRO super-packets pass whole when the profile makes no per-wire-packet decision (netem's
-        # semantics: it delays an skb, which may be a GSO packet); "segment": always per wire packet
+        # "auto": GSO/GRO super-packets are queued whole and the engine decides per wire packet inside them (one
+        # verdict when all pass alike, kernel segmentation on a second queue otherwise); "segment": the kernel
+        # segments every super-packet before queueing (the old, slower mode)
         self.gso_mode = "auto"
         self.gso = False  # what the running engine does
         self.cpus: str | None = None  # CPU list the engine is confined to (cpu placement), None = any
@@ -458,7 +459,7 @@ class NativeBackend(Backend):
         if not (profile.needs_engine or force_engine):
             return
         self.forced = force_engine
-        self.gso = self.gso_mode == "auto" and not profile.per_wire
+        self.gso = self.gso_mode == "auto"
         held_s = (profile.delay_ms + 3 * profile.jitter_ms) / 1000 + 0.05
         rate_pps = (profile.rate_mbit * 1e6 / 8 / 1500) if profile.rate_mbit else ENGINE_PPS_CEILING
         cfg = {

@@ -58,14 +58,14 @@ def modes_for(profiles: list[Profile], gso_mode: str) -> list[str]:
     for p in profiles:
         if p.is_baseline or not p.needs_engine:
             continue
-        out.add("gso" if gso_mode == "auto" and not p.per_wire else "segment")
+        out.add("gso" if gso_mode == "auto" else "segment")
     return sorted(out)
 
 
 def mode_of(p: Profile, gso_mode: str) -> str | None:
     if not p.needs_engine:
         return None
-    return "gso" if gso_mode == "auto" and not p.per_wire else "segment"
+    return "gso" if gso_mode == "auto" else "segment"
 
 
 def measure_tax(
