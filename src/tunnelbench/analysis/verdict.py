@@ -92,7 +92,9 @@ def judge(
         inst.append(f"iperf3 used {max(busy):.0f}% of a core ({len(busy)} of {n} repetitions)")
     short = sum(c.sender_limited for c in cases)
     if short:
-        inst.append(f"iperf3's sender could not offer the rate above the ceiling ({short} of {n} repetitions)")
+        inst.append(
+            f"iperf3's sender could not offer the rate above the ceiling ({short} of {n} repetitions)"
+        )
     if ceiling is not None and ceiling[2] >= CEILING_RATIO:
         base = f" ({baseline_median:,.0f})" if baseline_median is not None else ""
         inst.append(
