@@ -256,6 +256,9 @@ def test_ceiling_of_a_rate_limited_path_is_the_configured_rate(lab_factory):
     try:
         wl = UdpCeiling(UdpCeilingParams(step_s=1, start_mbit=20, resolution_pct=5, budget_s=60))
         m, out, took, search = case(wl, "full")
+        # two iperf3 pairs at once, each offered half the rate: the same path, the same ceiling
+        two = UdpCeiling(UdpCeilingParams(step_s=1, start_mbit=20, resolution_pct=5, budget_s=60, streams=2))
+        m2, _, _, search2 = case(two, "two")
         # a 5 s budget: 20 Mbit/s x 3 (about 1.05 s each), one probe at 40, then no room for another
         short = UdpCeiling(UdpCeilingParams(step_s=1, start_mbit=20, budget_s=5))
         ms, _, took_short, _ = case(short, "short")
@@ -268,6 +271,8 @@ def test_ceiling_of_a_rate_limited_path_is_the_configured_rate(lab_factory):
     assert m["udp_ceiling_loss_max_pct"] <= 1 and m["udp_ceiling_complete"] == 1
     assert m["udp_ceiling_goodput_mbps"] == pytest.approx(m["udp_ceiling_mbps"], rel=0.05)
     assert took <= wl.expected_seconds()
+    assert two.label() == "udp-ceiling-p2" and 0.8 * rate <= m2["udp_ceiling_mbps"] <= 1.02 * rate, m2
+    assert len(list((lab.run_dir / "cases" / "two").glob("*-s1-client.json"))) == len(search2["probes"])
     # every repeat of the ceiling ran (3 iperf3 runs) and passed
     at = [p for p in search["probes"] if p["rate_mbit"] == m["udp_ceiling_mbps"]]
     assert [p["passed"] for p in at] == [True, True, True]
@@ -322,3 +327,27 @@ def test_the_workload_warm_starts_per_vpn_and_profile(tmp_path, monkeypatch):
         ctx = CaseContext(None, None, None, d, time.monotonic() + cold.expected_seconds(), {"mss": None})
         cold.run(ctx)
         assert json.loads((d / "udp-ceiling-search.json").read_text())["start_mbit"] == 100
+
+
+def test_parallel_streams_combine_as_one_probe():
+    """Two iperf3 UDP results (hand-made): 1000 datagrams 10 lost and 3000 datagrams 30 lost = 40 of 4000 =
+    1.0% lost; rates add up; the busier process's CPU is the one that would limit."""
+    from tunnelbench.core.results import Outcome
+    from tunnelbench.workloads.udp_ceiling import combine_udp
+
+    def res(packets: int, lost: int, recv: float, sent: float, cpu: float) -> dict:
+        return {
+            "end": {
+                "sum": {"packets": packets, "lost_packets": lost, "bits_per_second": recv},
+                "sum_received": {"packets": packets, "lost_packets": lost, "bits_per_second": recv},
+                "sum_sent": {"bits_per_second": sent},
+                "cpu_utilization_percent": {"host_total": cpu, "remote_total": cpu / 2},
+            }
+        }
+
+    out = Outcome()
+    combine_udp([res(1000, 10, 100e6, 101e6, 30.0), res(3000, 30, 300e6, 303e6, 55.0)], out)
+    m = {s.name: s.value for s in out.samples}
+    assert m["udp_loss_pct"] == pytest.approx(1.0)
+    assert m["goodput_mbps"] == pytest.approx(400.0) and m["goodput_sender_mbps"] == pytest.approx(404.0)
+    assert m["iperf_cpu_client_pct"] == 55.0 and m["iperf_cpu_server_pct"] == 27.5

@@ -27,13 +27,15 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.iperf3 import parse_udp, run_client
+from tunnelbench.workloads.common import start_iperf3
+from tunnelbench.workloads.iperf3 import PORT, parse_udp, run_client
 
 # seconds one iperf3 run takes beyond -t (server spawn, listen wait, control connection, results exchange);
 # measured 0.3-0.6 s on a shared 2-core machine, 1.5 s keeps expected_seconds() an upper bound
@@ -180,6 +182,64 @@ def search_ceiling(
     return Ceiling(passed or 0.0, failed, stop, probes)
 
 
+def probe_result(o: Outcome, rate: float) -> ProbeResult:
+    """A probe's result from its parsed iperf3 samples."""
+    m = {s.name: s.value for s in o.samples}
+    if "udp_loss_pct" not in m:
+        raise WorkloadError(f"iperf3 at {rate:g} Mbit/s reported no loss figure")
+    extra: dict[str, float] = {k: m[k] for k in ("iperf_cpu_client_pct", "iperf_cpu_server_pct") if k in m}
+    return ProbeResult(m["udp_loss_pct"], m.get("goodput_mbps"), m.get("goodput_sender_mbps"), extra)
+
+
+def combine_udp(results: list[dict[str, Any]], out: Outcome) -> None:
+    """Several iperf3 UDP tests run side by side as one: rates summed, loss = lost / sent datagrams over all of
+    them, CPU the busiest process's (the one that would limit first)."""
+    lost = packets = 0
+    recv = sent = 0.0
+    cpu_c: list[float] = []
+    cpu_s: list[float] = []
+    for data in results:
+        end = data["end"]
+        s = end["sum"]
+        r, x = end.get("sum_received", s), end.get("sum_sent", s)
+        lost += int(r.get("lost_packets", s.get("lost_packets", 0)))
+        packets += int(r.get("packets", s.get("packets", 0)))
+        recv += r["bits_per_second"] / 1e6
+        sent += x["bits_per_second"] / 1e6
+        cpu = end.get("cpu_utilization_percent", {})
+        if "host_total" in cpu:
+            cpu_c.append(cpu["host_total"])
+        if "remote_total" in cpu:
+            cpu_s.append(cpu["remote_total"])
+    out.add("goodput_mbps", recv)
+    out.add("goodput_sender_mbps", sent)
+    out.add("udp_loss_pct", 100.0 * lost / packets if packets else None)
+    out.add("iperf_cpu_client_pct", max(cpu_c) if cpu_c else None)
+    out.add("iperf_cpu_server_pct", max(cpu_s) if cpu_s else None)
+
+
+def parallel_probe(
+    ctx: CaseContext, args: list[str], step_s: int, streams: int, tag: str
+) -> tuple[Outcome, float]:
+    """`streams` iperf3 client/server pairs at once (ports PORT..PORT+streams-1), as one probe."""
+    runs = []
+    t0 = time.monotonic()
+    try:
+        for i in range(streams):
+            runs.append(
+                start_iperf3(
+                    ctx, ctx.client, ctx.server, ctx.server_ip, PORT + i, args, step_s, f"{tag}-s{i}"
+                )
+            )
+        results = [r.wait(timeout=min(ctx.remaining(), step_s + 30)) for r in runs]
+    finally:
+        for r in runs:
+            r.stop()
+    o = Outcome()
+    combine_udp(results, o)
+    return o, time.monotonic() - t0
+
+
 class UdpCeilingParams(Params):
     loss_target_pct: float = Field(1.0, ge=0, lt=100, description="a rate passes at loss <= this (%)")
     step_s: int = Field(2, ge=1, le=60, description="seconds per probe (iperf3 -t takes whole seconds)")
@@ -197,6 +257,13 @@ class UdpCeilingParams(Params):
         90.0, ge=5, le=7200, description="seconds for the whole search: no probe starts that would end later"
     )
     length: int | None = Field(None, ge=16, le=65507, description="datagram payload bytes (iperf3 -l)")
+    streams: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="iperf3 processes per probe (ports 5201..), each offered rate / streams: one iperf3 (single-"
+        "threaded) sender or receiver may be the limit before a fast tunnel is; loss and rates are their sums",
+    )
     warm_start: bool = Field(
         True,
         description="start each repetition at the same VPN's (and profile's) previous ceiling, bracketing by "
@@ -276,6 +343,8 @@ class UdpCeiling(Workload):
             lb += f"-{p.loss_target_pct:g}pct"
         if p.length:
             lb += f"-l{p.length}"
+        if p.streams > 1:
+            lb += f"-p{p.streams}"
         return lb
 
     def expected_seconds(self) -> float:
@@ -296,8 +365,14 @@ class UdpCeiling(Workload):
         def probe(rate: float) -> ProbeResult:
             nonlocal measured, runs, mtu_retries
             runs += 1
-            args = ["-u", "-b", f"{round(rate * 1e6)}"] + (["-l", str(p.length)] if p.length else [])
+            args = ["-u", "-b", f"{round(rate * 1e6 / p.streams)}"] + (
+                ["-l", str(p.length)] if p.length else []
+            )
             tag = f"{label}-p{runs:02d}-{rate:g}M"
+            if p.streams > 1:
+                o, ran = parallel_probe(ctx, args, p.step_s, p.streams, tag)
+                measured += min(ran, p.step_s)
+                return probe_result(o, rate)
             try:
                 data, ran = run_client(ctx, args, p.step_s, 0, tag)
             except WorkloadError as e:
@@ -310,13 +385,7 @@ class UdpCeiling(Workload):
             measured += min(ran, p.step_s)  # tool start-up is case overhead
             o = Outcome()
             parse_udp(data, o)
-            m = {s.name: s.value for s in o.samples}
-            if "udp_loss_pct" not in m:
-                raise WorkloadError(f"iperf3 at {rate:g} Mbit/s reported no loss figure")
-            extra: dict[str, float] = {
-                k: m[k] for k in ("iperf_cpu_client_pct", "iperf_cpu_server_pct") if k in m
-            }
-            return ProbeResult(m["udp_loss_pct"], m.get("goodput_mbps"), m.get("goodput_sender_mbps"), extra)
+            return probe_result(o, rate)
 
         # warm start: the previous ceiling of this VPN x profile x label (its case folders' parent)
         key = str(ctx.artifact_dir.parent)
