@@ -3,9 +3,16 @@ pairs of stats samples (the fields native/impaird writes) with known answers."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from typing import Any
 
-from tunnelbench.impair.load import engine_load
+import pytest
+
+from tunnelbench.impair.load import EngineLoad, engine_load
 
 
 def stats(**kw: float) -> dict[str, Any]:
@@ -56,3 +63,51 @@ def test_old_stats_fall_back_to_the_cpu_share_and_a_restart_is_not_compared():
     assert load is not None and load.work_pct is None and load.bound
     assert engine_load(stats(), stats(pid=43, cpu_s=1.0), 10.0) is None
     assert engine_load(stats(), stats(cpu_s=1.0), 0.0) is None
+
+
+@pytest.mark.lab
+def test_a_real_engine_idle_under_slow_traffic_and_bound_when_it_cannot_release_on_time(lab_factory):
+    """The native engine in a lab router, 50 ms each way, pings every 10 ms: left alone it is idle (not bound,
+    little work, releases on time); stopped for 0.4 s (SIGSTOP, by the PID its stats give) while it holds
+    packets, it releases them hundreds of ms late: bound, by its lateness. Stats are the engine's own file
+    (written every 200 ms)."""
+    from tunnelbench.impair.backend import NativeBackend, make_backend
+    from tunnelbench.impair.profiles import Profile
+
+    lab = lab_factory(2)
+    h1, h2 = lab.hosts
+    be = make_backend("native", lab.router, lab.hosts, lab.run_dir / "impair")
+    assert isinstance(be, NativeBackend)
+    be.apply(Profile(name="d50", delay_ms=50))
+    ping = ["ping", "-n", "-q", "-c", "150", "-i", "0.01", h2.underlay_ip]
+
+    def measure(during: Callable[[], object]) -> EngineLoad:
+        time.sleep(0.45)  # a fresh stats sample
+        s0, t0 = be.stats(), time.monotonic()
+        p = subprocess.Popen(h1.argv(ping), stdout=subprocess.DEVNULL)
+        during()
+        p.wait(timeout=30)
+        time.sleep(0.45)
+        s1, t1 = be.stats(), time.monotonic()
+        load = engine_load(s0, s1, t1 - t0)
+        assert load is not None, (s0, s1)
+        return load
+
+    def stall() -> None:
+        time.sleep(0.5)
+        pid = int(be.stats()["pid"])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(0.4)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    try:
+        idle = measure(lambda: None)
+        stalled = measure(stall)
+    finally:
+        be.clear()
+    assert not idle.bound and idle.late_us is not None and idle.late_us < 1000, idle
+    assert idle.work_pct is not None and idle.work_pct < 50, idle
+    assert stalled.bound and stalled.late_us is not None and stalled.late_us >= 1000, stalled
+    assert "late on average" in stalled.why
