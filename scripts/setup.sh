@@ -6,6 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# the Go toolchain of every Go build (hey here, the VPNs' in `tunnelbench install`: vpns/install.py GO_TOOLCHAIN);
+# the go command fetches it from the module proxy like a module (~10 s once)
+export GOTOOLCHAIN=go1.27.3
+
 LOG_DIR="${TB_SETUP_LOG_DIR:-/var/log/tunnelbench}"
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/setup-$(date +%Y%m%d-%H%M%S)-$$.log"

@@ -112,7 +112,7 @@ def test_default_options_validate(vpn):
 def test_option_defaults():
     assert Nebula.Options().model_dump() == {
         "mtu": None,
-        "routines": 1,
+        "routines": None,  # half the host's CPUs (nproc), at least 1
         "cipher": "aes",
         "udp_socket_buffer": None,
         "acl": "off",  # vpns/acl.py: no policy unless asked
@@ -146,6 +146,33 @@ def test_nebula_routines_reach_the_config_and_settings(tmp_path):
         "udp_socket_buffer": 8_388_608,
         "acl": "off",
     }
+
+
+class CpuHost(FakeHost):
+    """A fake host whose `nproc` answers a given CPU count."""
+
+    def __init__(self, name: str, ip: str, workdir: Path, cpus: int):
+        super().__init__(name, ip, workdir)
+        self.cpus_seen = cpus
+
+    def argv(self, argv):
+        return ["echo", str(self.cpus_seen)] if list(argv) == ["nproc"] else list(argv)
+
+
+@pytest.mark.parametrize(("cpus", "routines"), [(1, 1), (2, 1), (3, 1), (8, 4), (16, 8)])
+def test_nebula_routines_default_to_half_the_hosts_cpus(tmp_path, cpus, routines):
+    # nebula's docs: "The maximum recommended setting is half of the available CPU cores"
+    hs = [CpuHost(f"h{i}", f"10.100.{i}.2", tmp_path / f"h{i}", cpus) for i in (1, 2)]
+    d = Nebula(MeshSpec(hosts=hs, tag="tbopt", workdir=tmp_path))
+    assert d.settings["routines"].startswith("auto: half the host's CPUs")
+    cfg = d._config(hs[1])
+    assert cfg["routines"] == d.routines(hs[1]) == routines
+    # the other multi-core knobs at the authors' values (1.11.1 examples/config.yml)
+    assert cfg["listen"]["batch"] == 64 and cfg["tun"]["tx_queue"] == 500
+    assert d.settings["listen_batch"] == 64 and d.settings["tx_queue"] == 500
+    # an explicit value wins
+    d = Nebula(MeshSpec(hosts=hs, tag="tbopt", workdir=tmp_path, options={"routines": 3}))
+    assert d._config(hs[0])["routines"] == 3 and d.settings["routines"] == 3
 
 
 @pytest.mark.skipif(shutil.which("nebula-cert") is None, reason="nebula-cert not installed")

@@ -25,6 +25,10 @@ Some releases only build inside their own module (`build_in_module`): their go.s
 dependencies the checksum database does not answer for, which `go install m@v` would ask it about; the
 module is then downloaded (`go mod download -json`, verified) and built in its directory with
 `-mod=readonly`, so every dependency is checked against the release's own go.sum.
+
+Go toolchain: every go command of a build runs with `GOTOOLCHAIN=<GoModule.toolchain>` (default
+`GO_TOOLCHAIN`), which the go command fetches from the module proxy like a module (~10 s once) whatever the
+local go is; the compiler is pinned like the source, and `installed.json` records its `go version`.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ from typing import ClassVar, TextIO, TypeGuard
 
 # versions a user may ask for (NAME@VERSION): semver-like, optional "v", Go pseudo-versions included
 VERSION_RE = re.compile(r"v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.+-]+)?")
+
+# the Go toolchain of every Go build (GOTOOLCHAIN): served by the module proxy; scripts/setup.sh and the README's
+# hand-run `go install` commands export the same value
+GO_TOOLCHAIN = "go1.27.3"
 
 
 def cache_root() -> Path:
@@ -98,6 +106,11 @@ class GoModule:
     renames: tuple[tuple[str, str], ...] = ()
     build_in_module: bool = False  # `go build` inside the downloaded module, checked against its go.sum
     ldflags: str = ""  # passed to the build; "{version}" is replaced by the version without its "v"
+    toolchain: str = GO_TOOLCHAIN  # GOTOOLCHAIN of every go command of the build
+
+    def go_env(self) -> dict[str, str]:
+        """The environment every go command of this build runs with (on top of the caller's)."""
+        return {"GOTOOLCHAIN": self.toolchain}
 
     @property
     def label(self) -> str:
@@ -250,8 +263,10 @@ def _apt_install(packages: tuple[str, ...], log: TextIO) -> None:
         _run([*apt, "install", "-y", "-qq", "--no-install-recommends", *need], env, log)
 
 
-def _go_proxy() -> str:
-    out = subprocess.run(["go", "env", "GOPROXY"], capture_output=True, text=True).stdout.strip()
+def _go_proxy(s: GoModule) -> str:
+    out = subprocess.run(
+        ["go", "env", "GOPROXY"], capture_output=True, text=True, env={**os.environ, **s.go_env()}
+    ).stdout.strip()
     for part in out.replace("|", ",").split(","):
         if part and part not in ("direct", "off"):
             return part
@@ -259,7 +274,7 @@ def _go_proxy() -> str:
 
 
 def _install_go(s: GoModule, log: TextIO) -> None:
-    env = {"GOBIN": str(s.bin_dir()), "GOFLAGS": "-mod=mod"}
+    env = {**s.go_env(), "GOBIN": str(s.bin_dir()), "GOFLAGS": "-mod=mod"}
     flags = ["-ldflags", s.ldflags.replace("{version}", s.version.removeprefix("v"))] if s.ldflags else []
     if s.build_in_module:
         log.write(f"$ go mod download -json {s.module}@{s.version}\n")
@@ -283,7 +298,7 @@ def _install_go(s: GoModule, log: TextIO) -> None:
         b = subprocess.run(
             argv,
             cwd=moddir,
-            env={**os.environ, "GOFLAGS": "-mod=readonly"},
+            env={**os.environ, **s.go_env(), "GOFLAGS": "-mod=readonly"},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -293,9 +308,9 @@ def _install_go(s: GoModule, log: TextIO) -> None:
         if s.download_first:
             _run(["go", "mod", "download", f"{s.module}@{s.version}"], env, log)
             modcache = subprocess.run(
-                ["go", "env", "GOMODCACHE"], capture_output=True, text=True
+                ["go", "env", "GOMODCACHE"], capture_output=True, text=True, env={**os.environ, **env}
             ).stdout.strip()
-            env["GOPROXY"] = f"{_go_proxy()}|file://{modcache}/cache/download"
+            env["GOPROXY"] = f"{_go_proxy(s)}|file://{modcache}/cache/download"
         _run(["go", "install", *flags, *(f"{p}@{s.version}" for p in s.packages)], env, log)
     for built, wanted in s.renames:
         if (s.bin_dir() / built).is_file():
@@ -344,7 +359,8 @@ def install_source(s: Source, log: TextIO, force: bool = False) -> InstallResult
 
 def _toolchain(s: Source) -> str:
     argv = ["go", "version"] if isinstance(s, GoModule) else ["cargo", "--version"]
+    env = {**os.environ, **s.go_env()} if isinstance(s, GoModule) else None
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10, env=env).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"

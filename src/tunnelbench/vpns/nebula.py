@@ -1,11 +1,19 @@
 """Nebula (`nebula` / `nebula-cert`): Noise IX handshakes, AES-256-GCM data path, one UDP port.
 
-Builds: by default v1.11.1 from the Go module proxy, built into the install cache (1.12.0 needs go >= 1.27.3,
-1.11.2 a dependency the proxy refuses); `nebula@debian` runs Debian 12's 1.6.1; `nebula@X.Y.Z` any other
-release (`tunnelbench install nebula@X.Y.Z`). The one difference the driver handles between them: since
-1.10 `nebula-cert sign` takes the certificate's address as `-networks` (`-ip` is deprecated); older ones
-only know `-ip`. Which flag a build takes is read from its `nebula-cert sign -h`. The config below is
-accepted unchanged by 1.6 to 1.11.
+Builds: by default v1.11.1 from the Go module proxy, built into the install cache with go1.27.3 (1.12.0 and
+1.11.2 need dependencies the proxy refuses: 1.12.0 `github.com/DefinedNet/dnsconfig`, `gvisor.dev/gvisor` and
+`github.com/DefinedNet/netlink` v1.3.2-dn.1, 1.11.2 the latter); `nebula@debian` runs Debian 12's 1.6.1;
+`nebula@X.Y.Z` any other release (`tunnelbench install nebula@X.Y.Z`). The one difference the driver handles
+between them: since 1.10 `nebula-cert sign` takes the certificate's address as `-networks` (`-ip` is
+deprecated); older ones only know `-ip`. Which flag a build takes is read from its `nebula-cert sign -h`. The
+config below is accepted unchanged by 1.6 to 1.11.
+
+Multi-core knobs, as the authors recommend (https://nebula.defined.net/docs/config/routines and 1.11.1's
+examples/config.yml): `routines` (tun/UDP reader pairs; > 1 opens a multi-queue tun and SO_REUSEPORT
+sockets) at most half the CPUs, so by default half of what the host's commands may use (`nproc`, inside its
+CPU placement), at least 1: 1 on a 2-core machine; `listen.batch` 64 and `tun.tx_queue` 500, the release's
+defaults; socket buffers the system's unless `udp_socket_buffer` is set. 1.12's new ones (`tun.pin_threads`,
+`tun.use_offloads`, `listen.udp_offloads`) are not set: the pinned 1.11.1 does not know them.
 
 Host 1 is the lighthouse; every host gets a static_host_map entry for every other host's underlay
 address, so all tunnels are direct (a real full mesh: the lighthouse relays nothing). Nebula drops
@@ -49,6 +57,11 @@ NEBULA_PUNCHY = "https://nebula.defined.net/docs/config/punchy"
 NEBULA_RELAY = "https://nebula.defined.net/docs/config/relay/"
 
 LISTEN_PORT = 4242
+# multi-core knobs the authors recommend (https://nebula.defined.net/docs/config/routines: routines at most half
+# the CPUs; 1.11.1 examples/config.yml: listen.batch 64, tun.tx_queue 500, both the defaults)
+LISTEN_BATCH = 64
+TX_QUEUE = 500
+ROUTINES_RULE = "half the host's CPUs (nproc), at least 1 (nebula docs: at most half the CPU cores)"
 CIPHERS = {"aes": "AES-256-GCM", "chachapoly": "ChaCha20-Poly1305"}
 GO = GoModule(
     "nebula",
@@ -105,12 +118,13 @@ class Nebula(VpnDriver):
     revocation = "certificate fingerprint into `pki.blocklist` on every other host, then SIGHUP their nebula"
 
     class Options(TunnelOptions):
-        routines: int = Field(
-            1,
+        routines: int | None = Field(
+            None,
             ge=1,
             le=256,
             description="top-level `routines`: tun/UDP reader pairs "
-            "(> 1: a multi-queue tun and SO_REUSEPORT sockets; Linux only)",
+            "(> 1: a multi-queue tun and SO_REUSEPORT sockets; Linux only); "
+            "default: half the host's CPUs (nproc), at least 1, the authors' recommended maximum",
         )
         cipher: Literal["aes", "chachapoly"] = Field(
             "aes", description="top-level `cipher`: aes = AES-256-GCM, chachapoly = ChaCha20-Poly1305"
@@ -136,9 +150,13 @@ class Nebula(VpnDriver):
             "mtu": self.mtu,
             "port": LISTEN_PORT,
             "firewall": "allow any in/out (conntrack on)",
-            "routines": self.options.routines,
+            # resolved per host at configure (half its CPUs) unless set
+            "routines": self.options.routines or f"auto: {ROUTINES_RULE}",
+            "listen_batch": LISTEN_BATCH,
+            "tx_queue": TX_QUEUE,
             "udp_socket_buffer": self.options.udp_socket_buffer or "OS default",
         }
+        self._routines: dict[str, int] = {}  # host name -> routines in its config
         self.blocked: dict[str, str] = {}  # revoked host name -> its certificate fingerprint
         acl = self.options.acl
         self.acl = None if acl == OFF else acl_policy(spec, acl)
@@ -171,6 +189,15 @@ class Nebula(VpnDriver):
             .partition(":")[2]
             .strip()
         )
+
+    def routines(self, host: Host) -> int:
+        """`routines` for this host: the option, else half the CPUs its commands may use, at least 1."""
+        if self.options.routines:
+            return self.options.routines
+        if host.name not in self._routines:
+            out = host.run(["nproc"], check=False).stdout.strip()
+            self._routines[host.name] = max(1, int(out) // 2) if out.isdigit() else 1
+        return self._routines[host.name]
 
     # -- paths -------------------------------------------------------------------------------------
     def _ca_dir(self) -> Path:
@@ -208,6 +235,12 @@ class Nebula(VpnDriver):
             h.write_file(d / "host.crt", signer.read_file(crt_at_ca), 0o600)
             h.write_file(d / "ca.crt", ca_crt, 0o644)
             self._write_config(h)
+        per_host = {h.name: self.routines(h) for h in hosts}
+        self.settings["routines"] = (
+            next(iter(per_host.values())) if len(set(per_host.values())) == 1 else per_host
+        )
+        if not self.options.routines:
+            self.settings["routines_rule"] = ROUTINES_RULE
 
     def _groups(self, host: Host) -> list[str]:
         return ["-groups", f"tb-{self.acl.role(host)}"] if self.acl is not None else []
@@ -226,7 +259,7 @@ class Nebula(VpnDriver):
         am_lighthouse = host is lighthouse
         anyrule = [{"port": "any", "proto": "any", "host": "any"}]
         blocklist = [fp for name, fp in self.blocked.items() if name != host.name]
-        listen: dict[str, Any] = {"host": "0.0.0.0", "port": LISTEN_PORT}
+        listen: dict[str, Any] = {"host": "0.0.0.0", "port": LISTEN_PORT, "batch": LISTEN_BATCH}
         if self.options.udp_socket_buffer:
             listen["read_buffer"] = listen["write_buffer"] = self.options.udp_socket_buffer
         return {
@@ -248,7 +281,7 @@ class Nebula(VpnDriver):
                 "hosts": [] if am_lighthouse else [self.tunnel_ip(lighthouse)],
             },
             "listen": listen,
-            "routines": self.options.routines,
+            "routines": self.routines(host),
             "punchy": {"punch": True, "respond": True},
             "cipher": self.settings["nebula_cipher"],
             "relay": {
@@ -261,7 +294,7 @@ class Nebula(VpnDriver):
                 "dev": self.ifname(host),
                 "drop_local_broadcast": False,
                 "drop_multicast": False,
-                "tx_queue": 500,
+                "tx_queue": TX_QUEUE,
                 "mtu": self.mtu,
             },
             "logging": {"level": "info", "format": "text"},
