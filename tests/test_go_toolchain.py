@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tunnelbench.vpns import DRIVERS, resolve
+from tunnelbench.catalog import DRIVERS, resolve
 from tunnelbench.vpns.install import GO_TOOLCHAIN, GoModule, install_source
 
 ISSUE_TOOLCHAIN = "go1.27.3"  # the toolchain the issue names, served by the Go module proxy
