@@ -3,7 +3,7 @@
 
 use crate::config::{Config, Rule};
 use crate::gso::{self, FlowKey, Plan, SegFate, Split};
-use crate::model::RuleModel;
+use crate::model::{Decision, RuleModel};
 use crate::nfq::{self, Msg, Queue, VerdictBuf, NF_ACCEPT, NF_DROP};
 use serde::Serialize;
 use std::cmp::Ordering;
@@ -526,6 +526,21 @@ impl Engine {
         self.vbuf.clear();
     }
 
+    /// The packet as modified by its outcome (a corrupted copy, or None to send it as
+    /// it came), with the rule's corrupt and reorder counters advanced.
+    fn corrupt_and_count(&mut self, ri: usize, payload: &[u8], o: &Decision) -> Option<Box<[u8]>> {
+        if o.reordered {
+            self.counters[ri].reordered += 1;
+        }
+        if !o.corrupt {
+            return None;
+        }
+        self.counters[ri].corrupted += 1;
+        let mut p: Box<[u8]> = payload.into();
+        corrupt_packet(&mut p, &mut self.models[ri]);
+        Some(p)
+    }
+
     fn push_held(&mut self, at: u64, rule: u16, action: Action) {
         self.seq += 1;
         self.push_held_seq(at, self.seq, rule, action);
@@ -692,17 +707,7 @@ impl Engine {
                 }
             }
         }
-        let payload_mod: Option<Box<[u8]>> = if o.corrupt {
-            self.counters[ri].corrupted += 1;
-            let mut p: Box<[u8]> = payload.into();
-            corrupt_packet(&mut p, &mut self.models[ri]);
-            Some(p)
-        } else {
-            None
-        };
-        if o.reordered {
-            self.counters[ri].reordered += 1;
-        }
+        let payload_mod = self.corrupt_and_count(ri, payload, &o);
         if o.delay_ns <= 0 {
             // Reordered (or zero delay): out at once, like netem's
             // head-of-queue insert.
@@ -1013,17 +1018,7 @@ impl Engine {
                 );
             }
         }
-        let payload_mod: Option<Box<[u8]>> = if o.corrupt {
-            self.counters[ri].corrupted += 1;
-            let mut p: Box<[u8]> = payload.into();
-            corrupt_packet(&mut p, &mut self.models[ri]);
-            Some(p)
-        } else {
-            None
-        };
-        if o.reordered {
-            self.counters[ri].reordered += 1;
-        }
+        let payload_mod = self.corrupt_and_count(ri, payload, &o);
         if self.heap.len() >= self.max_held {
             self.counters[ri].dropped_overflow += 1;
             self.verdict_split(id, NF_DROP, None);
