@@ -44,6 +44,8 @@ class FakeHost:
             out = self.root
         elif argv[:3] == ["tc", "qdisc", "del"]:
             self.root = "qdisc mq 0: root"
+        elif argv[:4] == ["ip", "-o", "link", "show"]:
+            out = f"2: {argv[-1]}: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT"
         return Result(argv, 0, out, "", 0.0)
 
 
@@ -52,11 +54,18 @@ def test_egress_netem_impairs_only_what_each_peer_sends_to_the_others():
     be = EgressNetemBackend(hosts, Path("/tmp/x"))  # type: ignore[arg-type]
     be.apply(Profile(name="d5", delay_ms=5))
     h1 = hosts[0].cmds
-    assert h1[0][:9] == ["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "7462:", "prio"]
-    assert h1[1] == ["tc", "qdisc", "add", "dev", "eth0", "parent", "7462:4", "netem", "delay", "5.0ms"]
+    assert h1[0] == ["ip", "-o", "link", "show", "dev", "eth0"]  # the MTU, for the segmenting TBF
+    assert h1[1][:9] == ["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "7462:", "prio"]
+    # netem per wire packet: a TBF whose largest packet is one wire packet (1500 + 14) segments GSO
+    # super-packets, netem under it decides per segment; netem's queue (in wire packets) holds 25 Gbit/s x
+    # (2 x 5 ms + 20 ms)
+    assert h1[2][:9] == ["tc", "qdisc", "add", "dev", "eth0", "parent", "7462:4", "handle", "7463:"]
+    assert h1[2][9:15] == ["tbf", "rate", "1000gbit", "burst", "1514", "limit"]
+    netem = ["netem", "limit", "61922", "delay", "5.0ms"]
+    assert h1[3] == ["tc", "qdisc", "add", "dev", "eth0", "parent", "7463:1", *netem]
     dsts = [c[c.index("dst") + 1] for c in h1 if c[:3] == ["tc", "filter", "add"]]
     assert dsts == ["192.0.2.2/32", "192.0.2.3/32"]  # never its own address, never all traffic
-    assert hosts[1].cmds[0][4] == "enp1s0"
+    assert hosts[1].cmds[1][4] == "enp1s0"
     assert all(len(h.journal.open) == 1 and h.journal.open[0]["kind"] == "qdisc" for h in hosts)
     be.clear()
     assert all(

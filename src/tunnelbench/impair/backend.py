@@ -32,7 +32,18 @@ QUEUE_NUM = 0
 CHAIN = "TB_IMPAIR"
 ENGINE_PPS_CEILING = 300_000  # measured ceiling of the engine (bench-engine), sizes the kernel queue bound
 TC_HANDLE = "7462"  # "tb": the prio root tunnelbench puts on a real host's interface (FilteredTc)
+LEAF_HANDLE = "7463"  # the qdisc in its 4th band
 PRIOMAP = "1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1"  # the default map: unmatched traffic never reaches band 4
+# netem per wire packet: a TBF in front of netem whose largest packet is one wire packet (device MTU + Ethernet
+# header) segments every GSO/TSO super-packet at enqueue (sch_tbf.c tbf_enqueue -> tbf_segment) and hands each
+# segment to its child, netem, which then decides loss, duplication, reordering and corruption per wire packet,
+# not per super-packet (up to 64 KB, ~44 segments dropped or delayed as one). Its rate, where the profile has
+# none, is far above any link's, so it segments and never shapes.
+NETEM_PER_WIRE = "netem per wire packet: GSO super-packets segmented by a TBF (max packet 1 MTU) before netem"
+SEGMENT_RATE = "1000gbit"
+ETH_HLEN = 14
+LINE_RATE_BPS = 25e9  # sizes netem's queue where the profile has no rate (veth TCP measured ~21 Gbit/s)
+NETEM_MIN_LIMIT = 1000  # netem's own default, in packets
 
 
 class ImpairError(RuntimeError):
@@ -61,8 +72,15 @@ class FilteredTc:
         self.entries: dict[str, dict[str, Any]] = {}
         self.active: set[str] = set()  # devices set up since the last clear (several peers may share one)
 
-    def apply(self, dev: str, matches: list[tuple[str | None, str]], leaf: list[str]) -> None:
-        """matches: (src or None, dst) IPv4 addresses; leaf: e.g. ["netem", "delay", "5ms"]."""
+    def apply(
+        self,
+        dev: str,
+        matches: list[tuple[str | None, str]],
+        leaf: list[str],
+        child: list[str] | None = None,
+    ) -> None:
+        """matches: (src or None, dst) IPv4 addresses; leaf: e.g. ["netem", "delay", "5ms"]; child: a qdisc
+        under a classful leaf (netem under the segmenting TBF)."""
         h = self.host
         if dev in self.active:  # the same profile's leaf is already there: only steer more packets into it
             self._filters(dev, matches)
@@ -92,7 +110,11 @@ class FilteredTc:
                 f"{h.name}: cannot put a prio qdisc on {dev} (kernel module sch_prio?): {r.stderr.strip()}"
             )
         self.active.add(dev)
-        h.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{TC_HANDLE}:4", *leaf])
+        h.run(
+            ["tc", "qdisc", "add", "dev", dev, "parent", f"{TC_HANDLE}:4", "handle", f"{LEAF_HANDLE}:", *leaf]
+        )
+        if child:
+            h.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{LEAF_HANDLE}:1", *child])
         self._filters(dev, matches)
 
     def _filters(self, dev: str, matches: list[tuple[str | None, str]]) -> None:
@@ -138,6 +160,7 @@ def clear_filtered_root(host: Host, dev: str) -> bool:
 
 class Backend(ABC):
     name: str
+    mode: str | None = None  # how it impairs, for the run's environment record (netem: per wire packet)
 
     def __init__(
         self, router: Host, hosts: Sequence[Host], workdir: Path, ifnames: dict[str, str] | None = None
@@ -222,6 +245,7 @@ class Backend(ABC):
 
 class NetemBackend(Backend):
     name = "netem"
+    mode = NETEM_PER_WIRE
 
     def apply(self, profile: Profile, force_engine: bool = False) -> None:
         self.clear()
@@ -233,12 +257,16 @@ class NetemBackend(Backend):
                 raise ImpairError(
                     "netem backend: per-host uplink impairment is not implemented; use all hosts"
                 )
-            args = netem_args(profile)
             for h in self.scope(profile):
+                dev = self.ifname(h)
+                tbf, netem = per_wire_netem(profile, device_mtu(self.router, dev))
                 if self.remote:
-                    self.tc.apply(self.ifname(h), self.toward(h), ["netem", *args])
+                    self.tc.apply(dev, self.toward(h), tbf, netem)
                 else:
-                    self.router.run(["tc", "qdisc", "replace", "dev", self.ifname(h), "root", "netem", *args])
+                    self.router.run(
+                        ["tc", "qdisc", "replace", "dev", dev, "root", "handle", f"{LEAF_HANDLE}:", *tbf]
+                    )
+                    self.router.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{LEAF_HANDLE}:1", *netem])
         else:
             self._apply_rate(profile)
 
@@ -257,12 +285,43 @@ def tbf_args(p: Profile) -> list[str]:
     return ["tbf", "rate", f"{p.rate_mbit}mbit", "burst", str(burst), "limit", str(limit)]
 
 
+def device_mtu(host: Host, dev: str) -> int:
+    """The MTU of `dev` on `host` (`ip -o link show`)."""
+    words = host.run(["ip", "-o", "link", "show", "dev", dev]).stdout.split()
+    return int(words[words.index("mtu") + 1])
+
+
+def per_wire_netem(p: Profile, mtu: int) -> tuple[list[str], list[str]]:
+    """The qdiscs that make netem decide per wire packet on a device of this MTU: a TBF (to put first) and
+    netem (its child, parent <tbf handle>:1).
+
+    TBF's largest packet (max_size) is its burst, or with a peak rate min(burst, mtu): here one wire packet,
+    MTU + Ethernet header. tbf_enqueue segments a bigger GSO skb (skb_gso_segment, its segments no bigger
+    than that) and enqueues each segment to netem: each gets its own loss/duplicate/reorder/corrupt draw.
+    Without a rate the TBF's rate is SEGMENT_RATE and its burst one wire packet (it never shapes); with one,
+    the TBF is the profile's rate limit (tbf_args, as for a rate-only profile) and its peak rate SEGMENT_RATE
+    over a one-packet bucket sets max_size (netem's own `rate` is not used). netem's queue then counts wire
+    packets, not super-packets: its limit is the rate x (RTT + 20 ms) of tbf_args, in wire packets (netem holds
+    both the delay line and, under a rate, the packets waiting for TBF's tokens)."""
+    seg = mtu + ETH_HLEN
+    rate_bps = p.rate_mbit * 1e6 if p.rate_mbit else LINE_RATE_BPS
+    rtt_s = 2 * (p.delay_ms + p.jitter_ms) / 1000 + 0.02
+    limit = max(NETEM_MIN_LIMIT, int(rate_bps / 8 * rtt_s / seg))
+    if p.rate_mbit:
+        tbf = [*tbf_args(p), "peakrate", SEGMENT_RATE, "mtu", str(seg)]
+    else:
+        # (a TBF's limit only sizes its default bfifo child, which netem replaces)
+        tbf = ["tbf", "rate", SEGMENT_RATE, "burst", str(seg), "limit", str(NETEM_MIN_LIMIT * seg)]
+    return tbf, ["netem", "limit", str(limit), *netem_args(p, rate=False)]
+
+
 class EgressNetemBackend(Backend):
     """netem on each peer's own egress interface (its underlay_if): every host impairs what it sends to
     the other peers, so a packet is impaired once per direction, as on the router. Needs netem on every
     peer; the u32 filters keep all other traffic (the SSH control connection) unimpaired."""
 
     name = "netem-egress"
+    mode = NETEM_PER_WIRE
 
     def __init__(self, hosts: Sequence[Host], workdir: Path):
         super().__init__(hosts[0], hosts, workdir)
@@ -294,13 +353,17 @@ class EgressNetemBackend(Backend):
             raise ImpairError(
                 f"profile {profile.name!r}: a host-scoped rate limit is not supported on egress"
             )
-        leaf = ["netem", *netem_args(profile)] if profile.needs_engine else tbf_args(profile)
         if not profile.needs_engine and not profile.rate_mbit:
             return
         for h in self.hosts:
             dsts = self._targets(profile, h)
-            if dsts:
-                self.tcs[h.name].apply(h.underlay_if, [(None, d.underlay_ip) for d in dsts], leaf)
+            if not dsts:
+                continue
+            if profile.needs_engine:
+                leaf, child = per_wire_netem(profile, device_mtu(h, h.underlay_if))
+            else:
+                leaf, child = tbf_args(profile), None
+            self.tcs[h.name].apply(h.underlay_if, [(None, d.underlay_ip) for d in dsts], leaf, child)
 
     def clear(self) -> None:
         for tc in self.tcs.values():
@@ -308,7 +371,8 @@ class EgressNetemBackend(Backend):
         self.profile = None
 
 
-def netem_args(p: Profile) -> list[str]:
+def netem_args(p: Profile, rate: bool = True) -> list[str]:
+    """netem's arguments for the profile; rate=False leaves the rate limit out (a TBF in front does it)."""
     a: list[str] = []
     if p.delay_ms or p.jitter_ms:
         a += ["delay", f"{p.delay_ms}ms"]
@@ -347,7 +411,7 @@ def netem_args(p: Profile) -> list[str]:
         a += ["duplicate", f"{p.duplicate_pct}%"]
     if p.corrupt_pct:
         a += ["corrupt", f"{p.corrupt_pct}%"]
-    if p.rate_mbit:
+    if p.rate_mbit and rate:
         a += ["rate", f"{p.rate_mbit}mbit"]
     return a
 
