@@ -118,7 +118,10 @@ def one(lab: NetnsLab, mesh: Mesh, p: Profile, mode: str) -> dict[str, object]:
 
 def main() -> None:
     vpns = sys.argv[1:] or ["internal", "wireguard-go"]
-    profiles = [PROFILES[n] for n in ("loss-1", "low")]
+    # a rate limit composed with loss: the segmenting TBF is also the rate limit (TB_WIRE_PROFILES=rate20-loss1)
+    extra = {"rate20-loss1": Profile(name="rate20-loss1", rate_mbit=20, delay_ms=5, loss_pct=1)}
+    names = os.environ.get("TB_WIRE_PROFILES", "loss-1,low").split(",")
+    profiles = [extra[n] if n in extra else PROFILES[n] for n in names]
     rows = []
     for vpn in vpns:
         cls = DRIVERS[vpn]
