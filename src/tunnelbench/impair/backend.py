@@ -38,8 +38,11 @@ PRIOMAP = "1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1"  # the default map: unmatched traffi
 # header) segments every GSO/TSO super-packet at enqueue (sch_tbf.c tbf_enqueue -> tbf_segment) and hands each
 # segment to its child, netem, which then decides loss, duplication, reordering and corruption per wire packet,
 # not per super-packet (up to 64 KB, ~44 segments dropped or delayed as one). Its rate, where the profile has
-# none, is far above any link's, so it segments and never shapes.
-NETEM_PER_WIRE = "netem per wire packet: GSO super-packets segmented by a TBF (max packet 1 MTU) before netem"
+# none, is far above any link's, so it segments and never shapes. Used where the native engine segments too
+# (a profile with a per-wire decision, or gso = "segment"); delay/jitter/rate-only profiles keep a root netem
+# that takes super-packets whole, as the engine's "gso" mode does.
+NETEM_PER_WIRE = "per wire packet (a TBF with a one-packet max size segments GSO super-packets before netem)"
+NETEM_WHOLE = "GSO super-packets whole (root netem)"
 SEGMENT_RATE = "1000gbit"
 ETH_HLEN = 14
 LINE_RATE_BPS = 25e9  # sizes netem's queue where the profile has no rate (veth TCP measured ~21 Gbit/s)
@@ -160,7 +163,17 @@ def clear_filtered_root(host: Host, dev: str) -> bool:
 
 class Backend(ABC):
     name: str
-    mode: str | None = None  # how it impairs, for the run's environment record (netem: per wire packet)
+    # "auto": GSO/GRO super-packets pass whole when the profile makes no per-wire-packet decision (netem's
+    # semantics: it delays an skb, which may be a GSO packet); "segment": always per wire packet
+    gso_mode = "auto"
+
+    def per_wire(self, p: Profile) -> bool:
+        """Does the backend decide per wire packet under `p` (segmenting GSO super-packets first)?"""
+        return p.needs_engine and (self.gso_mode == "segment" or p.per_wire)
+
+    def netem_mode(self, p: Profile) -> str | None:
+        """netem backends: how netem sees the packets under `p`, for the run's environment record."""
+        return None
 
     def __init__(
         self, router: Host, hosts: Sequence[Host], workdir: Path, ifnames: dict[str, str] | None = None
@@ -245,7 +258,9 @@ class Backend(ABC):
 
 class NetemBackend(Backend):
     name = "netem"
-    mode = NETEM_PER_WIRE
+
+    def netem_mode(self, p: Profile) -> str | None:
+        return (NETEM_PER_WIRE if self.per_wire(p) else NETEM_WHOLE) if p.needs_engine else None
 
     def apply(self, profile: Profile, force_engine: bool = False) -> None:
         self.clear()
@@ -259,14 +274,18 @@ class NetemBackend(Backend):
                 )
             for h in self.scope(profile):
                 dev = self.ifname(h)
-                tbf, netem = per_wire_netem(profile, device_mtu(self.router, dev))
+                if self.per_wire(profile):  # netem under a segmenting TBF
+                    leaf, child = per_wire_netem(profile, device_mtu(self.router, dev))
+                else:  # netem alone: it takes GSO super-packets whole
+                    leaf, child = ["netem", *netem_args(profile)], None
                 if self.remote:
-                    self.tc.apply(dev, self.toward(h), tbf, netem)
-                else:
-                    self.router.run(
-                        ["tc", "qdisc", "replace", "dev", dev, "root", "handle", f"{LEAF_HANDLE}:", *tbf]
-                    )
-                    self.router.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{LEAF_HANDLE}:1", *netem])
+                    self.tc.apply(dev, self.toward(h), leaf, child)
+                    continue
+                self.router.run(
+                    ["tc", "qdisc", "replace", "dev", dev, "root", "handle", f"{LEAF_HANDLE}:", *leaf]
+                )
+                if child:
+                    self.router.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{LEAF_HANDLE}:1", *child])
         else:
             self._apply_rate(profile)
 
@@ -321,7 +340,9 @@ class EgressNetemBackend(Backend):
     peer; the u32 filters keep all other traffic (the SSH control connection) unimpaired."""
 
     name = "netem-egress"
-    mode = NETEM_PER_WIRE
+
+    def netem_mode(self, p: Profile) -> str | None:
+        return (NETEM_PER_WIRE if self.per_wire(p) else NETEM_WHOLE) if p.needs_engine else None
 
     def __init__(self, hosts: Sequence[Host], workdir: Path):
         super().__init__(hosts[0], hosts, workdir)
@@ -359,8 +380,10 @@ class EgressNetemBackend(Backend):
             dsts = self._targets(profile, h)
             if not dsts:
                 continue
-            if profile.needs_engine:
+            if self.per_wire(profile):
                 leaf, child = per_wire_netem(profile, device_mtu(h, h.underlay_if))
+            elif profile.needs_engine:
+                leaf, child = ["netem", *netem_args(profile)], None
             else:
                 leaf, child = tbf_args(profile), None
             self.tcs[h.name].apply(h.underlay_if, [(None, d.underlay_ip) for d in dsts], leaf, child)
@@ -471,9 +494,7 @@ class NativeBackend(Backend):
         self.seed: int | None = None  # fixed for reproducible tests; random per apply otherwise
         self.stats_path = workdir / "impaird-stats.json"
         self._chain_entry: dict[str, Any] | None = None
-        # "auto": GSO/GRO super-packets pass whole when the profile makes no per-wire-packet decision (netem's
-        # semantics: it delays an skb, which may be a GSO packet); "segment": always per wire packet
-        self.gso_mode = "auto"
+        self.gso_mode = "auto"  # (Backend.gso_mode)
         self.gso = False  # what the running engine does
         self.cpus: str | None = None  # CPU list the engine is confined to (cpu placement), None = any
         # an engine with CPUs of its own busy-polls (no cross-CPU wake-up per burst) and needs no real-time
