@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from tunnelbench.catalog import DRIVERS
-from tunnelbench.impair.backend import NetemBackend, netem_args
+from tunnelbench.impair.backend import Backend, EgressNetemBackend, NetemBackend, netem_args
 from tunnelbench.impair.profiles import PROFILES, Profile
 from tunnelbench.lab.host import Host
 from tunnelbench.lab.journal import Journal
@@ -75,20 +75,27 @@ def skb_counter(lab: NetnsLab) -> int:
 def one(lab: NetnsLab, mesh: Mesh, p: Profile, mode: str) -> dict[str, object]:
     h1, h2 = lab.hosts
     r = lab.router
-    be = NetemBackend(r, lab.hosts, lab.run_dir / "impair")
+    be: Backend = NetemBackend(r, lab.hosts, lab.run_dir / "impair")
+    # where netem's drops toward h2 are counted: the router's egress toward h2, or (egress) h1's own underlay
+    # interface, where EgressNetemBackend (the SSH placement) puts its prio root, TBF and netem
+    at, dev = r, h2.name
     if mode == "old":  # what NetemBackend did before: netem at the root, GSO skbs whole
         for h in lab.hosts:
             r.run(["tc", "qdisc", "replace", "dev", h.name, "root", "netem", *netem_args(p)])
+    elif mode == "egress":
+        be = EgressNetemBackend(list(lab.hosts), lab.run_dir / "impair")
+        be.apply(p)
+        at, dev = h1, h1.underlay_if
     else:
         be.apply(p)
     srv = h2.spawn(["iperf3", "-s", "-p", "5299"], label="iperf3-s", log_path=lab.run_dir / "iperf3-s.log")
     try:
         time.sleep(1)
-        a0, n0, k0 = snmp(h1), netem_stats(r, h2.name), skb_counter(lab)
+        a0, n0, k0 = snmp(h1), netem_stats(at, dev), skb_counter(lab)
         res = h1.run(
             ["iperf3", "-c", mesh.tunnel_ip(h2), "-p", "5299", "-t", str(SECONDS), "-J"], timeout=SECONDS + 60
         )
-        a1, n1, k1 = snmp(h1), netem_stats(r, h2.name), skb_counter(lab)
+        a1, n1, k1 = snmp(h1), netem_stats(at, dev), skb_counter(lab)
     finally:
         srv.stop()
         be.clear()
@@ -143,7 +150,7 @@ def main() -> None:
             mesh.start()
             mesh.wait_ready(60)
             for p in profiles:
-                for mode in ("old", "new"):
+                for mode in os.environ.get("TB_WIRE_MODES", "old,new").split(","):
                     row = one(lab, mesh, p, mode)
                     print(json.dumps(row), flush=True)
                     rows.append(row)
