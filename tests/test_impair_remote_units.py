@@ -106,8 +106,8 @@ def test_netem_decides_per_wire_packet_where_the_profile_does():
     be.clear()
     hosts[0].cmds.clear()
     be.apply(Profile(name="r", rate_mbit=20, delay_ms=5, loss_pct=1))
-    tbf = ["tbf", "rate", "20.0mbit", "burst", "32000", "limit", "75000", "peakrate", "1000gbit", "mtu", "1514"]
-    assert h1[2][9:] == tbf
+    rate = ["tbf", "rate", "20.0mbit", "burst", "32000", "limit", "75000"]
+    assert h1[2][9:] == [*rate, "peakrate", "1000gbit", "mtu", "1514"]
     assert h1[3][7:] == ["netem", "limit", "1000", "delay", "5.0ms", "loss", "random", "1.0%"]  # no `rate`
     be.clear()
     delay = Profile(name="d", delay_ms=5)
