@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunnelbench.impair.backend import EgressNetemBackend, NativeBackend, NetemBackend
+from tunnelbench.impair.backend import (
+    NETEM_PER_WIRE,
+    NETEM_WHOLE,
+    EgressNetemBackend,
+    NativeBackend,
+    NetemBackend,
+)
 from tunnelbench.impair.profiles import Profile
 from tunnelbench.lab.host import Result
 
@@ -44,6 +50,8 @@ class FakeHost:
             out = self.root
         elif argv[:3] == ["tc", "qdisc", "del"]:
             self.root = "qdisc mq 0: root"
+        elif argv[:4] == ["ip", "-o", "link", "show"]:
+            out = f"2: {argv[-1]}: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP mode DEFAULT"
         return Result(argv, 0, out, "", 0.0)
 
 
@@ -53,7 +61,12 @@ def test_egress_netem_impairs_only_what_each_peer_sends_to_the_others():
     be.apply(Profile(name="d5", delay_ms=5))
     h1 = hosts[0].cmds
     assert h1[0][:9] == ["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "7462:", "prio"]
-    assert h1[1] == ["tc", "qdisc", "add", "dev", "eth0", "parent", "7462:4", "netem", "delay", "5.0ms"]
+    # delay only: netem takes GSO super-packets whole (as the native engine's "gso" mode)
+    assert h1[1] == ["tc", "qdisc", "add", "dev", "eth0", "parent", "7462:4", "handle", "7463:"] + [
+        "netem",
+        "delay",
+        "5.0ms",
+    ]
     dsts = [c[c.index("dst") + 1] for c in h1 if c[:3] == ["tc", "filter", "add"]]
     assert dsts == ["192.0.2.2/32", "192.0.2.3/32"]  # never its own address, never all traffic
     assert hosts[1].cmds[0][4] == "enp1s0"
@@ -71,6 +84,43 @@ def test_egress_netem_impairs_only_what_each_peer_sends_to_the_others():
         "192.0.2.1/32"
     ]
     be.clear()
+
+
+def test_netem_decides_per_wire_packet_where_the_profile_does():
+    """Under loss (a per-wire decision) netem goes under a TBF whose largest packet is one wire packet (MTU 1500
+    + 14): tbf_enqueue segments GSO super-packets and netem draws per segment. netem's queue counts wire packets
+    (25 Gbit/s x (2 x 5 ms + 20 ms)). With a rate, that TBF is the rate limit (tbf_args) and a 1000gbit peak
+    rate over a one-packet bucket sets its max size; netem's own rate is left out. gso = "segment" segments a
+    delay-only profile too."""
+    hosts = [FakeHost("h1", "192.0.2.1"), FakeHost("h2", "192.0.2.2")]
+    be = EgressNetemBackend(hosts, Path("/tmp/x"))  # type: ignore[arg-type]
+    loss = Profile(name="l", delay_ms=5, loss_pct=1)
+    assert be.netem_mode(loss) == NETEM_PER_WIRE
+    be.apply(loss)
+    h1 = hosts[0].cmds
+    assert h1[0] == ["ip", "-o", "link", "show", "dev", "eth0"]
+    assert h1[2][:9] == ["tc", "qdisc", "add", "dev", "eth0", "parent", "7462:4", "handle", "7463:"]
+    assert h1[2][9:] == ["tbf", "rate", "1000gbit", "burst", "1514", "limit", "1514000"]
+    netem = ["netem", "limit", "61922", "delay", "5.0ms", "loss", "random", "1.0%"]
+    assert h1[3] == ["tc", "qdisc", "add", "dev", "eth0", "parent", "7463:1", *netem]
+    be.clear()
+    hosts[0].cmds.clear()
+    be.apply(Profile(name="r", rate_mbit=20, delay_ms=5, loss_pct=1))
+    rate = ["tbf", "rate", "20.0mbit", "burst", "32000", "limit", "75000"]
+    assert h1[2][9:] == [*rate, "peakrate", "1000gbit", "mtu", "1514"]
+    assert h1[3][7:] == ["netem", "limit", "1000", "delay", "5.0ms", "loss", "random", "1.0%"]  # no `rate`
+    be.clear()
+    delay = Profile(name="d", delay_ms=5)
+    assert be.netem_mode(delay) == NETEM_WHOLE and be.netem_mode(Profile(name="b")) is None
+    be.gso_mode = "segment"
+    assert be.netem_mode(delay) == NETEM_PER_WIRE
+    router = FakeHost("router", "192.0.2.254")
+    router.remote = False  # the namespace lab's router: a root TBF, netem under it
+    rb = NetemBackend(router, hosts, Path("/tmp/x"))  # type: ignore[arg-type]
+    rb.apply(loss)
+    roots = [c for c in router.cmds if c[:3] == ["tc", "qdisc", "replace"]]
+    assert roots[0][:9] == ["tc", "qdisc", "replace", "dev", "h1", "root", "handle", "7463:", "tbf"]
+    assert ["tc", "qdisc", "add", "dev", "h1", "parent", "7463:1", *netem] in router.cmds
 
 
 def test_router_netem_on_a_remote_router_steers_peer_packets_only_and_shares_an_interface():

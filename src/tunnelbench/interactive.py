@@ -466,7 +466,7 @@ class Keeper:
 
     def bring_up(self) -> None:
         from tunnelbench.catalog import resolve
-        from tunnelbench.impair.backend import NativeBackend, make_backend
+        from tunnelbench.impair.backend import make_backend
         from tunnelbench.lab.make import make_lab
         from tunnelbench.lab.netns import NetnsLab
         from tunnelbench.security import keys
@@ -514,8 +514,7 @@ class Keeper:
         p = sc.profile(self.req["profile"])
         if not p.is_baseline:
             self.backend = make_backend(sc.impair.backend, lab.router, lab.hosts, self.run_dir / "impair")
-            if isinstance(self.backend, NativeBackend):
-                self.backend.gso_mode = sc.impair.gso
+            self.backend.gso_mode = sc.impair.gso  # (netem too: per wire packet or super-packets whole)
             self.backend.apply(p)
             mesh.probe_ms = int(300 + 2 * 2 * (p.delay_ms + 3 * p.jitter_ms))
             mesh.wait_ready(sc.run.tunnel_timeout_s + 4 * (p.delay_ms + p.jitter_ms) / 1000)

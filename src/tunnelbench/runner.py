@@ -604,8 +604,12 @@ class Runner:
         # the lab's router, or on SSH hosts the inventory's placement (router host or each peer's egress)
         self.backend = impair_placement.backend_for(self.lab, self.sc.impair.backend, self.run_dir / "impair")
         env: dict[str, object] = {"impair.backend": self.backend.name}
-        if isinstance(self.backend, NativeBackend):
-            self.backend.gso_mode = self.sc.impair.gso
+        self.backend.gso_mode = self.sc.impair.gso
+        if not isinstance(self.backend, NativeBackend):
+            # netem: per wire packet (GSO super-packets segmented first) or super-packets whole, per condition
+            env["impair.netem"] = {
+                label: self.backend.netem_mode(self.sc.profile(p)) for p, _t, label in self._conditions()
+            }
         # the engine mode of every condition: GSO super-packets whole, per wire packet, or no engine
         env["impair.modes"] = {
             label: (

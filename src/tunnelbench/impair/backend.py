@@ -32,7 +32,21 @@ QUEUE_NUM = 0
 CHAIN = "TB_IMPAIR"
 ENGINE_PPS_CEILING = 300_000  # measured ceiling of the engine (bench-engine), sizes the kernel queue bound
 TC_HANDLE = "7462"  # "tb": the prio root tunnelbench puts on a real host's interface (FilteredTc)
+LEAF_HANDLE = "7463"  # the qdisc in its 4th band
 PRIOMAP = "1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1"  # the default map: unmatched traffic never reaches band 4
+# netem per wire packet: a TBF in front of netem whose largest packet is one wire packet (device MTU + Ethernet
+# header) segments every GSO/TSO super-packet at enqueue (sch_tbf.c tbf_enqueue -> tbf_segment) and hands each
+# segment to its child, netem, which then decides loss, duplication, reordering and corruption per wire packet,
+# not per super-packet (up to 64 KB, ~44 segments dropped or delayed as one). Its rate, where the profile has
+# none, is far above any link's, so it segments and never shapes. Used where the native engine segments too
+# (a profile with a per-wire decision, or gso = "segment"); delay/jitter/rate-only profiles keep a root netem
+# that takes super-packets whole, as the engine's "gso" mode does.
+NETEM_PER_WIRE = "per wire packet (a TBF with a one-packet max size segments GSO super-packets before netem)"
+NETEM_WHOLE = "GSO super-packets whole (root netem)"
+SEGMENT_RATE = "1000gbit"
+ETH_HLEN = 14
+LINE_RATE_BPS = 25e9  # sizes netem's queue where the profile has no rate (veth TCP measured ~21 Gbit/s)
+NETEM_MIN_LIMIT = 1000  # netem's own default, in packets
 
 
 class ImpairError(RuntimeError):
@@ -61,8 +75,15 @@ class FilteredTc:
         self.entries: dict[str, dict[str, Any]] = {}
         self.active: set[str] = set()  # devices set up since the last clear (several peers may share one)
 
-    def apply(self, dev: str, matches: list[tuple[str | None, str]], leaf: list[str]) -> None:
-        """matches: (src or None, dst) IPv4 addresses; leaf: e.g. ["netem", "delay", "5ms"]."""
+    def apply(
+        self,
+        dev: str,
+        matches: list[tuple[str | None, str]],
+        leaf: list[str],
+        child: list[str] | None = None,
+    ) -> None:
+        """matches: (src or None, dst) IPv4 addresses; leaf: e.g. ["netem", "delay", "5ms"]; child: a qdisc
+        under a classful leaf (netem under the segmenting TBF)."""
         h = self.host
         if dev in self.active:  # the same profile's leaf is already there: only steer more packets into it
             self._filters(dev, matches)
@@ -92,7 +113,11 @@ class FilteredTc:
                 f"{h.name}: cannot put a prio qdisc on {dev} (kernel module sch_prio?): {r.stderr.strip()}"
             )
         self.active.add(dev)
-        h.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{TC_HANDLE}:4", *leaf])
+        h.run(
+            ["tc", "qdisc", "add", "dev", dev, "parent", f"{TC_HANDLE}:4", "handle", f"{LEAF_HANDLE}:", *leaf]
+        )
+        if child:
+            h.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{LEAF_HANDLE}:1", *child])
         self._filters(dev, matches)
 
     def _filters(self, dev: str, matches: list[tuple[str | None, str]]) -> None:
@@ -138,6 +163,17 @@ def clear_filtered_root(host: Host, dev: str) -> bool:
 
 class Backend(ABC):
     name: str
+    # "auto": GSO/GRO super-packets pass whole when the profile makes no per-wire-packet decision (netem's
+    # semantics: it delays an skb, which may be a GSO packet); "segment": always per wire packet
+    gso_mode = "auto"
+
+    def per_wire(self, p: Profile) -> bool:
+        """Does the backend decide per wire packet under `p` (segmenting GSO super-packets first)?"""
+        return p.needs_engine and (self.gso_mode == "segment" or p.per_wire)
+
+    def netem_mode(self, p: Profile) -> str | None:
+        """netem backends: how netem sees the packets under `p`, for the run's environment record."""
+        return None
 
     def __init__(
         self, router: Host, hosts: Sequence[Host], workdir: Path, ifnames: dict[str, str] | None = None
@@ -223,6 +259,9 @@ class Backend(ABC):
 class NetemBackend(Backend):
     name = "netem"
 
+    def netem_mode(self, p: Profile) -> str | None:
+        return (NETEM_PER_WIRE if self.per_wire(p) else NETEM_WHOLE) if p.needs_engine else None
+
     def apply(self, profile: Profile, force_engine: bool = False) -> None:
         self.clear()
         self.profile = profile
@@ -233,12 +272,20 @@ class NetemBackend(Backend):
                 raise ImpairError(
                     "netem backend: per-host uplink impairment is not implemented; use all hosts"
                 )
-            args = netem_args(profile)
             for h in self.scope(profile):
+                dev = self.ifname(h)
+                if self.per_wire(profile):  # netem under a segmenting TBF
+                    leaf, child = per_wire_netem(profile, device_mtu(self.router, dev))
+                else:  # netem alone: it takes GSO super-packets whole
+                    leaf, child = ["netem", *netem_args(profile)], None
                 if self.remote:
-                    self.tc.apply(self.ifname(h), self.toward(h), ["netem", *args])
-                else:
-                    self.router.run(["tc", "qdisc", "replace", "dev", self.ifname(h), "root", "netem", *args])
+                    self.tc.apply(dev, self.toward(h), leaf, child)
+                    continue
+                self.router.run(
+                    ["tc", "qdisc", "replace", "dev", dev, "root", "handle", f"{LEAF_HANDLE}:", *leaf]
+                )
+                if child:
+                    self.router.run(["tc", "qdisc", "add", "dev", dev, "parent", f"{LEAF_HANDLE}:1", *child])
         else:
             self._apply_rate(profile)
 
@@ -257,12 +304,45 @@ def tbf_args(p: Profile) -> list[str]:
     return ["tbf", "rate", f"{p.rate_mbit}mbit", "burst", str(burst), "limit", str(limit)]
 
 
+def device_mtu(host: Host, dev: str) -> int:
+    """The MTU of `dev` on `host` (`ip -o link show`)."""
+    words = host.run(["ip", "-o", "link", "show", "dev", dev]).stdout.split()
+    return int(words[words.index("mtu") + 1])
+
+
+def per_wire_netem(p: Profile, mtu: int) -> tuple[list[str], list[str]]:
+    """The qdiscs that make netem decide per wire packet on a device of this MTU: a TBF (to put first) and
+    netem (its child, parent <tbf handle>:1).
+
+    TBF's largest packet (max_size) is its burst, or with a peak rate min(burst, mtu): here one wire packet,
+    MTU + Ethernet header. tbf_enqueue segments a bigger GSO skb (skb_gso_segment, its segments no bigger
+    than that) and enqueues each segment to netem: each gets its own loss/duplicate/reorder/corrupt draw.
+    Without a rate the TBF's rate is SEGMENT_RATE and its burst one wire packet (it never shapes); with one,
+    the TBF is the profile's rate limit (tbf_args, as for a rate-only profile) and its peak rate SEGMENT_RATE
+    over a one-packet bucket sets max_size (netem's own `rate` is not used). netem's queue then counts wire
+    packets, not super-packets: its limit is the rate x (RTT + 20 ms) of tbf_args, in wire packets (netem holds
+    both the delay line and, under a rate, the packets waiting for TBF's tokens)."""
+    seg = mtu + ETH_HLEN
+    rate_bps = p.rate_mbit * 1e6 if p.rate_mbit else LINE_RATE_BPS
+    rtt_s = 2 * (p.delay_ms + p.jitter_ms) / 1000 + 0.02
+    limit = max(NETEM_MIN_LIMIT, int(rate_bps / 8 * rtt_s / seg))
+    if p.rate_mbit:
+        tbf = [*tbf_args(p), "peakrate", SEGMENT_RATE, "mtu", str(seg)]
+    else:
+        # (a TBF's limit only sizes its default bfifo child, which netem replaces)
+        tbf = ["tbf", "rate", SEGMENT_RATE, "burst", str(seg), "limit", str(NETEM_MIN_LIMIT * seg)]
+    return tbf, ["netem", "limit", str(limit), *netem_args(p, rate=False)]
+
+
 class EgressNetemBackend(Backend):
     """netem on each peer's own egress interface (its underlay_if): every host impairs what it sends to
     the other peers, so a packet is impaired once per direction, as on the router. Needs netem on every
     peer; the u32 filters keep all other traffic (the SSH control connection) unimpaired."""
 
     name = "netem-egress"
+
+    def netem_mode(self, p: Profile) -> str | None:
+        return (NETEM_PER_WIRE if self.per_wire(p) else NETEM_WHOLE) if p.needs_engine else None
 
     def __init__(self, hosts: Sequence[Host], workdir: Path):
         super().__init__(hosts[0], hosts, workdir)
@@ -294,13 +374,19 @@ class EgressNetemBackend(Backend):
             raise ImpairError(
                 f"profile {profile.name!r}: a host-scoped rate limit is not supported on egress"
             )
-        leaf = ["netem", *netem_args(profile)] if profile.needs_engine else tbf_args(profile)
         if not profile.needs_engine and not profile.rate_mbit:
             return
         for h in self.hosts:
             dsts = self._targets(profile, h)
-            if dsts:
-                self.tcs[h.name].apply(h.underlay_if, [(None, d.underlay_ip) for d in dsts], leaf)
+            if not dsts:
+                continue
+            if self.per_wire(profile):
+                leaf, child = per_wire_netem(profile, device_mtu(h, h.underlay_if))
+            elif profile.needs_engine:
+                leaf, child = ["netem", *netem_args(profile)], None
+            else:
+                leaf, child = tbf_args(profile), None
+            self.tcs[h.name].apply(h.underlay_if, [(None, d.underlay_ip) for d in dsts], leaf, child)
 
     def clear(self) -> None:
         for tc in self.tcs.values():
@@ -308,7 +394,8 @@ class EgressNetemBackend(Backend):
         self.profile = None
 
 
-def netem_args(p: Profile) -> list[str]:
+def netem_args(p: Profile, rate: bool = True) -> list[str]:
+    """netem's arguments for the profile; rate=False leaves the rate limit out (a TBF in front does it)."""
     a: list[str] = []
     if p.delay_ms or p.jitter_ms:
         a += ["delay", f"{p.delay_ms}ms"]
@@ -347,7 +434,7 @@ def netem_args(p: Profile) -> list[str]:
         a += ["duplicate", f"{p.duplicate_pct}%"]
     if p.corrupt_pct:
         a += ["corrupt", f"{p.corrupt_pct}%"]
-    if p.rate_mbit:
+    if p.rate_mbit and rate:
         a += ["rate", f"{p.rate_mbit}mbit"]
     return a
 
@@ -410,7 +497,7 @@ class NativeBackend(Backend):
         # "auto": GSO/GRO super-packets are queued whole and the engine decides per wire packet inside them (one
         # verdict when all pass alike, kernel segmentation on a second queue otherwise); "segment": the kernel
         # segments every super-packet before queueing (the old, slower mode)
-        self.gso_mode = "auto"
+        self.gso_mode = "auto"  # (Backend.gso_mode)
         self.gso = False  # what the running engine does
         self.cpus: str | None = None  # CPU list the engine is confined to (cpu placement), None = any
         # an engine with CPUs of its own busy-polls (no cross-CPU wake-up per burst) and needs no real-time
