@@ -688,14 +688,9 @@ impl Engine {
             } else if self.heap.len() >= self.max_held {
                 self.counters[ri].dropped_overflow += 1;
             } else {
-                let mut copy: Box<[u8]> = payload.into();
-                if c.corrupt {
-                    self.counters[ri].corrupted += 1;
-                    corrupt_packet(&mut copy, &mut self.models[ri]);
-                }
-                if c.reordered {
-                    self.counters[ri].reordered += 1;
-                }
+                let copy = self
+                    .corrupt_and_count(ri, payload, &c)
+                    .unwrap_or_else(|| payload.into());
                 if c.delay_ns <= 0 {
                     self.inject(rule, &copy, dst);
                 } else {
@@ -1003,14 +998,9 @@ impl Engine {
             } else if self.heap.len() >= self.max_held {
                 self.counters[ri].dropped_overflow += 1;
             } else {
-                let mut copy: Box<[u8]> = payload.into();
-                if c.corrupt {
-                    self.counters[ri].corrupted += 1;
-                    corrupt_packet(&mut copy, &mut self.models[ri]);
-                }
-                if c.reordered {
-                    self.counters[ri].reordered += 1;
-                }
+                let copy = self
+                    .corrupt_and_count(ri, payload, &c)
+                    .unwrap_or_else(|| payload.into());
                 self.push_held(
                     t0 + c.delay_ns.max(0) as u64,
                     rule,
