@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import emulated_cpu, lab_missing
 
+from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.netns import NetnsLab
@@ -563,17 +564,21 @@ def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None, light: boo
     cal = json.loads(env["calibration.d5"])
     assert cal["backend"] in ("netem", "native", "netem-egress"), cal
     timing = ("one-way delay mean", "ping RTT median")  # the calibration's own tolerance is ±0.25 ms
-    bad = [c for c in cal["checks"] if c["ok"] is False and (c["quantity"] not in timing or not slack)]
+    bad = [c for c in cal["checks"] if c["ok"] is False and c["quantity"] not in timing]
     assert not bad, bad
+    late = [c["quantity"] for c in cal["checks"] if c["ok"] is False]
+    if late:
+        # a loaded or emulated CPU's late timers (seen: mean 6.9 ms for 5 ms on a loaded CI machine): the run
+        # must say so itself; every cell under the profile is emulator-bound, naming the check
+        groups = [g for g in analyze([load_run(run_dir)]).groups.values() if g.profile == "d5"]
+        assert groups and all(g.verdict.kind == "emulator-bound" for g in groups), groups
+        assert all(q in g.verdict.text for g in groups for q in late), [g.verdict.text for g in groups]
     by_q = {c["quantity"]: c for c in cal["checks"]}
     delay = by_q["one-way delay mean"]
-    if slack:
-        # under TCG the emulated CPU stalls now and then (seen: mean 6.72 ms for 5 ms on a loaded host): the
-        # median shows the emulator's accuracy, the mean shows QEMU's (as tests/test_impair_lab.py)
-        p50 = float(delay["detail"].split("p50 ")[1].split(",")[0])
-        assert abs(p50 - 5.0) < 1.0, delay
-    else:
-        assert abs(delay["measured"] - 5.0) < 0.5, by_q
+    # the median shows the emulator's accuracy whatever the load (late timers move the mean, as under TCG:
+    # tests/test_impair_lab.py)
+    p50 = float(delay["detail"].split("p50 ")[1].split(",")[0])
+    assert abs(p50 - 5.0) < 1.0, delay
     rtt_base = json.loads(env["calibration.base"])["rtt_ms"]
     assert abs(by_q["ping RTT median"]["measured"] - rtt_base - 10) < 1 + slack, by_q
     db.close()

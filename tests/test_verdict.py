@@ -19,21 +19,26 @@ from tunnelbench.store import DB_NAME, Store
 RUN = "20260101-000000-tbverd"
 
 
-def make_run(root: Path, cells: dict[str, tuple[list[float], dict[str, float]]]) -> Path:
+def make_run(
+    root: Path,
+    cells: dict[str, tuple[list[float], dict[str, float]]],
+    profile: str = "baseline",
+    env: dict[str, object] | None = None,
+) -> Path:
     """One run of udp_ceiling under `baseline`: per VPN its ceilings (one per repetition) and extra per-case
     metrics {"name@host" or "name": value} added to every repetition."""
     run_dir = root / RUN
     run_dir.mkdir(parents=True)
     st = Store(run_dir / DB_NAME)
     st.begin_run(RUN, "tbverd", 'name = "hand-made"\n', "0.1.0")
+    if env:
+        st.set_env(RUN, env)
     for vpn, (values, extra) in cells.items():
         st.set_vpn(RUN, vpn, "1.0", "ok")
         for rep, v in enumerate(values, 1):
             adir = run_dir / "cases" / vpn / f"r{rep}"
             adir.mkdir(parents=True)
-            cid = st.start_case(
-                RUN, vpn, "baseline", "udp_ceiling", "udp-ceiling", {}, rep, 0, "h1", "h2", adir
-            )
+            cid = st.start_case(RUN, vpn, profile, "udp_ceiling", "udp-ceiling", {}, rep, 0, "h1", "h2", adir)
             samples = [Sample("udp_ceiling_mbps", v, "Mbit/s")]
             for key, x in extra.items():
                 name, _, host = key.partition("@")
@@ -88,6 +93,43 @@ def test_a_vpn_at_the_no_vpn_baseline_reads_the_labs_ceiling(tmp_path):
     assert "(2,004)" in g.verdict.text  # the baseline's median, named
     slow = next(g for g in a.groups.values() if g.variant == "slow" and g.metric == "udp_ceiling_mbps")
     assert slow.verdict.ranked  # 0.15x the baseline: clearly below
+
+
+def _calibration(profile: str, checks: list[tuple[str, float, float, bool | None]]) -> str:
+    """A calibration record as impair/calibrate.py stores it: (quantity, configured, measured, ok)."""
+    return json.dumps(
+        {
+            "profile": profile,
+            "backend": "native",
+            "summary": "delay 5 ms",
+            "ok": all(ok is not False for *_, ok in checks),
+            "checks": [
+                {"quantity": q, "unit": "ms", "configured": c, "measured": m, "detail": "", "ok": ok}
+                for q, c, m, ok in checks
+            ],
+        }
+    )
+
+
+def test_a_profile_whose_calibration_missed_is_emulator_bound_in_every_cell(tmp_path):
+    """The emulator did not deliver the profile when it was calibrated (a loaded machine's late timers): no
+    cell under that profile is ranked, and the reason names the check with both figures."""
+    missed = _calibration(
+        "d5", [("one-way delay mean", 5.0, 6.897, False), ("one-way delay sd", 0.0, 0.4, None)]
+    )
+    held = _calibration(
+        "d5", [("one-way delay mean", 5.0, 5.05, True), ("ping RTT median", 10.0, 10.1, True)]
+    )
+    cells = {"internal": (BASE, {}), "fast": (FAST, {}), "slow": (SLOW, {})}
+    run_dir = make_run(tmp_path / "a", cells, "d5", {"calibration.d5": missed, "calibration.base": "{}"})
+    a, h = _headline(run_dir)
+    groups = {g.variant: g for g in a.groups.values() if g.metric == "udp_ceiling_mbps"}
+    assert {g.verdict.kind for g in groups.values()} == {"emulator-bound"}
+    assert "calibration was out of tolerance (one-way delay mean 6.9 vs 5 ms)" in groups["slow"].verdict.text
+    assert all(c.tier is None for r in h.tables[0].rows for c in r.cells.values())
+    run_dir = make_run(tmp_path / "b", cells, "d5", {"calibration.d5": held})
+    a, _ = _headline(run_dir)
+    assert all(g.verdict.ranked for g in a.groups.values() if g.variant != "internal")
 
 
 def test_a_saturated_iperf3_and_an_engine_bottleneck_are_named():

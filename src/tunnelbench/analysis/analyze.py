@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tunnelbench.analysis.emulator import emulator_facts
+from tunnelbench.analysis.emulator import calibration_misses, emulator_facts
 from tunnelbench.analysis.stats import (
     Better,
     Describe,
@@ -371,6 +371,7 @@ def _judge(
         r.run_id: {p.profile: p.tax_pct for p in emulator_facts(r.env, r.metrics).profiles if p.mode}
         for r in runs
     }
+    misses = {r.run_id: calibration_misses(r.env) for r in runs}
     for g in groups.values():
         base = groups.get((base_variant.get(g.run_id) or "", g.profile, g.label, g.metric))
         ceiling = g.ratio if is_ceiling_metric(g.unit, g.better) and g.vpn != BASELINE else None
@@ -379,6 +380,7 @@ def _judge(
             ceiling=ceiling if ceiling and not any(map(math.isnan, ceiling)) else None,
             baseline_median=base.desc.median if base and base.desc else None,
             tax_pct=taxes.get(g.run_id, {}).get(g.profile, {}).get(g.vpn),
+            calibration=misses.get(g.run_id, {}).get(g.profile, ()),
         )
 
 

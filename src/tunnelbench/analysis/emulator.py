@@ -107,6 +107,29 @@ def emulator_facts(env: dict[str, str], metrics: list[dict[str, Any]]) -> Emulat
     )
 
 
+def calibration_misses(env: dict[str, str]) -> dict[str, list[str]]:
+    """Per impaired profile, the calibration checks that came out of tolerance (impair/calibrate.py): the
+    emulator did not deliver that profile when it was measured, so no cell under it can be ranked."""
+    out: dict[str, list[str]] = {}
+    for key in env:
+        if not key.startswith("calibration.") or key == "calibration.base":
+            continue
+        cal = _json(env, key)
+        if not isinstance(cal, dict):
+            continue
+        bad = [
+            f"{c.get('quantity')} {c['measured']:.3g} vs {c['configured']:.3g} {c.get('unit', '')}".rstrip()
+            for c in cal.get("checks", [])
+            if isinstance(c, dict)
+            and c.get("ok") is False
+            and isinstance(c.get("measured"), int | float)
+            and isinstance(c.get("configured"), int | float)
+        ]
+        if bad:
+            out[key.removeprefix("calibration.")] = bad
+    return out
+
+
 def facts_lines(f: EmulatorFacts) -> list[str]:
     """Plain-text lines (no markup) for the terminal and the Markdown summary."""
     out: list[str] = []

@@ -10,8 +10,9 @@ A (VPN, profile, workload label, metric) cell is
     ranked by (Mbit/s, higher is better), when the no-VPN baseline of the same run is not clearly above it
     (the ratio's CI reaches CEILING_RATIO: the lab's own ceiling, not the VPN's);
   emulator-bound when the engine was the bottleneck in a repetition (engine_bound, judged by its work:
-    impair/load.py), or when the engine-tax check of the VPN in this profile's engine mode exceeded the
-    flag (impair/tax.py).
+    impair/load.py), when the engine-tax check of the VPN in this profile's engine mode exceeded the
+    flag (impair/tax.py), or when the run's calibration of the profile came out of tolerance (the emulator
+    did not deliver the configured delay, loss, ... when it was measured: impair/calibrate.py).
 The reasons name how many repetitions and by how much, so a reader can judge them."""
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def judge(
     baseline_median: float | None = None,
     tax_pct: float | None = None,
     tax_flag_pct: float = 10.0,
+    calibration: Sequence[str] = (),
 ) -> Verdict:
     """The verdict of a cell from its repetitions' facts; `ceiling`: the cell's (ratio, lo, hi) to the no-VPN
     baseline when it is a rate the VPN is ranked by; `tax_pct`: the VPN's engine tax in this profile's mode."""
@@ -108,6 +110,8 @@ def judge(
         emu.append(
             f"engine tax {tax_pct:+.0f}% on this VPN's TCP in this engine mode (> {tax_flag_pct:.0f}%)"
         )
+    if calibration:
+        emu.append(f"the profile's calibration was out of tolerance ({'; '.join(calibration)})")
     return Verdict(tuple(inst), tuple(emu))
 
 
