@@ -10,6 +10,7 @@ import pytest
 
 # the strict-skip guard's hooks (tests/skipguard.py)
 from skipguard import (  # noqa: F401
+    pytest_collection_modifyitems,
     pytest_collectreport,
     pytest_runtest_logreport,
     pytest_sessionfinish,

@@ -190,7 +190,7 @@ interval_s = 0.05
 
 
 @pytest.mark.lab
-@pytest.mark.parametrize("mode", ["fail", "skip"])
+@pytest.mark.parametrize("mode", ["fail", pytest.param("skip", marks=pytest.mark.long)])  # skip: 30 s, --long
 def test_a_profile_that_breaks_the_mesh_is_measured_as_failures_or_skipped(tmp_path, mode):
     """Under 100% loss no pair answers: with unreachable = "fail" each repetition is a failed case carrying
     its workload's parameters (what the degradation figure counts as 100% failed); with "skip" one skip."""

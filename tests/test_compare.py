@@ -176,6 +176,7 @@ def _edge_run(tmp_path: Path, rate: int, results: Path) -> Path:
 
 @pytest.mark.lab
 @pytest.mark.slow
+@pytest.mark.long  # 73 s: the hand-made stores above check the same verdicts in the fast lane
 def test_compare_real_runs_injected_rate_regression_and_same_configuration(tmp_path):
     why = rate_profiles_missing()
     if why:

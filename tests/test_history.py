@@ -388,6 +388,7 @@ interval_s = 0.02
 
 @pytest.mark.lab
 @pytest.mark.slow
+@pytest.mark.long  # 45 s: the hand-made runs above check the series and flags; test_report the browser
 def test_history_of_three_real_runs_in_headless_chromium(tmp_path):
     from conftest import lab_missing
 

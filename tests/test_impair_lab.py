@@ -251,6 +251,7 @@ interval_s = 0.02
 """
 
 
+@pytest.mark.long  # 88 s: four VPNs under medium; test_ssh and the loss/delay tests here cover the parts
 def test_run_profile_medium_with_every_first_issue_driver(tmp_path):
     """`tunnelbench run --profile medium` with internal and the four first-issue VPNs: the profile is
     calibrated on the raw path and stored, the backend recorded, and every case of every VPN measures."""

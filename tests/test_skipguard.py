@@ -23,7 +23,9 @@ def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body: str, 
 
 
 MISSING_TOOL = "import pytest\ndef test_ok(): pass\ndef test_s(): pytest.skip('nebula: not installed')\n"
-KERNEL = "import pytest\ndef test_ok(): pass\ndef test_s(): pytest.skip('no GRE (module ip_gre): Unknown device')\n"
+SKIP_GRE = "def test_s(): pytest.skip('no GRE (module ip_gre): Unknown device')\n"
+KERNEL = "import pytest\ndef test_ok(): pass\n@pytest.mark.kernel\n" + SKIP_GRE
+UNMARKED = "import pytest\ndef test_ok(): pass\n" + SKIP_GRE
 
 
 def test_an_unexpected_skip_fails_the_strict_run(pytester, monkeypatch):
@@ -43,3 +45,10 @@ def test_a_kernel_absence_is_allowed_and_counted(pytester, monkeypatch):
     assert r.ret == pytest.ExitCode.OK
     r.stdout.fnmatch_lines(["*allowed*1*a kernel module this kernel lacks*"])
     assert "UNEXPECTED" not in r.stdout.str()
+
+
+def test_a_kernel_absence_without_the_lane_marker_fails(pytester, monkeypatch):
+    """The same skip on a test the kernel lane does not run (no `kernel`/`lane` marker): it would run nowhere."""
+    r = _run(pytester, monkeypatch, UNMARKED, strict=True)
+    assert r.ret == pytest.ExitCode.TESTS_FAILED
+    r.stdout.fnmatch_lines(["*UNEXPECTED*test_s*module ip_gre*"])

@@ -609,6 +609,7 @@ def test_impairment_on_router_host_with_calibration(ssh_env: SshFixture, tmp_pat
 
 
 @pytest.mark.kernel
+@pytest.mark.long  # 220 s under TCG (each SSH round trip is slow there); netem itself: test_netem_wire
 def test_impairment_on_each_peer_egress(ssh_env: SshFixture, tmp_path):
     """tunnelbench_impair: egress: netem on each peer's own underlay interface (the ten-VPN thesis's placement)."""
     t = next(t for t in ssh_env.targets if t.name == "h1")
