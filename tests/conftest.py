@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,29 @@ from tunnelbench.lab.netns import NetnsLab
 from tunnelbench.lab.tags import new_run_id, new_tag
 
 LAB_TOOLS = tools.LAB_TOOLS  # one list: lab/tools.py
+
+
+@dataclass(frozen=True)
+class TimerLateness:
+    """How late this machine's timers wake right now (ms past the asked-for time): the reference a timing
+    assertion adds to its bound, so a loaded host or an emulated CPU (the kernel lane's TCG) widens it by what
+    that machine measurably does, and a quiet real CPU keeps it tight."""
+
+    p50: float
+    p95: float
+    mean: float
+
+
+def timer_lateness(n: int = 200, period_s: float = 0.002) -> TimerLateness:
+    """n sleeps of period_s on the monotonic clock: a netem or engine release is a timer too, so it is late by
+    about as much (a user-space wake-up adds the scheduler, so this errs on the wide side)."""
+    late = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        time.sleep(period_s)
+        late.append(max(0.0, (time.monotonic() - t0 - period_s) * 1000))
+    q = statistics.quantiles(late, n=20)
+    return TimerLateness(statistics.median(late), q[18], statistics.fmean(late))
 
 
 def emulated_cpu() -> bool:

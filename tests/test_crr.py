@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tunnelbench.catalog import WORKLOADS
-from tunnelbench.workloads import crr_agent
+from tunnelbench.instruments import crr_agent
 from tunnelbench.workloads.base import CaseContext
 from tunnelbench.workloads.crr import Crr, CrrParams
 

@@ -14,10 +14,10 @@ from pydantic import ValidationError
 
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.core.results import Outcome
-from tunnelbench.workloads import iperf2
+from tunnelbench.instruments import iperf2
+from tunnelbench.instruments.common import interface_of, link_counters
+from tunnelbench.instruments.iperf3 import parse_tcp, parse_udp
 from tunnelbench.workloads.base import CaseContext, WorkloadError
-from tunnelbench.workloads.common import interface_of, link_counters
-from tunnelbench.workloads.iperf3 import parse_tcp, parse_udp
 from tunnelbench.workloads.tcp import Tcp, TcpParams, byte_count
 from tunnelbench.workloads.udp import Udp, UdpParams, iperf2_rate
 

@@ -21,10 +21,11 @@ PKG = SRC / "tunnelbench"
 FLOORS: list[tuple[str, ...]] = [
     ("core",),  # the results model and the metric registry; imports nothing of the product
     ("lab",),  # hosts, topology, process supervision, teardown, the lab's spec
-    ("case_metrics", "monitor", "store", "diagnostics", "placement", "environment"),
+    ("case_metrics", "monitor", "store", "diagnostics", "placement", "environment", "instruments"),
+    ("impair",),  # WAN impairment: profiles, backends, calibration (ping's parser is an instrument)
     ("vpns",),  # one driver per VPN, the Mesh a workload gets
     ("workloads",),  # one file per workload
-    ("impair", "catalog"),  # impairment (calibration parses ping's output); the catalog of every plugin
+    ("catalog",),  # the only module that imports every driver and workload
     ("analysis", "scenario"),
     ("report", "plan"),
     ("security", "natmatrix", "doctor", "enginebench", "meshscale"),

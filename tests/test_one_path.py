@@ -153,8 +153,8 @@ def test_each_tools_package_is_the_one_dpkg_says_provides_it():
 def test_both_iperf3_launchers_share_server_and_client_lines(tmp_path, monkeypatch):
     from test_parsers_known import FakeClock, make_ctx, result
 
-    from tunnelbench.workloads import iperf3
-    from tunnelbench.workloads.common import start_iperf3
+    from tunnelbench.instruments import iperf3
+    from tunnelbench.instruments.common import start_iperf3
 
     monkeypatch.setattr(iperf3, "time", FakeClock())
     ctx = make_ctx(tmp_path, {"mss": 1200})
@@ -178,8 +178,8 @@ def test_both_iperf3_launchers_share_server_and_client_lines(tmp_path, monkeypat
 def test_wait_listening_names_its_server(monkeypatch):
     from test_parsers_known import FakeClock, FakeHost
 
-    from tunnelbench.workloads import iperf3
-    from tunnelbench.workloads.iperf3 import wait_listening
+    from tunnelbench.instruments import iperf3
+    from tunnelbench.instruments.iperf3 import wait_listening
 
     monkeypatch.setattr(iperf3, "time", FakeClock())
     with pytest.raises(Exception, match=r"^nginx on web not listening on :80 after 2 s$"):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tunnelbench.core.results import Outcome
-from tunnelbench.workloads.iperf3 import parse_tcp, parse_udp
-from tunnelbench.workloads.ping import parse_ping, rtt_samples
+from tunnelbench.instruments.iperf3 import parse_tcp, parse_udp
+from tunnelbench.instruments.ping import parse_ping
+from tunnelbench.workloads.ping import rtt_samples
 
 DATA = Path(__file__).parent / "data"
 

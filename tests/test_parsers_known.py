@@ -15,11 +15,13 @@ from types import SimpleNamespace
 import pytest
 
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments import iperf3
+from tunnelbench.instruments.iperf3 import interval_series, parse_tcp, parse_udp, run_client, wait_listening
+from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.lab.host import CommandError
-from tunnelbench.workloads import iperf3, ping, streaming
+from tunnelbench.workloads import ping, streaming
 from tunnelbench.workloads.base import CaseContext, WorkloadError
-from tunnelbench.workloads.iperf3 import interval_series, parse_tcp, parse_udp, run_client, wait_listening
-from tunnelbench.workloads.ping import Ping, PingParams, parse_ping, rtt_samples
+from tunnelbench.workloads.ping import Ping, PingParams, rtt_samples
 from tunnelbench.workloads.streaming import Streaming, StreamingParams, analyse, mos
 
 

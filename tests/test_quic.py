@@ -20,11 +20,11 @@ import pytest
 from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.impair.backend import make_backend
 from tunnelbench.impair.profiles import Profile
+from tunnelbench.instruments.common import interface_of, link_counters
+from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.mesh import Mesh
 from tunnelbench.workloads.base import CaseContext, WorkloadError
-from tunnelbench.workloads.common import interface_of, link_counters
-from tunnelbench.workloads.ping import parse_ping
 from tunnelbench.workloads.quic import (
     QUICPERF_VERSION,
     QUINN_VERSION,
@@ -198,8 +198,8 @@ def test_a_wrong_or_missing_quicperf_is_reported(monkeypatch, tmp_path):
         quicperf(FakeHost())
     # not installed at all: common.tool's message, which `tunnelbench doctor` mirrors through Quic.tools
     monkeypatch.undo()
-    monkeypatch.setattr("tunnelbench.workloads.common.shutil.which", lambda name: None)
-    monkeypatch.setattr("tunnelbench.workloads.common.Path.exists", lambda self: False)
+    monkeypatch.setattr("tunnelbench.instruments.common.shutil.which", lambda name: None)
+    monkeypatch.setattr("tunnelbench.instruments.common.Path.exists", lambda self: False)
     with pytest.raises(WorkloadError, match="quicperf not found; run scripts/setup.sh"):
         quicperf(FakeHost())
 

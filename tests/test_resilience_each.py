@@ -106,7 +106,7 @@ PING 10.9.0.3 (10.9.0.3) 56(84) bytes of data.
 
 def test_probe_uses_the_shared_ping_parser(tmp_path):
     """resilience's probe reads replies with ping.py's parser: echo replies only, no ICMP errors, no DUP!."""
-    from tunnelbench.workloads.ping import echo_replies
+    from tunnelbench.instruments.ping import echo_replies
     from tunnelbench.workloads.resilience import Probe
 
     assert echo_replies(PING_OUT) == [(1000.1, 1, 0.5), (1000.13, 3, 1.0)]

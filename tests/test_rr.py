@@ -15,8 +15,8 @@ from pydantic import ValidationError
 
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments.common import interface_of, link_counters
 from tunnelbench.workloads.base import CaseContext, WorkloadError
-from tunnelbench.workloads.common import interface_of, link_counters
 from tunnelbench.workloads.rr import (
     Rr,
     RrParams,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tunnelbench.catalog import DRIVERS, WORKLOADS
+from tunnelbench.instruments.leak_peer import payload
 from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.mesh import Mesh
 from tunnelbench.workloads.base import CaseContext, WorkloadError
@@ -30,7 +31,6 @@ from tunnelbench.workloads.leak import (
     relay_legs,
     relay_verdict,
 )
-from tunnelbench.workloads.leak_peer import payload
 
 pytestmark = [pytest.mark.lab]
 

@@ -155,8 +155,8 @@ def test_a_planted_tiny_iperf3_buffer_shows_as_the_tools_drops(lab_factory, tmp_
     """A real iperf3 UDP test between two namespaces with the receiver's buffer planted tiny (-w 4 KiB): the
     datagrams iperf3 counted lost were dropped on its own socket, and the per-socket attribution says so
     (kern_udp_tool_drops on the server, against iperf3's own lost count); the verdict is instrument-bound."""
+    from tunnelbench.instruments import iperf3
     from tunnelbench.lab import counters
-    from tunnelbench.workloads import iperf3
 
     lab = lab_factory(2)
     h1, h2 = lab.hosts

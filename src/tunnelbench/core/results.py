@@ -35,3 +35,11 @@ class Outcome:
         """One sample of a declared metric, in the unit its MetricSpec gives (None: not measured, left out)."""
         if value is not None:
             self.samples.append(Sample(name, float(value), declared(name).unit, host))
+
+
+class WorkloadError(RuntimeError):
+    """A case could not be measured (a tool failed, timed out, printed nothing usable). Raised by workloads and
+    by the instruments they drive; `outcome`: what a failing case measured, when it set one (the runner
+    stores its metrics)."""
+
+    outcome: Outcome

@@ -20,8 +20,8 @@ from tunnelbench.impair import probe as probe_mod
 from tunnelbench.impair.backend import Backend
 from tunnelbench.impair.profiles import Profile
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
+from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.lab.host import Host
-from tunnelbench.workloads.ping import parse_ping
 
 PROBE_PORT = 47001
 Z95 = 1.959964

@@ -24,10 +24,10 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 from tunnelbench.workloads.leak import wait_log
-from tunnelbench.workloads.ping import parse_ping
 
 PORT = 47041  # the TCP listener's port on each target's tunnel address
 LISTEN = (

@@ -12,14 +12,12 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from tunnelbench.core.metrics import MetricSpec, declare
-from tunnelbench.core.results import Outcome
+from tunnelbench.core.results import Outcome, WorkloadError
 from tunnelbench.lab.base import Lab
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.mesh import Mesh
 
-
-class WorkloadError(RuntimeError):
-    outcome: Outcome  # what a failing case measured, when it set one (the runner stores its metrics)
+__all__ = ["CaseContext", "NotApplicable", "Params", "Workload", "WorkloadError"]
 
 
 class NotApplicable(WorkloadError):

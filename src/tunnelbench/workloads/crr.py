@@ -31,8 +31,8 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
+from tunnelbench.instruments import crr_agent
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads import crr_agent
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
 CRR_PORT = 8400

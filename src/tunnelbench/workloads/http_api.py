@@ -21,9 +21,9 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
+from tunnelbench.instruments.common import add_percentiles, tool
+from tunnelbench.instruments.nginx import make_certificate, start_nginx, stop_nginx
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import add_percentiles, tool
-from tunnelbench.workloads.nginx import make_certificate, start_nginx, stop_nginx
 
 API_PORT = 8081
 HEY_VERSION = "v0.1.5"

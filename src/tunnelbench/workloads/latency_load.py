@@ -12,9 +12,9 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
+from tunnelbench.instruments.common import start_iperf3
+from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import start_iperf3
-from tunnelbench.workloads.ping import parse_ping
 
 LOAD_PORT = 5211
 

@@ -49,10 +49,10 @@ from pydantic import Field, model_validator
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments import leak_peer
+from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads import leak_peer
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.ping import parse_ping
 
 Proto = Literal["tcp", "udp", "icmp"]
 PORT = 47031  # leak_peer's TCP and UDP port on the server's tunnel address

@@ -25,9 +25,9 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments.common import add_percentiles
+from tunnelbench.instruments.nginx import start_nginx, stop_nginx
 from tunnelbench.workloads.base import CaseContext, NotApplicable, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import add_percentiles
-from tunnelbench.workloads.nginx import start_nginx, stop_nginx
 
 REST_PORT = 8082
 

@@ -13,9 +13,9 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
+from tunnelbench.instruments.common import Iperf3Run, start_iperf3
 from tunnelbench.lab.host import Host
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import Iperf3Run, start_iperf3
 
 TX_PORT, RX_PORT = 5301, 5501
 

@@ -18,9 +18,9 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments.common import interface_of, link_counters
+from tunnelbench.instruments.iperf3 import run_client
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import interface_of, link_counters
-from tunnelbench.workloads.iperf3 import run_client
 
 
 class OverheadParams(Params):

@@ -35,9 +35,9 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
+from tunnelbench.instruments.common import add_percentiles, tool
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import add_percentiles, tool
 
 QUIC_PORT = 8444  # UDP
 # what native/quicperf is at (its TOOL_VERSION and the quinn in its Cargo.lock; tests/test_quic.py keeps them equal)

@@ -47,11 +47,11 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments.ping import REPLY, echo_replies
 from tunnelbench.lab.blackhole import Blackhole
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.mesh import MeshNotReady
 from tunnelbench.workloads.base import CaseContext, NotApplicable, Params, Workload, WorkloadError
-from tunnelbench.workloads.ping import REPLY, echo_replies
 
 __all__ = ["REPLY", "Probe", "Resilience", "ResilienceParams", "longest_gap", "node_result", "summarise_each"]
 

@@ -31,11 +31,11 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments.common import start_iperf3
+from tunnelbench.instruments.iperf2 import wait_udp_bound
+from tunnelbench.instruments.iperf3 import wait_listening
 from tunnelbench.lab.host import CommandError, Host, Process
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import start_iperf3
-from tunnelbench.workloads.iperf2 import wait_udp_bound
-from tunnelbench.workloads.iperf3 import wait_listening
 
 RR_PORT = 11111  # sockperf's default
 LOAD_PORT = 5213

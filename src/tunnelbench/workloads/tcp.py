@@ -20,9 +20,9 @@ from pydantic import Field, field_validator, model_validator
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
-from tunnelbench.workloads import iperf2
+from tunnelbench.instruments import iperf2
+from tunnelbench.instruments.iperf3 import parse_tcp, run_client
 from tunnelbench.workloads.base import CaseContext, Params, Workload
-from tunnelbench.workloads.iperf3 import parse_tcp, run_client
 
 TCP_METRICS = (
     MetricSpec("goodput_mbps", "Mbit/s", "higher", "application goodput at the receiver"),

@@ -17,9 +17,9 @@ from pydantic import Field, field_validator, model_validator
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
-from tunnelbench.workloads import iperf2
+from tunnelbench.instruments import iperf2
+from tunnelbench.instruments.iperf3 import parse_udp, run_client
 from tunnelbench.workloads.base import CaseContext, Workload
-from tunnelbench.workloads.iperf3 import parse_udp, run_client
 from tunnelbench.workloads.tcp import EngineParams, byte_count
 
 UNLIMITED_IPERF2 = "100g"  # iperf2 -b 0 is an error; this rate's gap between datagrams is ~0.1 us

@@ -33,9 +33,9 @@ from pydantic import Field, model_validator
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
+from tunnelbench.instruments.common import start_iperf3
+from tunnelbench.instruments.iperf3 import PORT, parse_udp, run_client
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
-from tunnelbench.workloads.common import start_iperf3
-from tunnelbench.workloads.iperf3 import PORT, parse_udp, run_client
 
 # seconds one iperf3 run takes beyond -t (server spawn, listen wait, control connection, results exchange);
 # measured 0.3-0.6 s on a shared 2-core machine, 1.5 s keeps expected_seconds() an upper bound

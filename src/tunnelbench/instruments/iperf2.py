@@ -14,10 +14,10 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from tunnelbench.core.results import Outcome, Series
+from tunnelbench.core.results import Outcome, Series, WorkloadError
+from tunnelbench.instruments.base import CaseEnds
+from tunnelbench.instruments.iperf3 import wait_listening
 from tunnelbench.lab.host import CommandError, Host, Process
-from tunnelbench.workloads.base import CaseContext, WorkloadError
-from tunnelbench.workloads.iperf3 import wait_listening
 
 PORT = 5001
 # one report line of one stream: "[  1] 0.0000-1.0000 sec  850788412 Bytes  6806307296 bits/sec  <enhanced>"
@@ -226,7 +226,7 @@ class Run:
 
 
 def run(
-    ctx: CaseContext,
+    ctx: CaseEnds,
     args: list[str],
     *,
     udp: bool,

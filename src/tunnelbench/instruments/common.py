@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from tunnelbench.core.results import Outcome
+from tunnelbench.core.results import Outcome, WorkloadError
+from tunnelbench.instruments.base import CaseEnds
+from tunnelbench.instruments.iperf3 import client_argv, sized, start_server
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads.base import CaseContext, WorkloadError
-from tunnelbench.workloads.iperf3 import client_argv, sized, start_server
 
 
 def tool(name: str) -> str:
@@ -69,7 +69,7 @@ class Iperf3Run:
 
 
 def start_iperf3(
-    ctx: CaseContext,
+    ctx: CaseEnds,
     client: Host,
     server: Host,
     server_ip: str,

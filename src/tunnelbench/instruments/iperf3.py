@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tunnelbench.core.results import Outcome, Series
+from tunnelbench.core.results import Outcome, Series, WorkloadError
+from tunnelbench.instruments.base import CaseEnds
 from tunnelbench.lab.host import CommandError, Host, Process
-from tunnelbench.workloads.base import CaseContext, WorkloadError
 
 PORT = 5201
 # iperf3's UDP sockets (-w: SO_SNDBUF on the sender, SO_RCVBUF on the receiver). At the kernel's default
@@ -79,7 +79,7 @@ def client_argv(
 
 
 def run_client(
-    ctx: CaseContext, args: list[str], duration_s: float, omit_s: float, tag: str
+    ctx: CaseEnds, args: list[str], duration_s: float, omit_s: float, tag: str
 ) -> tuple[dict[str, Any], float]:
     """Run one iperf3 test (server one-off) and return (parsed JSON, seconds the client ran)."""
     srv_log = ctx.artifact_dir / f"{tag}-server.log"

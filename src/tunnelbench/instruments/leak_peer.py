@@ -106,7 +106,7 @@ def send(to: str, port: int, streams: dict[str, bytes], count: int, timeout: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tunnelbench.workloads.leak_peer")
+    ap = argparse.ArgumentParser(prog="tunnelbench.instruments.leak_peer")
     ap.add_argument("cmd", choices=("recv", "send"))
     ap.add_argument("streams", nargs="+", help="proto:size:HEX")
     ap.add_argument("--bind")

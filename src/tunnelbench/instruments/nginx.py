@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tunnelbench.core.results import WorkloadError
+from tunnelbench.instruments.common import tool
+from tunnelbench.instruments.iperf3 import wait_listening
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads.base import WorkloadError
-from tunnelbench.workloads.common import tool
-from tunnelbench.workloads.iperf3 import wait_listening
 
 CONF = """worker_processes {workers};
 user root;
