@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import tb, timer_lateness
+from conftest import emulated_cpu, tb, timer_lateness
 
 from tunnelbench.impair.backend import NativeBackend, impaird_binary
 from tunnelbench.impair.calibrate import calibrate, measure_base, tcp_rate
@@ -65,23 +65,35 @@ def covers(path, c) -> bool:
     return bool(c.ok)
 
 
+def _p50(cal) -> float:
+    (d,) = [x for x in cal.checks if x.quantity == "one-way delay mean"]
+    return float(d.detail.split("p50 ")[1].split(",")[0])
+
+
 def test_delay_25ms_each_way_gives_rtt_within_2pct(path):
-    # the bounds: the emulator's accuracy on a sharp machine, plus this machine's own timer lateness measured
-    # just before (tests/conftest.py): a release is a timer, so a loaded host or the kernel lane's TCG (seen
-    # there: p50 26.89, p95 48, p99 182 ms) widens them by what that machine measurably does
+    # Two references, both measured here: this machine's timer lateness (tests/conftest.py), and the same
+    # path under a 1 ms profile just before. A release is a timer, so a loaded host or the kernel lane's TCG
+    # is late by about the same for 1 ms as for 25 ms (seen under TCG: one-way p50 27.54 ms for 25 while
+    # userspace sleeps were late by only 0.49 ms: netem's own hrtimer is later than a nanosleep there); the
+    # 24 ms between the two is what the delay itself adds, whatever the machine's stalls
     late = timer_lateness()
+    ref_rtt, ref = check(path, Profile(name="d1", delay_ms=1), "ping RTT median", probes=1000)
     c, cal = check(path, Profile(name="d25", delay_ms=25), "ping RTT median", probes=1000)
     assert c.configured == pytest.approx(50 + path[2].rtt_ms)
-    assert abs(c.measured - c.configured) <= 0.02 * c.configured + 2 * late.p50, (
-        cal,
-        late,
-    )  # a timer each way
-    (d,) = [x for x in cal.checks if x.quantity == "one-way delay mean"]
-    p50 = float(d.detail.split("p50 ")[1].split(",")[0])
-    assert abs(p50 - 25.0) <= 0.5 + late.p50, (d, late)
-    # the mean carries the scheduling tail (stalls), which the median does not: its allowance is the tail's
-    if late.p95 < 1.0:
-        assert abs(d.measured - 25.0) <= 1.0 + late.mean, (d, late)
+    p50, p50_ref = _p50(cal), _p50(ref)
+    # the delay added between 1 ms and 25 ms: 24 ms each way, 48 ms a round trip
+    assert abs((p50 - p50_ref) - 24.0) <= 0.02 * 24 + late.p50, (p50, p50_ref, late, cal, ref)
+    assert abs((c.measured - ref_rtt.measured) - 48.0) <= 0.02 * 48 + 2 * late.p50, (c, ref_rtt, late)
+    # never early, on any machine: a release before its time is a bug no load explains
+    assert p50 >= 25.0 - 0.5, cal
+    if not emulated_cpu():
+        # on a real CPU the absolute figures hold too, within the measured lateness
+        assert abs(c.measured - c.configured) <= 0.02 * c.configured + 2 * late.p50, (cal, late)
+        assert abs(p50 - 25.0) <= 0.5 + late.p50, (cal, late)
+        # the mean carries the scheduling tail (stalls), which the median does not: its allowance is the tail's
+        (d,) = [x for x in cal.checks if x.quantity == "one-way delay mean"]
+        if late.p95 < 1.0:
+            assert abs(d.measured - 25.0) <= 1.0 + late.mean, (d, late)
 
 
 def test_random_loss_5pct_ci_covers_5pct(path):
