@@ -90,6 +90,7 @@ def make_store(root: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # 3-4 s: out of the fast lane
 def test_clients_points_and_the_curve(tmp_path):
     a = analyze([load_run(make_store(tmp_path))])
     pts = full.clients_points(a, "baseline")["vpnA"]
@@ -126,6 +127,7 @@ DEGRADED = {
 }
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_degradation_points_put_loss_and_delay_profiles_on_their_axes(tmp_path):
     with hand_store(tmp_path, scenario=SCENARIO) as (st, run_dir):
         for profile, got in DEGRADED.items():

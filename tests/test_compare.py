@@ -29,6 +29,7 @@ def stored_values(run_dir: Path, vpn: str, label: str, metric: str) -> list[floa
     return [v for (v,) in rows]
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_compare_flags_a_20pct_regression_and_not_noise(tmp_path):
     a = make_run(
         tmp_path, "20260101-000000-tbaaaa", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=8, seed=1
@@ -229,6 +230,7 @@ def _add_leak_cases(
     st.close()
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_compare_gates_on_a_security_check_that_passed_in_a_and_fails_in_b(tmp_path):
     a = make_run(tmp_path, "20260101-000000-tbaaaa", {"fastvpn": (500, 15)}, n=3, seed=1, extra_label=False)
     b = make_run(tmp_path, "20260101-000001-tbbbbb", {"fastvpn": (500, 15)}, n=3, seed=2, extra_label=False)

@@ -46,6 +46,7 @@ def draw(mean: float, sd: float, seed: int, n: int = 8) -> list[float]:
     return [float(x) for x in np.random.default_rng(seed).normal(mean, sd, n)]
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_rtt_up_is_a_regression_and_down_an_improvement(tmp_path):
     a_vals = {
         "upvpn": draw(10, 0.3, 1),

@@ -101,6 +101,7 @@ def test_crr_counts_match_the_servers_own_count():
     assert c["connects"] == c["transactions"]
 
 
+@pytest.mark.slow  # 3-4 s: out of the fast lane
 def test_rr_one_connection_per_worker_and_faster_than_crr():
     conc, dur = 2, 1.0
     srv = Server()

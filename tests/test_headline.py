@@ -8,6 +8,7 @@ import io
 import re
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from tunnelbench.analysis.analyze import analyze, load_run
@@ -178,6 +179,7 @@ def test_full_adds_the_per_metric_table(tmp_path):
     assert "min–max" in buf.getvalue()
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_html_and_markdown_reports_open_with_the_same_headline(tmp_path):
     from tunnelbench.report.full import write_report
 

@@ -348,6 +348,7 @@ def test_terminal_table_latest_vs_previous_fits_120_columns(three_runs):
     assert "rtt_p50_ms" in out and "2 regression(s), 1 improvement(s), 1 workload(s) that stopped" in out
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_cli(three_runs, tmp_path):
     (three_runs / "garbage").mkdir()
     (three_runs / "garbage" / DB_NAME).write_text("nope")

@@ -27,6 +27,7 @@ def test_a_command_past_its_timeout_raises_with_no_exit_code():
     assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_a_grandchild_holding_the_pipe_does_not_hold_the_caller(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     # the shell backgrounds a sleeper (it inherits stdout) and records its PID; the shell itself outlives the

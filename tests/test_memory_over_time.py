@@ -244,6 +244,7 @@ def test_multihost_efficiency_counts_every_hosts_daemon_cpu(tmp_path):
     assert rows[("vpnA", "multihost-tx")]["value"] == "330"
 
 
+@pytest.mark.slow  # 3-4 s: out of the fast lane
 def test_report_pools_rss_series_and_draws_memory_over_time(tmp_path):
     a = analyze([load_run(make_store(tmp_path))])
     lines = full._rss_lines(a, "baseline")

@@ -183,6 +183,7 @@ def test_each_nat_type_filters_and_maps_as_defined(lab_factory):
             assert measured[t]["ports"]["seen_by_A"] == INSIDE_PORT, t
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_matrix_row_is_a_probed_fact_and_a_report_table(tmp_path, monkeypatch):
     """A VPN's matrix row, stored as the `nat_matrix` probe, becomes the value of its feature record's fact and
     a row of the report's NAT-traversal table (cells coloured by result)."""

@@ -139,6 +139,7 @@ def _dpkg_owner(tool: str) -> str | None:
     return None
 
 
+@pytest.mark.slow  # 3-4 s: out of the fast lane
 def test_each_tools_package_is_the_one_dpkg_says_provides_it():
     checked = 0
     for t in tools.TOOLS:

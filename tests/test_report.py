@@ -44,6 +44,7 @@ def assert_self_contained(html: str) -> None:
     assert "<link" not in html.lower() and "@import" not in html and "url(http" not in html
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_analysis_and_report_of_a_synthetic_run(tmp_path):
     d = make_run(
         tmp_path,
@@ -97,6 +98,7 @@ def test_analysis_and_report_of_a_synthetic_run(tmp_path):
     assert "| fastvpn | tcp | goodput_mbps [Mbit/s] |" in md and "failed" in md
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_combined_report_of_two_versions(tmp_path):
     a = make_run(
         tmp_path,
@@ -122,6 +124,7 @@ def test_combined_report_of_two_versions(tmp_path):
     assert (tmp_path / "both.md").exists()
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_exports(tmp_path):
     d = make_run(tmp_path, "20260101-000000-tbexpo", {"internal": (2000, 40), "fastvpn": (900, 20)}, n=3)
     run = load_run(d)

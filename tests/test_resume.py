@@ -103,6 +103,7 @@ def test_resume_refuses_a_run_whose_owner_is_alive(tmp_path):
     assert "still running" in res.stderr and f"pid {me}" in res.stderr
 
 
+@pytest.mark.slow  # 3-4 s: out of the fast lane
 def test_resume_cannot_be_combined_with_a_scenario_or_overrides(tmp_path):
     run_dir = fake_run(tmp_path, "interrupted")
     res = tb(["run", "s.toml", "--vpn", "internal", "-n", "2", "--resume", str(run_dir)], tmp_path / "reg")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from synthetic_runs import make_run
 
@@ -88,6 +89,7 @@ def test_not_supported_alone_makes_no_table(tmp_path):
     assert security_rows(run)[0]["cells"]["ACL"] == ("not run", "case failed: policy not applied: x")
 
 
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
 def test_renderers_show_the_new_columns(tmp_path):
     run_dir = make_run(tmp_path, "20260101-000000-tbsec", {"nebula": (500, 15), "tinc": (400, 10)}, n=2)
     st = Store(run_dir / DB_NAME)
