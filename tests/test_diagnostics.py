@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import lab_missing, tb
 
-from tunnelbench.diagnostics.cpuprofile import PERF_HZ, missing_tools, parse_folded
+from tunnelbench.diagnostics.cpuprofile import PERF_HZ, fold, missing_tools, name_threads, parse_folded, tool
 from tunnelbench.diagnostics.kmsg import KernelLog, parse_record
 
 
@@ -33,6 +33,43 @@ def test_kmsg_record_parsed_as_the_kernel_documents_it():
 def test_folded_stacks_parsed_and_summed():
     stacks = parse_folded("a;b;c 3\na;b 2\nbroken line\na;b;c 4\n", "h1")
     assert stacks == {"h1;a;b;c": 7, "h1;a;b": 2}
+
+
+# `perf script -F comm,pid,tid,time,event,ip,sym,dso` as perf 6.1 prints it: a daemon thread perf saw no
+# FORK/COMM record for is named `:<tid>`; another process's thread keeps its own comm
+PERF_SCRIPT = """\
+wireguard-go  3000/3001  100.000001:    cpu-clock:ppp:
+\t    4a1b2c runtime.futex (/usr/bin/wireguard-go)
+
+:3033  3000/3033  100.003345:    cpu-clock:ppp:
+\t    4b0000 golang.org/x/crypto/chacha20poly1305.chacha20Poly1305Seal.abi0 (/usr/bin/wireguard-go)
+
+:3034  3000/3034  100.006690:    cpu-clock:ppp:
+\t    4b0000 golang.org/x/crypto/chacha20poly1305.chacha20Poly1305Seal.abi0 (/usr/bin/wireguard-go)
+
+kworker/0:1 H  42/42  100.010035:    cpu-clock:ppp:
+\t ffffffff81000000 worker_thread ([kernel.kallsyms])
+
+"""
+
+
+def test_a_daemon_thread_perf_could_not_name_is_counted_as_the_daemon():
+    named = name_threads(PERF_SCRIPT, {3000: "wireguard-go"})
+    heads = [re.match(r"(.*?)\s+\d+/(\d+)", ln).groups() for ln in named.splitlines() if ln[:1].strip()]
+    assert heads == [
+        ("wireguard-go", "3001"),
+        ("wireguard-go", "3033"),
+        ("wireguard-go", "3034"),
+        ("kworker/0:1 H", "42"),
+    ]
+    assert name_threads(PERF_SCRIPT, {}) == PERF_SCRIPT
+    if tool("inferno-collapse-perf") is None:
+        pytest.skip("inferno is built by scripts/setup.sh")
+    stacks = fold(named, "h1")
+    # all three samples of pid 3000 under the daemon's name; the kernel worker apart
+    assert sum(n for s, n in stacks.items() if s.startswith("h1;wireguard-go;")) == 3
+    assert stacks["h1;wireguard-go;golang.org/x/crypto/chacha20poly1305.chacha20Poly1305Seal.abi0"] == 2
+    assert not [s for s in stacks if s.startswith("h1;:")]
 
 
 @pytest.mark.lab

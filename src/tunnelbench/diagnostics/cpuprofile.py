@@ -7,6 +7,7 @@ across repetitions; report/flamegraphs.py renders the sum with `inferno-flamegra
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,25 @@ def fold(perf_script: str, prefix: str) -> Counter[str]:
     return parse_folded(out.stdout, prefix)
 
 
+# a sample's first line in `perf script`: the thread's comm (padded, may hold spaces), then pid/tid
+_SAMPLE_HEAD = re.compile(r"^(?P<comm>\S.*?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s")
+
+
+def name_threads(perf_script: str, names: dict[int, str]) -> str:
+    """Each sample of a process in `names` (pid -> its name) carries that name, whatever comm perf gave
+    its thread. perf names a thread from the FORK/COMM records it saw; a thread the daemon made while perf
+    was attaching has none and shows as `:<tid>`, and its samples would fall outside the daemon's stacks."""
+    if not names:
+        return perf_script
+    out = []
+    for line in perf_script.splitlines(keepends=True):
+        m = _SAMPLE_HEAD.match(line)
+        if m and int(m["pid"]) in names:
+            line = f"{names[int(m['pid'])]} {line[m.start('pid') :]}"
+        out.append(line)
+    return "".join(out)
+
+
 def parse_folded(text: str, prefix: str = "") -> Counter[str]:
     stacks: Counter[str] = Counter()
     for line in text.splitlines():
@@ -87,6 +107,7 @@ class CpuProfile:
     workdir_name: str  # unique per case: the perf.data file names
     sessions: list[_Session] = field(default_factory=list)
     scope: str = ""
+    names: dict[Host, dict[int, str]] = field(default_factory=dict)  # host -> daemon pid -> its comm
 
     def start(self) -> None:
         targets = [(h, ["-p", ",".join(map(str, pids))]) for h, pids in self.daemons.items() if pids]
@@ -94,6 +115,11 @@ class CpuProfile:
         if not targets:
             targets = [(self.fallback, ["-a"])]
             self.scope = "system-wide (no VPN daemon: the kernel data path, the workload's tools and all)"
+        for h, pids in self.daemons.items():
+            for pid in pids:
+                r = h.run(["cat", f"/proc/{pid}/comm"], check=False, timeout=20)
+                if r.returncode == 0 and r.stdout.strip():
+                    self.names.setdefault(h, {})[pid] = r.stdout.strip()
         for h, who in targets:
             data = h.workdir / f"{self.workdir_name}.perf.data"
             h.mkdir(data.parent)
@@ -123,7 +149,7 @@ class CpuProfile:
                         f"{s.host.name}: perf script failed: {(r.stderr or r.stdout)[-200:].strip()}"
                     )
                     continue
-                total += fold(r.stdout, s.host.name)
+                total += fold(name_threads(r.stdout, self.names.get(s.host, {})), s.host.name)
             finally:
                 s.host.run(["rm", "-f", str(s.data), f"{s.data}.old"], check=False, timeout=30)
         write_folded(total, dest)
