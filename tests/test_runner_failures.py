@@ -332,6 +332,15 @@ def test_unavailable_and_never_ready_vpns_are_skipped_and_the_run_goes_on(tmp_pa
     ok = cases(run_dir, "tbtest-fake")
     assert [(r["repetition"], r["status"]) for r in ok] == [(1, "ok"), (2, "ok")]
     assert "tbtest-unavail: skipped: missing binaries" in out
+    # the exit code a CI job sees: 1, naming the three VPNs out of the run and every case each missed
+    from tunnelbench.analysis.outcome import judge_store
+    from tunnelbench.store import Store
+
+    st = Store(run_dir / "results.sqlite")
+    verdict = judge_store(st, st.run_row()["id"])
+    st.close()
+    assert (verdict.code, verdict.measured, verdict.planned) == (1, 2, 8), verdict
+    assert verdict.missing == {"tbtest-unavail": 2, "tbtest-never": 2, "tbtest-crash": 2}, verdict
     # the failed meshes' daemons are gone and their logs were kept
     for e in starts(run_dir, "tbtest-never"):
         assert not process_alive(e["pid"], None)
@@ -385,7 +394,7 @@ def test_not_applicable_is_skipped_and_a_failed_case_keeps_its_logs_without_secr
     by = {}
     for r in rows:
         by.setdefault(r["label"], []).append((r["status"], r["error"]))
-    assert by["probe-not-applicable"] == [("skipped", "not applicable: tbtest-leaky has no such thing")]
+    assert by["probe-not-applicable"] == [("n/a", "not applicable: tbtest-leaky has no such thing")]
     assert [s for s, _ in by["probe-fail"]] == ["failed", "failed"]  # retried once, as configured
     findings = [t for t, _ in build(analyze([load_run(run_dir)])).findings]
     assert not any("not-applicable" in t for t in findings), findings

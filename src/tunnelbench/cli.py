@@ -115,7 +115,13 @@ def run(
     flamegraph: bool = False,
     capture: str | None = None,
 ) -> None:
-    """Run a scenario (the built-in default when none is given) and print the summary."""
+    """Run a scenario (the built-in default when none is given) and print the summary.
+
+    \b
+    Exit codes: 0 every planned case measured (n/a cases count as answered);
+    1 some cases not measured (a VPN unavailable or down, a case whose every attempt failed);
+    2 bad input, nothing ran; 3 nothing measured; 130 interrupted (--resume goes on).
+    A suite exits 130 if interrupted, 3 if no part measured anything, 1 if any part fell short."""
     from tunnelbench.runner import ResumeError, load_resume
     from tunnelbench.scenario import ScenarioError, load_scenario
 
@@ -239,8 +245,15 @@ def _execute(
 
         line, style = scan_line(runner.scan_outputs())
         console.print(Text(line, style=style))
-    if code == 0 and res is not None and res.status != "ok":
-        code = 1
+    if code != 130:  # an ended run: its exit code says whether every planned case was measured
+        from tunnelbench.analysis.outcome import NOTHING_MEASURED, judge_store
+
+        out = judge_store(store, runner.run_id)
+        if code == 0 and res is not None and res.status != "ok":
+            code = 1
+        code = NOTHING_MEASURED if out.code == NOTHING_MEASURED else max(code, out.code)
+        err.print(Text(out.line() if code == out.code else f"exit {code}: the run failed; {out.line()}",
+                       style="green" if code == 0 else "yellow" if code == 1 else "red"))  # fmt: skip
     return code, runner.run_dir, runner.run_id
 
 
@@ -259,6 +272,7 @@ def _run_suite(
     """Every part of a suite as its own run (tunnelbench/suite.py), then the merged Security matrix. Every part
     is parsed before the first runs, so bad input fails before anything is measured."""
     from tunnelbench.analysis.analyze import load_run
+    from tunnelbench.analysis.outcome import suite_code
     from tunnelbench.report.terminal import security_table
     from tunnelbench.scenario import ScenarioError
     from tunnelbench.suite import merged_rows, write_matrix
@@ -315,7 +329,7 @@ def _run_suite(
     for n in notes:
         console.print(Text(n, style="dim"))
     err.print(f"matrix: {path}")
-    return 130 if 130 in codes else max(codes, default=0)
+    return suite_code(codes)
 
 
 def _suite_parts(

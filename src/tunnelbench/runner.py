@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.text import Text
 
 from tunnelbench import __version__, environment, placement
+from tunnelbench.analysis.outcome import PLANNED_KEY
 from tunnelbench.catalog import resolve as resolve_driver
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.diagnostics.case import CaseDiagnostics
@@ -520,7 +521,14 @@ class Runner:
                     else random.SystemRandom().randrange(2**31)
                 )
             reps = self.sc.run.repetitions
-            self.store.set_env(self.run_id, {"run.order": self.sc.run.order, "run.seed": self.seed})
+            self.store.set_env(
+                self.run_id,
+                {
+                    "run.order": self.sc.run.order,
+                    "run.seed": self.seed,
+                    PLANNED_KEY: total // len(self.sc.vpns),
+                },
+            )
             per_round = len(conds) * len(self.workloads)
             for vpn in self.sc.vpns:
                 if vpn in self.dead:  # out of the run before a resume: its cases were counted as skipped
@@ -1009,8 +1017,9 @@ class Runner:
         later = self.sc.run.repetitions - max(reps) if self.sc.run.order == "interleaved" else 0
         return per_round * (len(reps) + max(later, 0))
 
-    def _eta(self) -> str:
-        completed = self.progress.tasks[0].completed if self.progress else 0
+    def _eta(self, completed: float | None = None) -> str:
+        if completed is None:
+            completed = self.progress.tasks[0].completed if self.progress else 0
         total = self.progress.tasks[0].total if self.progress else 0
         return eta_text(time.monotonic() - self.t_start, completed, total, self.free_progress)
 
@@ -1184,6 +1193,31 @@ class Runner:
         server: Host,
         settle: bool = True,
     ) -> None:
+        t0 = time.monotonic()
+        status = self._case_attempts(mesh, wl, profile, rep, client, server, settle)
+        if not self.console.is_terminal:  # a log, not a live bar: one line per finished case
+            done, total = 0.0, 0.0
+            if self.progress is not None and self.progress.tasks:
+                done, total = self.progress.tasks[0].completed + 1, self.progress.tasks[0].total or 0
+            self.console.print(
+                Text(
+                    f"[{done:.0f}/{total:.0f}] {mesh.vpn} · {profile} · {wl.label()} · rep {rep}: {status} "
+                    f"({time.monotonic() - t0:.1f} s){self._eta(done) if done < total else ''}"
+                ),
+                highlight=False,
+            )
+
+    def _case_attempts(
+        self,
+        mesh: Mesh,
+        wl: Workload,
+        profile: str,
+        rep: int,
+        client: Host,
+        server: Host,
+        settle: bool,
+    ) -> str:
+        """Measure one case, retrying as `run.retries` allows; its final status (ok, n/a or failed)."""
         first = self._first_attempt(mesh.vpn, profile, wl, rep)
         for attempt in range(first, first + self.sc.run.retries + 1):
             adir = self.run_dir / "cases" / mesh.vpn / profile / wl.label() / f"r{rep}a{attempt}"
@@ -1262,16 +1296,16 @@ class Runner:
                 if wl.restarts_mesh and mesh.driver.settle_s and settle:
                     time.sleep(mesh.driver.settle_s)
                     self._phase(mesh.vpn, "tunnel_wait", mesh.driver.settle_s)
-                return
+                return "ok"
             except (Interrupted, KeyboardInterrupt):
                 diag.stop()  # its processes end now; what it took stays in the case folder
                 self.store.finish_case(cid, "interrupted", error="run interrupted")
                 raise
-            except NotApplicable as e:  # not this VPN's kind of test: skipped with the reason, no retry
+            except NotApplicable as e:  # not this VPN's kind of test: n/a with the reason, no retry
                 diag.finish(failed=False)
-                self.store.finish_case(cid, "skipped", error=str(e)[:2000])
-                self._say(f"{mesh.vpn} · {wl.label()}: skipped: {e}"[:400], "yellow")
-                return
+                self.store.finish_case(cid, "n/a", error=str(e)[:2000])
+                self._say(f"{mesh.vpn} · {wl.label()}: n/a: {e}"[:400], "yellow")
+                return "n/a"
             except CASE_ERRORS as e:
                 (adir / "error.txt").write_text(traceback.format_exc())
                 diag.finish(failed=True)
@@ -1285,6 +1319,7 @@ class Runner:
                     f"{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400], "red"
                 )
                 self._heal(mesh)
+        return "failed"
 
     def _diagnostics(self, adir: Path, mesh: Mesh, client: Host) -> CaseDiagnostics:
         """The case's pcap, kernel log and CPU profile, as `run.capture` and `run.flamegraph` ask."""

@@ -275,9 +275,9 @@ def analyze(runs: list[RunData]) -> Analysis:
         case_by_id = {c.id: c for c in r.cases}
         ok = _latest_ok(r.cases)
         for c in r.cases:
-            if c.profile not in profiles and c.status != "skipped":
+            if c.profile not in profiles and c.status not in ("skipped", "n/a"):
                 profiles.append(c.profile)
-            if c.label not in labels and c.status != "skipped":
+            if c.label not in labels and c.status not in ("skipped", "n/a"):
                 labels.append(c.label)
         for m in r.metrics:
             cid = m["case_id"]

@@ -47,7 +47,7 @@ def security_rows(run: RunData) -> list[dict[str, Any]]:
     for c in run.cases:
         if c.status != "ok" and c.error and (c.vpn, c.profile, c.label, c.repetition) not in done:
             first = c.error.strip().splitlines()[0].removeprefix("WorkloadError: ")
-            errors[c.vpn][c.workload].append(f"{SKIPPED}{first}" if c.status == "skipped" else first)
+            errors[c.vpn][c.workload].append(f"{SKIPPED}{first}" if c.status in ("skipped", "n/a") else first)
     rows = []
     for v in run.vpns:
         vpn = v["name"]

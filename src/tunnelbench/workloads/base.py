@@ -22,7 +22,7 @@ __all__ = ["CaseContext", "NotApplicable", "Params", "Workload", "WorkloadError"
 
 class NotApplicable(WorkloadError):
     """The workload does not apply to this VPN (e.g. control_loss without a central control plane): the
-    runner records the case as skipped with the reason, neither failed nor measured."""
+    runner records the case as n/a with the reason, neither failed nor measured (nor a reason to exit 1)."""
 
 
 class Params(BaseModel):

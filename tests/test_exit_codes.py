@@ -1,0 +1,127 @@
+"""Exit codes a CI job can gate on (analysis/outcome.py): 0 every planned case measured, 1 some not measured
+for a reason the user did not ask for, 3 nothing measured; suites combine their parts'. The unit tests
+judge hand-made case lists; the lab tests run the CLI as a user does, piped, and read its exit status and
+its log."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import lab_missing, tb
+
+from tunnelbench.analysis.outcome import CaseStatus, judge, suite_code
+
+
+def c(vpn: str, status: str, rep: int = 1, label: str = "tcp", profile: str = "baseline") -> CaseStatus:
+    return CaseStatus(vpn, profile, label, rep, status)
+
+
+OK_VPNS = {"a": ("ok", None), "b": ("ok", None)}
+
+
+def test_every_case_measured_is_0_and_a_retry_supersedes_its_failed_attempt():
+    out = judge(
+        [c("a", "ok"), c("b", "failed"), c("b", "ok"), c("a", "ok", rep=2), c("b", "ok", rep=2)], OK_VPNS
+    )
+    assert (out.code, out.measured, out.planned) == (0, 4, 4)
+    assert out.line() == "exit 0: all 4 planned case(s) measured"
+
+
+def test_a_case_that_does_not_apply_is_answered_not_missing():
+    out = judge([c("a", "ok"), c("b", "ok"), c("b", "n/a", label="control_loss")], OK_VPNS)
+    assert out.code == 0
+
+
+def test_a_case_whose_every_attempt_failed_is_1_and_named():
+    out = judge([c("a", "ok"), c("b", "failed"), c("b", "failed"), c("b", "ok", rep=2)], OK_VPNS)
+    assert (out.code, out.missing) == (1, {"b": 1})
+    assert out.line() == "exit 1: 1 of 3 planned case(s) not measured: b: 1 case(s)"
+
+
+def test_a_vpn_out_of_the_run_is_1_with_its_reason_even_without_cases():
+    vpns = {
+        "a": ("ok", None),
+        "b": ("failed", "mesh did not come up: b: pairs not answering after 1 s\nmore"),
+    }
+    out = judge([c("a", "ok"), c("b", "skipped"), c("b", "skipped", rep=2)], vpns)
+    assert out.code == 1
+    assert out.line() == (
+        "exit 1: 2 of 3 planned case(s) not measured: "
+        "b: 2 case(s) (failed: mesh did not come up: b: pairs not answering after 1 s)"
+    )
+    out = judge([c("a", "ok")], {**vpns, "b": ("unavailable", "missing binaries: b")})
+    assert out.code == 1 and out.line().endswith("b: no case (unavailable: missing binaries: b)")
+
+
+def test_a_skip_record_stands_for_every_repetition_of_the_plan():
+    # the runner records one skip per (profile, workload) for a VPN out of the run, with repetition 0
+    vpns = {"a": ("ok", None), "b": ("unavailable", "missing binaries: b")}
+    cases = [c("a", "ok", rep=1), c("a", "ok", rep=2), c("a", "ok", rep=3), c("b", "skipped", rep=0)]
+    out = judge(cases, vpns, per_vpn=3)
+    assert (out.code, out.planned, out.missing) == (1, 6, {"b": 3})
+    # a VPN that measured only some of its planned repetitions (a later round's mesh did not come up)
+    out = judge([c("a", "ok", rep=1), c("a", "skipped", rep=0)], {"a": ("ok", None)}, per_vpn=3)
+    assert (out.code, out.missing) == (1, {"a": 2})
+    # adaptive repetitions beyond the plan are measured cases, not a negative shortfall
+    out = judge([c("a", "ok", rep=r) for r in (1, 2, 3, 4)], {"a": ("ok", None)}, per_vpn=3)
+    assert (out.code, out.planned, out.missing) == (0, 4, {})
+
+
+def test_nothing_measured_is_3():
+    assert judge([c("a", "failed"), c("b", "skipped")], OK_VPNS).code == 3
+    assert judge([], {"b": ("unavailable", "x")}).code == 3
+    assert judge([c("a", "n/a")], OK_VPNS).code == 3  # answered, but not one measurement
+
+
+@pytest.mark.parametrize(
+    "codes, want",
+    [([0, 0], 0), ([0, 1], 1), ([0, 3], 1), ([3, 3], 3), ([1, 3], 1), ([0, 130, 1], 130), ([0, 2], 2)],
+)
+def test_a_suite_combines_its_parts(codes, want):
+    assert suite_code(codes) == want
+
+
+# a VPN at a version nobody installs: unavailable on every machine (missing binaries), whatever its kernel
+ABSENT = "nebula@1.0.0"
+SCENARIO = """
+name = "exit-codes"
+vpns = {vpns}
+[run]
+repetitions = 2
+drift_check_s = 0
+[lab]
+hosts = 2
+[[workloads]]
+name = "ping"
+count = 5
+interval_s = 0.05
+"""
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+@pytest.mark.parametrize("vpns, code", [(["internal", ABSENT], 1), ([ABSENT], 3), (["internal"], 0)])
+def test_run_exit_code_and_the_log_of_a_piped_run(tmp_path: Path, vpns: list[str], code: int):
+    why = lab_missing()
+    if why:
+        pytest.skip(why)
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(vpns=vpns))
+    res = tb("run", str(scen), "--results", str(tmp_path / "r"), "--no-html", timeout=300)
+    assert res.returncode == code, res.stdout[-2000:] + res.stderr[-3000:]
+    log = res.stdout + res.stderr
+    if ABSENT in vpns:
+        assert f"{ABSENT}: unavailable: missing binaries" in res.stdout  # the headline names it
+        assert re.search(
+            rf"exit {code}: .*{re.escape(ABSENT)}: 2 case\(s\) \(unavailable: missing binaries", log
+        )
+    # piped (no terminal): a line per finished case, counted against the plan, skipped cases included
+    done = re.findall(r"^\[(\d+)/(\d+)\] internal · baseline · ping · rep (\d): ok \(\d+\.\d s\)", log, re.M)
+    total = str(2 * len(vpns))
+    if "internal" in vpns:
+        assert [(t, r) for _, t, r in done] == [(total, "1"), (total, "2")], log[-3000:]
+        assert int(done[0][0]) < int(done[1][0]) <= int(total)
+    else:
+        assert not done
