@@ -55,8 +55,11 @@ APT_PACKAGES=(
   nginx curl rist-tools  # workloads: http_download/http_api/many_clients (nginx, curl), streaming (RIST)
   sockperf iperf  # workloads: request/response latency (sockperf), the iperf2 engine of tcp/udp (seed 002's tool)
   linux-perf  # per-case CPU profiles of the VPN daemons (flame graphs, `run --flamegraph`)
-  chromium
 )
+# only the tests need these (the report's page in a headless browser): scripts/test sets TB_SETUP_TESTS=1
+if [ -n "${TB_SETUP_TESTS:-}" ]; then
+  APT_PACKAGES+=(chromium)
+fi
 apt_packages() {
   local need=() p
   for p in "${APT_PACKAGES[@]}"; do
@@ -87,28 +90,22 @@ python_env() {
 }
 step "Python environment (.venv)" python_env
 
-# hey, the HTTP load generator of the http_api workload (Go module proxy, pinned; not packaged by Debian).
-HEY_VERSION=v0.1.5
-hey_tool() {
-  if command -v hey >/dev/null; then
-    note "present"
-  elif command -v go >/dev/null; then
-    GOBIN=/usr/local/bin go install "github.com/rakyll/hey@${HEY_VERSION}"
-    note "built ${HEY_VERSION}"
-  else
-    note "skipped: no Go toolchain (the http_api workload will say so)"
-  fi
-}
-step "hey ${HEY_VERSION}" hey_tool
-
-# quicperf, the quic workload's tool (Rust, quinn pinned by native/quicperf/Cargo.lock)
-source scripts/build-quicperf.sh
-step "quicperf (cargo build --locked)" quicperf_tool
+# the tools built rather than packaged (hey, quicperf, inferno): scripts/build-tools.sh, the same path
+# `tunnelbench run` takes on first use. TB_SETUP_LEAN=1 (a bare scripts/bench) leaves them to that first use.
+source scripts/build-tools.sh
+lean() { note "left for first use (a scenario that needs it builds it: tunnelbench plan says so)"; }
+if [ -n "${TB_SETUP_LEAN:-}" ]; then
+  step "hey ${HEY_VERSION}" lean
+  step "quicperf (cargo build --locked)" lean
+else
+  step "hey ${HEY_VERSION}" hey_tool
+  step "quicperf (cargo build --locked)" quicperf_tool
+fi
 
 # VPNs built from the Go module proxy and crates.io at pinned versions, into the install cache
 # (/var/cache/tunnelbench/<name>-<version>, TUNNELBENCH_CACHE overrides): cached builds are skipped, so
 # only a fresh machine pays for them (about 25 min on 2 cores, see the README). SKIP_VPN_BUILDS=1 skips
-# them all (scripts/bench then builds only the default scenario's: `tunnelbench install --for-scenario default`).
+# them all (scripts/bench does: the run then installs what its scenario needs on first use, src/tunnelbench/builds.py).
 vpn_builds() {
   local out="$LOG.install" rc=0
   COLUMNS=160 .venv/bin/tunnelbench install all >"$out" 2>&1 || rc=$?
@@ -128,21 +125,13 @@ if [ -z "${SKIP_VPN_BUILDS:-}" ]; then
   fi
 fi
 
-# inferno (crates.io, pinned): folds `perf script` stacks and draws the flame graphs of `run --flamegraph`
-# (src/tunnelbench/diagnostics/cpuprofile.py names the same version). About 40 s to build once, then cached.
-INFERNO_VERSION=0.12.8
-inferno_tool() {
-  local root="${TUNNELBENCH_CACHE:-/var/cache/tunnelbench}/inferno-${INFERNO_VERSION}"
-  if [ -x "$root/bin/inferno-flamegraph" ] && [ -x "$root/bin/inferno-collapse-perf" ]; then
-    note "cached"
-  elif command -v cargo >/dev/null; then
-    cargo install --locked --quiet inferno --version "${INFERNO_VERSION}" --root "$root"
-    note "built ${INFERNO_VERSION}"
-  else
-    note "skipped: no cargo (run --flamegraph will say so)"
-  fi
-}
-step "inferno ${INFERNO_VERSION} (flame graphs)" inferno_tool
+# inferno (crates.io, pinned): folds `perf script` stacks and draws the flame graphs of `run --flamegraph`.
+# About 40 s to build once (248 s on a fresh 2-core machine), then cached.
+if [ -n "${TB_SETUP_LEAN:-}" ]; then
+  step "inferno ${INFERNO_VERSION} (flame graphs)" lean
+else
+  step "inferno ${INFERNO_VERSION} (flame graphs)" inferno_tool
+fi
 
 # The native impairment engine (Rust), used where the kernel has no netem.
 native_engine() {

@@ -88,6 +88,8 @@ def test_every_go_command_of_an_install_exports_the_toolchain(key, source, tmp_p
     assert record["source"]["toolchain"] == ISSUE_TOOLCHAIN
 
 
-@pytest.mark.parametrize("path", ["scripts/setup.sh", "scripts/bench", "docs/vpns.md"])
+@pytest.mark.parametrize(
+    "path", ["scripts/setup.sh", "scripts/bench", "scripts/build-tools.sh", "docs/vpns.md"]
+)
 def test_scripts_and_readme_export_the_toolchain(path):
     assert f"GOTOOLCHAIN={ISSUE_TOOLCHAIN}" in (ROOT / path).read_text(), path

@@ -27,7 +27,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("workloads",),  # one file per workload
     ("catalog",),  # the only module that imports every driver and workload
     ("analysis", "scenario"),
-    ("report", "plan"),
+    ("report", "plan", "builds"),  # builds: the built tools (hey, quicperf, inferno) on first use
     ("security", "natmatrix", "doctor", "enginebench", "meshscale"),
     ("runner", "interactive", "suite"),
     ("cli",),

@@ -102,6 +102,12 @@ def main() -> None:
     type=click.Choice(["on-failure", "always", "off"]),
     help="keep each case's router pcap and kernel log lines: on-failure (default), always, off",
 )
+@click.option(
+    "--no-build",
+    is_flag=True,
+    help="never build or install on first use (a VPN build, hey, quicperf, inferno): what is missing is "
+    "skipped with the reason (a CI job that must not reach a registry)",
+)
 def run(
     scenario: Path | None,
     vpns: tuple[str, ...],
@@ -114,6 +120,7 @@ def run(
     resume_ref: str | None = None,
     flamegraph: bool = False,
     capture: str | None = None,
+    no_build: bool = False,
 ) -> None:
     """Run a scenario (the built-in default when none is given) and print the summary.
 
@@ -136,7 +143,17 @@ def run(
     if suite is not None:
         sys.exit(
             _run_suite(
-                suite, vpns, repetitions, profiles, results, no_html, inventory, insecure, flamegraph, capture
+                suite,
+                vpns,
+                repetitions,
+                profiles,
+                results,
+                no_html,
+                inventory,
+                insecure,
+                flamegraph,
+                capture,
+                not no_build,
             )
         )
     try:
@@ -185,7 +202,7 @@ def run(
     except ScenarioError as e:
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
-    code, _, _ = _execute(sc, text, overrides, plan, results, no_html)
+    code, _, _ = _execute(sc, text, overrides, plan, results, no_html, not no_build)
     sys.exit(code)
 
 
@@ -196,12 +213,15 @@ def _execute(
     plan: ResumePlan | None,
     results: Path | None,
     no_html: bool,
+    first_use: bool = True,
 ) -> tuple[int, Path, str]:
     """Run one scenario to the end, print its summary, write its report; (exit code, run folder, run id)."""
     from tunnelbench.runner import ResumeError
 
     if sc.lab.backend != "ssh":  # over SSH the hosts need root, not the controller
         _need_root()
+        if first_use:
+            _build_first_use(sc)
     from tunnelbench.analysis.summary import summarize
     from tunnelbench.report.html import write_html
     from tunnelbench.report.terminal import print_summary
@@ -257,6 +277,34 @@ def _execute(
     return code, runner.run_dir, runner.run_id
 
 
+def _build_first_use(sc: Scenario) -> None:
+    """Build the tools and install the VPN builds this scenario needs and this machine lacks (builds.py), one
+    line each; a failed build is said and the run goes on (the VPN is then skipped as unavailable, the
+    workload fails, each with the reason)."""
+    from tunnelbench.builds import build, cache_dir, install_vpn, missing, past_seconds, vpn_installs
+
+    before = past_seconds()
+    for vpn, src in vpn_installs(sc):
+        took = f"; {before[src.label]:.0f} s here before" if src.label in before else ""
+        err.print(Text(f"installing {vpn}: {src.label} (first use on this machine{took}) ...", style="dim"))
+        r = install_vpn(src, cache_dir() / "logs" / f"{src.name}.log")
+        ok = r.status != "failed"
+        err.print(
+            Text(
+                f"{'installed' if ok else 'could not install'} {vpn} ({r.seconds:.0f} s): {r.detail}"[:400],
+                style="green" if ok else "red",
+            )
+        )
+    for b in missing(sc):
+        took = f"; {before[b.name]:.0f} s here before" if b.name in before else ""
+        err.print(Text(f"building {b.name} for {b.why} (first use on this machine{took}) ...", style="dim"))
+        ok, seconds, detail = build(b, cache_dir() / "logs" / f"build-{b.name}.log")
+        if ok:
+            err.print(Text(f"built {b.name} ({seconds:.0f} s): {detail}", style="green"))
+        else:
+            err.print(Text(f"could not build {b.name} ({seconds:.0f} s): {detail}", style="red"))
+
+
 def _run_suite(
     suite: Suite,
     vpns: tuple[str, ...],
@@ -268,6 +316,7 @@ def _run_suite(
     insecure: bool,
     flamegraph: bool,
     capture: str | None,
+    first_use: bool = True,
 ) -> int:
     """Every part of a suite as its own run (tunnelbench/suite.py), then the merged Security matrix. Every part
     is parsed before the first runs, so bad input fails before anything is measured."""
@@ -311,7 +360,7 @@ def _run_suite(
         err.print(
             Text(f"suite {suite.name}: part {i}/{len(parts)}: {part} ({len(sc.vpns)} VPN(s))", style="bold")
         )
-        code, run_dir, run_id = _execute(sc, text, over, None, results, no_html)
+        code, run_dir, run_id = _execute(sc, text, over, None, results, no_html, first_use)
         done.append((run_dir, run_id))
         codes.append(code)
         if code == 130:  # interrupted: the finished parts stay, and the matrix shows what they measured
@@ -978,12 +1027,16 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
 
 
 def _print_plan(sc: Scenario, results: Path) -> float:
+    from tunnelbench.builds import vpn_installs
     from tunnelbench.catalog import resolve
     from tunnelbench.plan import make_plan
 
-    def available(vpn: str) -> str | None:
+    installs = vpn_installs(sc)
+    first_use = {vpn for vpn, _ in installs}
+
+    def available(vpn: str) -> str | None:  # a VPN the run installs first is counted
         a = resolve(vpn).availability()
-        return None if a.ok else a.reason
+        return None if a.ok or vpn in first_use else a.reason
 
     p = make_plan(sc, results, available)
     t = Table(
@@ -997,6 +1050,23 @@ def _print_plan(sc: Scenario, results: Path) -> float:
     console.print(t)
     for vpn, why in p.unavailable.items():
         console.print(Text(f"{vpn}: not counted, unavailable here: {why}"[:300], style="yellow"))
+    from tunnelbench.builds import missing, past_seconds
+
+    before = past_seconds()
+    for vpn, src in installs:
+        took = f"took {before[src.label]:.0f} s here before" if src.label in before else "not built here yet"
+        console.print(
+            Text(f"will install {vpn} first: {src.label} ({took}; not in the total)", style="yellow")
+        )
+    for b in missing(sc):
+        took = (
+            f"took {before[b.name]:.0f} s here before"
+            if b.name in before
+            else "not built on this machine yet"
+        )
+        console.print(
+            Text(f"will build {b.name} first, for {b.why} ({took}; not in the total)", style="yellow")
+        )
     console.print(
         f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min; "
         f"total about {p.seconds / 60:.0f} min ({p.seconds / 3600:.1f} h)"

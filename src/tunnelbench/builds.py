@@ -1,0 +1,132 @@
+"""Builds on first use: the first time a scenario that needs one is planned, `tunnelbench run` builds the lab's
+built tools (hey, quicperf, inferno) through scripts/build-tools.sh, the pinned and cached path set-up takes,
+and installs the scenario's VPN builds from the Go module proxy or crates.io through vpns/install.py, the path
+`tunnelbench install` takes; one line of progress each. `tunnelbench plan` lists what a scenario will build
+and how long that took on this machine before. So set-up builds none of them for a bare `scripts/bench`.
+
+Each build's seconds are kept in the install cache (builds.json) for `plan`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunnelbench.catalog import resolve
+from tunnelbench.diagnostics.cpuprofile import tool as inferno_tool
+from tunnelbench.scenario import Scenario
+from tunnelbench.vpns.install import Crate, GoModule, InstallResult, install_source, registry
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-tools.sh"
+BUILD_TIMEOUT_S = 1800  # a fresh 2-core machine took 248 s for inferno, the slowest
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str  # scripts/build-tools.sh's argument
+    binaries: tuple[str, ...]  # what the run looks for
+    why: str  # who needs it, for the progress line
+
+
+BUILDS = {
+    "hey": Build("hey", ("hey",), "the http_api workload"),
+    "quicperf": Build("quicperf", ("quicperf",), "the quic workload"),
+    "inferno": Build("inferno", ("inferno-collapse-perf", "inferno-flamegraph"), "run.flamegraph"),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TUNNELBENCH_CACHE", "/var/cache/tunnelbench"))
+
+
+def present(b: Build) -> bool:
+    if b.name == "inferno":  # kept in the cache, not on PATH
+        return all(inferno_tool(x) is not None for x in b.binaries)
+    return all(shutil.which(x) is not None for x in b.binaries)
+
+
+def needed(sc: Scenario) -> list[Build]:
+    """The built tools the scenario's workloads (their declared `tools`) and options use, in BUILDS order."""
+    names = {t for w in sc.build_workloads() for t in type(w).tools}
+    if sc.run.flamegraph:
+        names.add("inferno")
+    return [b for n, b in BUILDS.items() if n in names or any(x in names for x in b.binaries)]
+
+
+def missing(sc: Scenario) -> list[Build]:
+    return [b for b in needed(sc) if not present(b)]
+
+
+def past_seconds() -> dict[str, float]:
+    """Each tool's last build time on this machine (builds.json in the cache); {} when none was timed."""
+    try:
+        data = json.loads((cache_dir() / "builds.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v["seconds"]) for k, v in data.items() if isinstance(v, dict) and "seconds" in v}
+
+
+def vpn_installs(sc: Scenario) -> list[tuple[str, GoModule | Crate]]:
+    """(VPN, registry build) for each of the scenario's VPNs whose pinned build is not in the cache and that
+    can run here (a VPN the kernel cannot run is skipped by the run with that reason, not built)."""
+    out: list[tuple[str, GoModule | Crate]] = []
+    for name in sc.vpns:
+        try:
+            cls = resolve(name)
+        except ValueError:
+            continue  # the scenario's validation names it
+        if cls.impossible_here():
+            continue
+        out += [(name, s) for s in cls.installs if registry(s) and not s.cached()]
+    return out
+
+
+def install_vpn(src: GoModule | Crate, log: Path) -> InstallResult:
+    """One VPN build through `tunnelbench install`'s path (pinned, into the cache), its output in `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        r = install_source(src, f)
+    if r.status == "installed":
+        _record(src.label, r.seconds)
+    return r
+
+
+def _record(name: str, seconds: float) -> None:
+    path = cache_dir() / "builds.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[name] = {"seconds": round(seconds, 1), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def build(b: Build, log: Path) -> tuple[bool, float, str]:
+    """Build one tool through scripts/build-tools.sh, its output in `log`: (ok, seconds, the script's last
+    line or why it failed)."""
+    if not SCRIPT.is_file():
+        return False, 0.0, f"{SCRIPT} is not here (a checkout's scripts/setup.sh builds {b.name})"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with log.open("w") as f:
+        try:
+            r = subprocess.run(
+                ["bash", str(SCRIPT), b.name], stdout=f, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S
+            )
+            rc = r.returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+    seconds = time.monotonic() - t0
+    lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    last = lines[-1] if lines else ""
+    if rc != 0:
+        return False, seconds, f"exit {rc}: {last[-200:]} (log: {log})"
+    if not present(b):
+        return False, seconds, f"{last[-200:]} (log: {log})"
+    _record(b.name, seconds)
+    return True, seconds, last[-200:]
