@@ -44,7 +44,16 @@ def _need_root() -> None:
 def _find_run(ref: str | None, results: Path) -> Path:
     """A run folder from a path, a run id (or its unique prefix/suffix) or, with no argument, the newest run."""
     if ref and Path(ref).is_dir():
-        return Path(ref)
+        d = Path(ref)
+        if (d / "results.sqlite").exists():
+            return d
+        inner = sorted(p.name for p in d.glob("*") if (p / "results.sqlite").exists())
+        if inner:
+            raise click.UsageError(
+                f"{d} is a results folder, not a run: give one of its {len(inner)} run(s), e.g. {d / inner[-1]} "
+                f"(or its id with --results {d})"
+            )
+        raise click.UsageError(f"{d} is not a run folder: it holds no results.sqlite")
     runs = sorted(p for p in results.glob("*") if (p / "results.sqlite").exists()) if results.is_dir() else []
     if not runs:
         raise click.UsageError(f"no runs under {results}/ (use --results DIR or pass a run folder)")

@@ -172,10 +172,24 @@ class ImpairCfg(Strict):
     @classmethod
     def _names(cls, v: dict[str, Profile]) -> dict[str, Profile]:
         for name, p in v.items():
+            plain_name(name, "profile")
             if name in PROFILES:
                 raise ValueError(f"profile name {name!r} is built in; pick another name")
             p.name = name
         return v
+
+
+# a name the run turns into a folder (profiles, tunings): letters, digits, '.', '_', '-', never a path
+PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def plain_name(name: str, what: str) -> str:
+    if not PLAIN_NAME.match(name) or ".." in name:
+        raise ValueError(
+            f"{what} name {name!r}: use a plain name (letters, digits, '.', '_', '-'; up to 64; no '..' or '/'): "
+            "it names the run's case folders"
+        )
+    return name
 
 
 SysctlValue = int | str | list[int]
@@ -215,6 +229,13 @@ class HostsCfg(Strict):
         default_factory=dict,
         description="named sets of sysctls, run as a dimension (top-level `tunings`), each on top of `sysctl`",
     )
+
+    @field_validator("tunings")
+    @classmethod
+    def _tuning_names(cls, v: dict[str, dict[str, SysctlValue]]) -> dict[str, dict[str, SysctlValue]]:
+        for name in v:
+            plain_name(name, "tuning")
+        return v
 
     @field_validator("sysctl")
     @classmethod
@@ -513,12 +534,17 @@ def load_scenario(path: Path | None = None) -> tuple[Scenario, str]:
         source = f"built-in scenario {path}"
     else:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             hint = (
                 f" (built-in scenarios: {', '.join(builtin_scenarios())})" if not Path(path).exists() else ""
             )
             raise ScenarioError(f"cannot read scenario {path}: {e.strerror}{hint}") from None
+        except UnicodeDecodeError as e:
+            raise ScenarioError(
+                f"{path}: not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}); a scenario is a TOML "
+                "file saved as UTF-8"
+            ) from None
         source = str(path)
     try:
         data = tomllib.loads(text)

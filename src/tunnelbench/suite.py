@@ -56,9 +56,9 @@ def load_suite(path: Path | None) -> Suite | None:
         source, base = f"built-in scenario {path}", None
     else:
         try:
-            text = Path(path).read_text()
-        except OSError:
-            return None  # load_scenario says what is wrong with the path
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None  # load_scenario says what is wrong with the path or the text
         source, base = str(path), Path(path).resolve().parent
     try:
         data = tomllib.loads(text)

@@ -128,6 +128,17 @@ def _walk(
     unknown = set(group) - {"hosts", "vars", "children"}
     if unknown:
         raise InventoryError(f"{where}: group {name!r} has unknown keys {sorted(unknown)}")
+    for key in ("hosts", "vars", "children"):  # Ansible's YAML inventory: each a mapping, never a list
+        if group.get(key) is not None and not isinstance(group[key], dict):
+            example = {
+                "hosts": "h1: {ansible_host: 192.0.2.1}",
+                "vars": "ansible_user: root",
+                "children": "peers: {hosts: ...}",
+            }
+            raise InventoryError(
+                f"{where}: group {name!r}: {key} must be a mapping ({key}:\n  {example[key]}), not a "
+                f"{type(group[key]).__name__}"
+            )
     gvars = {**inherited, **(group.get("vars") or {})}
     depth = len(ancestry)
     path = (*ancestry, name)
@@ -168,6 +179,16 @@ def parse_inventory(data: Any, where: str = "inventory") -> Inventory:
     return inv
 
 
+def _seconds(value: Any, at: str) -> float:
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        raise InventoryError(f"{at} must be a number of seconds, e.g. 10 (got {value!r})") from None
+    if not 0 < s <= 3600:
+        raise InventoryError(f"{at} must be between 0 and 3600 seconds (got {value!r})")
+    return s
+
+
 def _make_host(name: str, v: dict[str, Any], groups: set[str], where: str) -> InvHost:
     at = f"{where}: host {name}"
     address = str(v.get("ansible_host", name))
@@ -205,7 +226,9 @@ def _make_host(name: str, v: dict[str, Any], groups: set[str], where: str) -> In
         host_key_check=check,
         underlay_ip=underlay,
         workdir_root=str(v.get("tunnelbench_workdir_root", DEFAULT_WORKDIR_ROOT)).rstrip("/"),
-        connect_timeout_s=float(v.get("tunnelbench_connect_timeout_s", 10)),
+        connect_timeout_s=_seconds(
+            v.get("tunnelbench_connect_timeout_s", 10), f"{at}: tunnelbench_connect_timeout_s"
+        ),
         roles=roles,
         vars=dict(v),
     )
@@ -226,9 +249,13 @@ def _resolve(address: str, at: str) -> str:
 def load_inventory(path: Path | str) -> Inventory:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise InventoryError(f"cannot read inventory {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise InventoryError(
+            f"{path}: not UTF-8 text (byte {e.start}); an inventory is a YAML file"
+        ) from None
     except yaml.YAMLError as e:
         raise InventoryError(f"{path}: not valid YAML: {e}") from None
     inv = parse_inventory(data, str(path))
