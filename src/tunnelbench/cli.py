@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tunnelbench.impair.calibrate import Calibration
     from tunnelbench.impair.profiles import Profile
     from tunnelbench.lab.inventory import Inventory
+    from tunnelbench.lab.lock import LabLock
     from tunnelbench.lab.netns import NetnsLab
     from tunnelbench.runner import ResumePlan
     from tunnelbench.scenario import Scenario
@@ -237,11 +238,14 @@ def _execute(
     from tunnelbench.runner import Interrupted, Runner
     from tunnelbench.store import DB_NAME, Store
 
+    lock = _hold_lab("run") if sc.lab.backend == "netns" else None  # before the run folder exists
     try:
         runner = Runner(sc, text, err, results, overrides=overrides, resume=plan)
     except ResumeError as e:
         err.print(Text(f"cannot resume: {e}", style="red"))
         sys.exit(2)
+    if lock is not None:
+        lock.describe(runner.run_id, runner.run_dir)
     err.print(Text(f"{'resuming run' if plan else 'run'} {runner.run_id} -> {runner.run_dir}"))
     code = 0
     res = None
@@ -274,6 +278,8 @@ def _execute(
 
         line, style = scan_line(runner.scan_outputs())
         console.print(Text(line, style=style))
+    if lock is not None:  # the lab is gone: a suite's next part (or another run) may build one
+        lock.release()
     if code != 130:  # an ended run: its exit code says whether every planned case was measured
         from tunnelbench.analysis.outcome import NOTHING_MEASURED, judge_store
 
@@ -284,6 +290,18 @@ def _execute(
         err.print(Text(out.line() if code == out.code else f"exit {code}: the run failed; {out.line()}",
                        style="green" if code == 0 else "yellow" if code == 1 else "red"))  # fmt: skip
     return code, runner.run_dir, runner.run_id
+
+
+def _hold_lab(what: str) -> LabLock:
+    """This machine's lab lock (lab/lock.py) for the rest of the command, or exit 2 naming who holds it:
+    nothing has run yet. The kernel drops it when this process ends."""
+    from tunnelbench.lab.lock import LabBusy, LabLock
+
+    try:
+        return LabLock(what).acquire()
+    except LabBusy as e:
+        err.print(Text(str(e), style="red"))
+        sys.exit(2)
 
 
 def _build_first_use(sc: Scenario) -> None:
@@ -598,6 +616,7 @@ def calibrate(
         )
         sys.exit(2)
     _need_root()
+    _hold_lab("calibrate")  # held until the command ends
     import tempfile
 
     from tunnelbench.impair.backend import ImpairError
@@ -713,6 +732,7 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     """The impairment engine's ceiling next to the raw path (Gbit/s, packets/s, CPU per packet), in both engine
     modes, and with --vpn the engine's tax on chosen VPNs."""
     _need_root()
+    _hold_lab("bench-engine")  # held until the command ends
     import statistics
     import tempfile
 
@@ -824,6 +844,7 @@ def up(scenario: Path | None, vpn: str, profile: str, hosts: int | None, results
     _need_root()
     from tunnelbench import interactive
 
+    _hold_lab("up").release()  # busy: exit 2 here, naming the holder; the keeper takes the lock for real
     try:
         lab = interactive.up(scenario, vpn, profile, hosts, results, say=lambda m: err.print(Text(m)))
     except interactive.UpError as e:
@@ -1373,6 +1394,7 @@ def nat_matrix(vpns: tuple[str, ...], pairs: str, out: Path, no_record: bool) ->
     from tunnelbench import natmatrix as nm
 
     _need_root()
+    _hold_lab("nat-matrix")  # held until the command ends
     names = [x.strip() for v in vpns for x in v.split(",") if x.strip()] or nm.nat_drivers()
     bad = [n for n in names if n not in nm.nat_drivers()]
     if bad:
@@ -1434,6 +1456,7 @@ def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> N
     from tunnelbench.catalog import DRIVERS
 
     _need_root()
+    _hold_lab("mesh-scale")  # held until the command ends
     names = [x.strip() for v in vpns for x in v.split(",") if x.strip()]
     bad = [n for n in names if n not in DRIVERS]
     if bad:

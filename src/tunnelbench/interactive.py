@@ -46,6 +46,7 @@ from rich.text import Text
 
 from tunnelbench.lab.journal import REGISTRY, Journal, Leftovers, proc_start_ticks, read_open_entries
 from tunnelbench.lab.journaling import process_alive
+from tunnelbench.lab.lock import LabLock
 
 if TYPE_CHECKING:
     from tunnelbench.impair.backend import Backend
@@ -411,6 +412,7 @@ class Keeper:
         self.run_dir = Path(request["run_dir"])
         self.state_path = STATE_DIR / f"{self.run_id}.json"
         self.journal: Journal | None = None
+        self.lock: LabLock | None = None
         self.self_entry: dict[str, Any] | None = None
         self.state_entry: dict[str, Any] | None = None
         self.lab: NetnsLab | None = None
@@ -474,6 +476,8 @@ class Keeper:
         from tunnelbench.vpns.mesh import Mesh
 
         sc = self.sc
+        # one lab per machine (lab/lock.py): held by this keeper until it ends, after the teardown
+        self.lock = LabLock("up", self.run_id, self.run_dir).acquire()
         self.journal = Journal(self.run_dir, self.run_id)  # registers this process as the run's owner
         self.self_entry = self.journal.process(os.getpid(), sys.argv, "local")
         self.log(f"building the lab ({sc.lab.hosts} hosts, tag {self.tag})")
