@@ -80,6 +80,14 @@ def tb(
     )
 
 
+def ping_scenario(name: str, vpns: list[str], repetitions: int = 1) -> str:
+    """The smallest real scenario: a 2-host lab, 5 pings at 50 ms per case, no drift check."""
+    return (
+        f'name = "{name}"\nvpns = {vpns!r}\n[run]\nrepetitions = {repetitions}\ndrift_check_s = 0\n'
+        '[lab]\nhosts = 2\n[[workloads]]\nname = "ping"\ncount = 5\ninterval_s = 0.05\n'
+    ).replace("'", '"')
+
+
 def lab_missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root for network namespaces"

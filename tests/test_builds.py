@@ -10,7 +10,7 @@ import os
 import tomllib
 
 import pytest
-from conftest import tb
+from conftest import ping_scenario, tb
 
 from tunnelbench import builds
 from tunnelbench.scenario import load_scenario, parse_scenario
@@ -93,19 +93,7 @@ def test_plan_names_what_it_will_build(tmp_path):
     )
 
 
-SCEN_VPN = """
-name = "first-use"
-vpns = ["nebula@1.10.3"]
-[run]
-repetitions = 1
-drift_check_s = 0
-[lab]
-hosts = 2
-[[workloads]]
-name = "ping"
-count = 5
-interval_s = 0.05
-"""
+SCEN_VPN = ping_scenario("first-use", ["nebula@1.10.3"])
 
 
 @pytest.mark.lab

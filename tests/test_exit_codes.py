@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import lab_missing, tb
+from conftest import lab_missing, ping_scenario, tb
 
 from tunnelbench.analysis.outcome import CaseStatus, judge, suite_code
 
@@ -85,19 +85,6 @@ def test_a_suite_combines_its_parts(codes, want):
 
 # a VPN at a version nobody installs, run with --no-build: unavailable on every machine (missing binaries)
 ABSENT = "nebula@1.0.0"
-SCENARIO = """
-name = "exit-codes"
-vpns = {vpns}
-[run]
-repetitions = 2
-drift_check_s = 0
-[lab]
-hosts = 2
-[[workloads]]
-name = "ping"
-count = 5
-interval_s = 0.05
-"""
 
 
 @pytest.mark.lab
@@ -108,7 +95,7 @@ def test_run_exit_code_and_the_log_of_a_piped_run(tmp_path: Path, vpns: list[str
     if why:
         pytest.skip(why)
     scen = tmp_path / "s.toml"
-    scen.write_text(SCENARIO.format(vpns=vpns))
+    scen.write_text(ping_scenario("exit-codes", vpns, repetitions=2))
     # --no-build: the absent version stays absent (the run would otherwise build it on first use)
     res = tb("run", str(scen), "--results", str(tmp_path / "r"), "--no-html", "--no-build", timeout=300)
     assert res.returncode == code, res.stdout[-2000:] + res.stderr[-3000:]
