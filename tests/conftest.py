@@ -80,6 +80,14 @@ def tb(
     )
 
 
+@pytest.fixture(autouse=True)
+def _private_probe_record(tmp_path_factory, monkeypatch):
+    """No test writes the machine's probes.json, which real runs read into their feature records: every
+    test (and the CLI it starts, through the environment) records probes in a file of its own."""
+    if "TUNNELBENCH_PROBES" not in os.environ:
+        monkeypatch.setenv("TUNNELBENCH_PROBES", str(tmp_path_factory.mktemp("probes") / "probes.json"))
+
+
 def ping_scenario(name: str, vpns: list[str], repetitions: int = 1) -> str:
     """The smallest real scenario: a 2-host lab, 5 pings at 50 ms per case, no drift check."""
     return (

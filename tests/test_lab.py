@@ -37,3 +37,14 @@ def test_destroy_leaves_nothing_and_releases_journal(lab_factory):
     assert not p.alive()
     open_kinds = {e["kind"] for e in read_open_entries(lab.journal.path)}
     assert "netns" not in open_kinds
+
+
+def test_a_process_log_is_readable_by_root_only(lab_factory, tmp_path):
+    """A daemon's log may hold its secrets: the file spawn writes to is 0600 (os.stat, not the product's word),
+    and the output lands in it."""
+    lab = lab_factory(2)
+    log = tmp_path / "logs" / "d.log"
+    p = lab.hosts[0].spawn(["sh", "-c", "echo secret-in-log"], label="talker", log_path=log)
+    p.wait(10)
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert "secret-in-log" in log.read_text()

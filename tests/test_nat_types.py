@@ -269,3 +269,23 @@ def test_scenario_nat_type_fields():
         LabCfg(hosts=3, path="nat", nat_types={"h3": "symmetric"})  # h3 is the (public) relay host
     with pytest.raises(ValidationError):
         LabCfg(hosts=3, path="nat", nat_type="cone")
+
+
+def test_concurrent_probe_writers_lose_no_entry(tmp_path, monkeypatch):
+    """Eight processes recording probes at once: every entry is in the file afterwards (without the lock, a
+    read-modify-write drops the others'), and no temporary file is left beside it."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "probes.json"
+    code = (
+        "import sys; from tunnelbench.vpns.features import save_probe\n"
+        "for i in range(20): save_probe(f'vpn{sys.argv[1]}', f'p{i}', True, 'x')\n"
+    )
+    env = {**os.environ, "TUNNELBENCH_PROBES": str(path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(n)], env=env) for n in range(8)]
+    assert [p.wait(60) for p in procs] == [0] * 8
+    data = json.loads(path.read_text())
+    assert {v: len(e) for v, e in data.items()} == {f"vpn{n}": 20 for n in range(8)}
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["probes.json", "probes.json.lock"]

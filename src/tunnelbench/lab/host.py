@@ -255,7 +255,12 @@ class Host(ABC):
         """Start a long-running process; stdout+stderr go to log_path. Recorded in the journal."""
         if log_path:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        # 0600: a daemon's log may hold its secrets (EasyTier logs its network secret)
+        log = (
+            os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+            if log_path
+            else subprocess.DEVNULL
+        )
         full_env = None if env is None else {**os.environ, **env}
         try:
             popen = subprocess.Popen(

@@ -11,8 +11,10 @@ record, so a run stores what was last observed on this kind of machine, with the
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -129,17 +131,21 @@ def save_probe(
     result, the fact's value instead of `ok`)."""
     path = _probes_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = load_probes()
-    data.setdefault(vpn, {})[what] = {
-        "ok": ok,
-        "detail": detail,
-        "version": version,
-        "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **({"value": value} if value is not None else {}),
-    }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    # read-modify-write under an exclusive lock (two writers would otherwise drop each other's entry), the new
+    # text through a temporary name of this writer's own, renamed over the file (a reader never sees half)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load_probes()
+        data.setdefault(vpn, {})[what] = {
+            "ok": ok,
+            "detail": detail,
+            "version": version,
+            "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            **({"value": value} if value is not None else {}),
+        }
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
 
 
 def record(vpn: str, documented: dict[str, Any]) -> dict[str, Any]:
