@@ -293,15 +293,20 @@ def _execute(
 
 
 def _hold_lab(what: str) -> LabLock:
-    """This machine's lab lock (lab/lock.py) for the rest of the command, or exit 2 naming who holds it:
-    nothing has run yet. The kernel drops it when this process ends."""
+    """This machine's lab lock (lab/lock.py) until the command ends (released when its click context closes,
+    however it ends; the kernel drops it if the process dies), or exit 2 naming who holds it: nothing has
+    run yet. Taken after the command's own input checks, so bad input is named as such."""
     from tunnelbench.lab.lock import LabBusy, LabLock
 
     try:
-        return LabLock(what).acquire()
+        lock = LabLock(what).acquire()
     except LabBusy as e:
         err.print(Text(str(e), style="red"))
         sys.exit(2)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(lock.release)
+    return lock
 
 
 def _build_first_use(sc: Scenario) -> None:
@@ -616,7 +621,7 @@ def calibrate(
         )
         sys.exit(2)
     _need_root()
-    _hold_lab("calibrate")  # held until the command ends
+    _hold_lab("calibrate")  # until the command ends
     import tempfile
 
     from tunnelbench.impair.backend import ImpairError
@@ -732,7 +737,7 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     """The impairment engine's ceiling next to the raw path (Gbit/s, packets/s, CPU per packet), in both engine
     modes, and with --vpn the engine's tax on chosen VPNs."""
     _need_root()
-    _hold_lab("bench-engine")  # held until the command ends
+    _hold_lab("bench-engine")  # until the command ends
     import statistics
     import tempfile
 
@@ -1394,13 +1399,13 @@ def nat_matrix(vpns: tuple[str, ...], pairs: str, out: Path, no_record: bool) ->
     from tunnelbench import natmatrix as nm
 
     _need_root()
-    _hold_lab("nat-matrix")  # held until the command ends
     names = [x.strip() for v in vpns for x in v.split(",") if x.strip()] or nm.nat_drivers()
     bad = [n for n in names if n not in nm.nat_drivers()]
     if bad:
         raise click.UsageError(
             f"not a NAT-capable VPN: {', '.join(bad)} (choose from {', '.join(nm.nat_drivers())})"
         )
+    _hold_lab("nat-matrix")  # until the command ends
     with tempfile.TemporaryDirectory(prefix="tb-natmatrix-") as work:
         result = nm.run_matrix(
             names,
@@ -1456,7 +1461,6 @@ def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> N
     from tunnelbench.catalog import DRIVERS
 
     _need_root()
-    _hold_lab("mesh-scale")  # held until the command ends
     names = [x.strip() for v in vpns for x in v.split(",") if x.strip()]
     bad = [n for n in names if n not in DRIVERS]
     if bad:
@@ -1474,6 +1478,7 @@ def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> N
         raise click.UsageError(
             f"--sizes: increasing host counts from 2 to 1000, e.g. 10,25,50,100 (got {sizes!r})"
         )
+    _hold_lab("mesh-scale")  # until the command ends
     with tempfile.TemporaryDirectory(prefix="tb-meshscale-") as work:
         result = ms.run_sweep(names, ns, Path(work), out, idle_s, progress=lambda s: err.print(Text(s)))
     head, rows = ms.table_rows(result)
