@@ -37,7 +37,9 @@ def test_a_second_holder_is_refused_naming_the_first(registry, tmp_path):
     first.release()
     second = LabLock("calibrate").acquire()  # free again once released
     second.release()
-    assert (registry / "lab.lock").stat().st_mode & 0o777 == 0o600
+    lock = registry.with_name("registry.lock")
+    assert lock.stat().st_mode & 0o777 == 0o600 and lock.read_text() == ""  # idle: names nobody
+    assert not registry.exists() or "registry.lock" not in [p.name for p in registry.iterdir()]
 
 
 def test_the_lock_dies_with_its_holder(registry):

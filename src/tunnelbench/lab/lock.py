@@ -1,6 +1,6 @@
 """One namespace lab at a time per machine. Two runs at once would pin the same CPUs, set the same host
 sysctls, share the impairment engine's queues and each measure the other's traffic: a run, `up`, `calibrate`,
-`bench-engine`, `nat-matrix` and `mesh-scale` each hold an exclusive flock on REGISTRY/lab.lock while their
+`bench-engine`, `nat-matrix` and `mesh-scale` each hold an exclusive flock on /run/tunnelbench.lock while their
 lab exists. The kernel drops the lock when its holder ends however it ends (SIGKILL too), so a crash never
 leaves a stale lock; the file names the holder so the one refused can say who."""
 
@@ -22,7 +22,9 @@ class LabBusy(RuntimeError):
 
 
 def lock_path() -> Path:
-    return journal.REGISTRY / "lab.lock"  # read at call time: tests point REGISTRY at a private folder
+    """Beside the registry, not in it (/run/tunnelbench.lock): the registry holds run registrations only, which
+    `clean` reads one by one. Read at call time: tests point REGISTRY at a private folder."""
+    return journal.REGISTRY.with_name(journal.REGISTRY.name + ".lock")
 
 
 class LabLock:
