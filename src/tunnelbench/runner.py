@@ -1000,7 +1000,11 @@ class Runner:
                             and wl is wls[-1]
                             and not adaptive
                         )
-                        self._run_case(mesh, wl, label, rep, self.client, self.server, settle=not last)
+                        t_case = time.monotonic()
+                        status = self._run_case(
+                            mesh, wl, label, rep, self.client, self.server, settle=not last
+                        )
+                        self._log_case(vpn, label, wl, rep, status, t_case)
                         if only is None:
                             progress.advance(task)
                 if adaptive:
@@ -1040,7 +1044,9 @@ class Runner:
                 self.progress.update(
                     self.task, description=f"{mesh.vpn} · {label} · {wl.label()} · rep {rep} (adaptive)"
                 )
-                self._run_case(mesh, wl, label, rep, self.client, self.server)
+                t_case = time.monotonic()
+                status = self._run_case(mesh, wl, label, rep, self.client, self.server)
+                self._log_case(mesh.vpn, label, wl, rep, status, t_case)
 
     def _precise(self, vpn: str, profile: str, wl: Workload, before_rep: int) -> bool:
         """Is the 95% bootstrap CI of the mean of the workload's first headline metric within
@@ -1183,6 +1189,21 @@ class Runner:
                 p.copy_log(dest / f"{h}-{p.label}.log")
                 keys.redact(dest / f"{h}-{p.label}.log", secrets)
 
+    def _log_case(self, vpn: str, profile: str, wl: Workload, rep: int, status: str, t0: float) -> None:
+        """A log, not a live bar (the console is not a terminal): one line per finished case."""
+        if self.console.is_terminal:
+            return
+        done, total = 0.0, 0.0
+        if self.progress is not None and self.progress.tasks:
+            done, total = self.progress.tasks[0].completed + 1, self.progress.tasks[0].total or 0
+        self.console.print(
+            Text(
+                f"[{done:.0f}/{total:.0f}] {vpn} · {profile} · {wl.label()} · rep {rep}: {status} "
+                f"({time.monotonic() - t0:.1f} s){self._eta(done) if done < total else ''}"
+            ),
+            highlight=False,
+        )
+
     def _run_case(
         self,
         mesh: Mesh,
@@ -1192,30 +1213,6 @@ class Runner:
         client: Host,
         server: Host,
         settle: bool = True,
-    ) -> None:
-        t0 = time.monotonic()
-        status = self._case_attempts(mesh, wl, profile, rep, client, server, settle)
-        if not self.console.is_terminal:  # a log, not a live bar: one line per finished case
-            done, total = 0.0, 0.0
-            if self.progress is not None and self.progress.tasks:
-                done, total = self.progress.tasks[0].completed + 1, self.progress.tasks[0].total or 0
-            self.console.print(
-                Text(
-                    f"[{done:.0f}/{total:.0f}] {mesh.vpn} · {profile} · {wl.label()} · rep {rep}: {status} "
-                    f"({time.monotonic() - t0:.1f} s){self._eta(done) if done < total else ''}"
-                ),
-                highlight=False,
-            )
-
-    def _case_attempts(
-        self,
-        mesh: Mesh,
-        wl: Workload,
-        profile: str,
-        rep: int,
-        client: Host,
-        server: Host,
-        settle: bool,
     ) -> str:
         """Measure one case, retrying as `run.retries` allows; its final status (ok, n/a or failed)."""
         first = self._first_attempt(mesh.vpn, profile, wl, rep)
