@@ -85,6 +85,11 @@ class LabCfg(Strict):
                 )
         elif self.relay:
             raise ValueError('relay is only used with path = "relay" or "nat"')
+        if self.path == "nat" and self.hosts > 256:
+            raise ValueError(
+                f'hosts: {self.hosts} with path = "nat"; each peer\'s NAT gets its own LAN 172.16.<i>.0/24, '
+                "so at most 255 peers and the relay host: use hosts <= 256"
+            )
         if self.path != "nat" and (self.nat_types or self.nat_type != "port-restricted"):
             raise ValueError('nat_type and nat_types are only used with path = "nat"')
         if self.nat_types:
