@@ -113,3 +113,27 @@ def test_unsupported_vpn_says_so(lab_factory):
     ctx = CaseContext(Mesh(driver), lab.hosts[0], lab.hosts[1], lab.run_dir, time.monotonic() + 10, {})
     with pytest.raises(WorkloadError, match="revocation not supported"):
         wl.run(ctx)
+
+
+def test_a_wall_clock_step_during_the_revocation_fails_the_case(lab_factory, monkeypatch):
+    """The revocation time is read off ping's wall-clock stamps: a step of the wall clock (here +30 s, in this
+    process, while the operator's action runs) must fail the case, not enter the result."""
+    mesh = up(lab_factory, "wireguard-go")
+    revoke = type(mesh.driver).revoke
+    real = time.time
+
+    def revoke_and_step(self, host):
+        action = revoke(self, host)
+        monkeypatch.setattr(time, "time", lambda: real() + 30.0)
+        return action
+
+    monkeypatch.setattr(type(mesh.driver), "revoke", revoke_and_step)
+    try:
+        with pytest.raises(
+            WorkloadError, match=r"the wall clock stepped by \+30\.\d+ s during the revocation"
+        ):
+            run_revoke(mesh, cap_s=3)
+    finally:
+        monkeypatch.setattr(time, "time", real)
+        mesh.stop()
+    assert mesh.leftovers() == []

@@ -45,6 +45,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from tunnelbench.core.clock import WallClockStep, WallClockWatch
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments.ping import REPLY, echo_replies
@@ -342,6 +343,7 @@ class Resilience(Workload):
         p = self.params
         out = Outcome()
         t0 = time.monotonic()
+        wall = WallClockWatch()  # every event's times are read off ping's wall-clock stamps
         for ev in p.events:
             if ev == "failover":
                 self._failover(ctx, out)
@@ -353,6 +355,10 @@ class Resilience(Workload):
                 self._restart(ctx, out, ev)
         # the whole mesh must answer again before the next case
         ctx.mesh.wait_ready(timeout=min(p.timeout_s, ctx.remaining()))
+        try:
+            wall.check(f"the resilience events ({', '.join(p.events)})")
+        except WallClockStep as e:
+            raise WorkloadError(str(e)) from None
         out.measure_s = time.monotonic() - t0
         return out
 

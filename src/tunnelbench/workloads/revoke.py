@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
+from tunnelbench.core.clock import WallClockStep, WallClockWatch
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host
@@ -86,6 +87,7 @@ class Revoke(Workload):
         if type(driver).revocation is None:
             raise WorkloadError(f"{ctx.mesh.vpn}: revocation not supported (the driver has no revoke)")
         t0 = time.monotonic()
+        wall = WallClockWatch()  # the revocation time is read off ping's wall-clock stamps
         record: dict[str, Any] = {
             "revoked": revoked.name,
             "target": target.name,
@@ -115,6 +117,10 @@ class Revoke(Workload):
                 "replies_before": sum(ts < t_call for ts in replies),
                 "replies_after_call": sum(ts >= t_call for ts in replies),
             }
+            try:
+                wall.check("the revocation")
+            except WallClockStep as e:
+                raise WorkloadError(str(e)) from None
             if last is not None and last - t_ret > p.cap_s:
                 raise WorkloadError(
                     f"still reachable {last - t_ret:.1f} s after revocation (cap {p.cap_s:g} s): "
