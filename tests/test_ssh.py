@@ -343,6 +343,23 @@ for bad, why in ((dataclasses.replace(inv.peers()[0], port=2), "cannot connect")
         raise SystemExit(f"no SshError for {{why}}")
     except SshError as e:
         assert why in str(e) and bad.describe() in str(e), str(e)
+# the work folder: made 0700 from workdir_root down; one another user made first, a symlink or a folder others
+# may write is refused with the folder named
+w = SshHost("h1", dataclasses.replace(inv.peers()[0], workdir_root="/var/tmp/tb-wd"), Path("/var/tmp/tb-wd/r1/h1"), None)
+w.make_workdir()
+modes = h.run(["stat", "-c", "%a %u %F", "/var/tmp/tb-wd", "/var/tmp/tb-wd/r1", "/var/tmp/tb-wd/r1/h1"]).stdout
+assert modes.splitlines() == ["700 0 directory"] * 3, modes
+w.make_workdir()  # found again, ours: accepted
+for plant, said in (("chown 65534 /var/tmp/tb-wd/r1", "/var/tmp/tb-wd/r1 is owned by uid 65534, not by uid 0"),
+                    ("rm -rf /var/tmp/tb-wd && ln -s /tmp /var/tmp/tb-wd", "/var/tmp/tb-wd is a symbolic link"),
+                    ("rm -f /var/tmp/tb-wd && mkdir -m 777 /var/tmp/tb-wd", "/var/tmp/tb-wd is writable by other users")):
+    h.run(["sh", "-c", plant])
+    try:
+        w.make_workdir()
+        raise SystemExit(f"work folder accepted after: {{plant}}")
+    except RuntimeError as e:
+        assert said in str(e) and "unsafe work folder" in str(e), str(e)
+h.run(["rm", "-rf", "/var/tmp/tb-wd"])
 print("OK")
 """
     _keygen(tmp_path / "wrong_key")  # a key the targets do not authorize

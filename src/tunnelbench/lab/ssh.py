@@ -640,6 +640,37 @@ class SshHost(Host):
     def mkdir(self, path: Path, mode: int = 0o700) -> None:
         self.run(["mkdir", "-p", "-m", f"{mode:o}", "--", str(path)])
 
+    def make_workdir(self) -> None:
+        """The run's work folder, made so that no other user of that machine can read or replace what we put
+        in it: workdir_root and each folder below it down to the workdir are made 0700 one at a time (mkdir
+        -p would leave the parents at the umask), and each, new or found, must be a real folder (no
+        symlink) owned by the SSH user and writable by nobody else; else the run stops naming the folder.
+        workdir_root's default sits in /var/tmp, where any local user may have made it first."""
+        root = PurePosixPath(self.inv.workdir_root)
+        work = PurePosixPath(str(self.workdir))
+        rel = work.relative_to(root).parts  # <run_id>, <host>
+        chain = [root.joinpath(*rel[:i]) for i in range(len(rel) + 1)]
+        script = (
+            "set -u; umask 077; u=$(id -u); mkdir -p -- "
+            + _q(root.parent)
+            + "; for d in "
+            + " ".join(_q(d) for d in chain)
+            + "; do "
+            '[ -L "$d" ] && { echo "$d is a symbolic link"; exit 3; }; '
+            '[ -d "$d" ] || mkdir -m 700 -- "$d" || { echo "$d could not be made"; exit 3; }; '
+            'set -- $(stat -c "%u %A" -- "$d"); '
+            '[ "$1" = "$u" ] || { echo "$d is owned by uid $1, not by uid $u (the SSH user)"; exit 3; }; '
+            'case "$2" in ?????w????|????????w?) echo "$d is writable by other users ($2)"; exit 3;; esac; '
+            "done"
+        )
+        r = self.run(["sh", "-c", script], check=False)
+        if r.returncode != 0:
+            raise RuntimeError(
+                f"{self.name} ({self.inv.describe()}): unsafe work folder: {r.stdout.strip() or r.stderr.strip()}; "
+                f"remove it there if it is not yours, or set tunnelbench_workdir_root to a folder only the SSH "
+                f"user owns"
+            )
+
     def binary(self, name: str, installs: Sequence[BinarySource] = ()) -> str:
         """`name` as this machine runs it: `command -v` there, on its own PATH (bin_dir first, where `install
         --inventory` puts pinned builds) plus a system package's libexec folders; the bare name when it has
@@ -788,7 +819,7 @@ class SshLab:
             ents = self._entries.setdefault(h.name, [])
             # journal first: clean finds half-made ones
             ents.append(h.journal.add({"kind": "remote_dir", "path": str(h.workdir)}))
-            h.mkdir(h.workdir)
+            h.make_workdir()
             ents.append(h.journal.add({"kind": "link_prefix", "prefix": self.tag}))
             links = h.run(["ip", "-o", "link", "show"]).stdout
             h.preexisting_links = frozenset(
