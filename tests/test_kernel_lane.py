@@ -78,8 +78,9 @@ def test_the_labs_guard_drops_offlab_traffic_on_this_kernel_too(lab_factory):
 KERNEL_DRIVERS = sorted(n for n, d in DRIVERS.items() if set(d.kernel_features) & set(kernel.LANE_FEATURES))
 # IPsec under another encapsulation, each ~50 s of the lane under TCG: what they add over their parts (the
 # inner tunnel's own mesh test, gre-ipsec's mesh and cleartext tests, ipsec-vti's routed SAs) runs in the long
-# lane (scripts/test --long), which keeps the default kernel lane inside CI's share
-LONG_KERNEL_DRIVERS = {"geneve-ipsec", "gretap-ipsec", "vxlan-ipsec", "ipsec-xfrmi"}
+# lane (scripts/test --long), which keeps the default kernel lane inside CI's share. gue too (37 s): the fou
+# module's other encapsulation, on the same receive port setup fou's mesh test covers
+LONG_KERNEL_DRIVERS = {"geneve-ipsec", "gretap-ipsec", "vxlan-ipsec", "ipsec-xfrmi", "gue"}
 
 
 MTU = 1360  # [fairness] tunnel_mtu, as tests/test_vpn_mtu.py uses for the other drivers
