@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from tunnelbench.lab.addressing import host_ip, router_ip
@@ -48,3 +51,28 @@ def test_a_process_log_is_readable_by_root_only(lab_factory, tmp_path):
     p.wait(10)
     assert log.stat().st_mode & 0o777 == 0o600
     assert "secret-in-log" in log.read_text()
+
+
+def test_a_daemon_that_ignores_sigterm_is_killed_and_one_that_survives_stays_in_the_journal(lab_factory):
+    """stop() ends a process that ignores SIGTERM with SIGKILL (its /proc entry gone, the kernel's word) and
+    releases its journal entry; a process still alive after SIGKILL (here: alive() held true, as for one stuck
+    in the kernel) keeps its entry, so the leftover check and `tunnelbench clean` still see it."""
+    lab = lab_factory(2)
+    h = lab.hosts[0]
+    p = h.spawn(["sh", "-c", "trap '' TERM; exec sleep 300"], label="deaf", log_path=None)
+    time.sleep(0.2)  # the trap is set before exec
+    pid = p.pid
+    t0 = time.monotonic()
+    assert p.stop(grace=0.5) is True
+    assert time.monotonic() - t0 >= 0.5  # SIGTERM was ignored for the whole grace, SIGKILL ended it
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    assert all(e.get("pid") != pid for e in read_open_entries(lab.journal.path))
+
+    q = h.spawn(["sleep", "300"], label="stuck", log_path=None)
+    real_alive = q.alive
+    q.alive = lambda: True  # type: ignore[method-assign]
+    assert q.stop(grace=0.1) is False
+    assert any(e.get("pid") == q.pid for e in read_open_entries(lab.journal.path))
+    q.alive = real_alive  # type: ignore[method-assign]
+    assert q.stop(grace=1) is True
+    assert all(e.get("pid") != q.pid for e in read_open_entries(lab.journal.path))

@@ -140,16 +140,21 @@ class Process:
         except subprocess.TimeoutExpired:
             return None
 
-    def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after `grace` seconds; releases the journal entry."""
+    def stop(self, grace: float = 5.0) -> bool:
+        """SIGTERM, then SIGKILL after `grace` seconds; True when the process is gone, and only then is its
+        journal entry released: one that survives SIGKILL (stuck in the kernel) stays in the journal, so
+        teardown's leftover check names it and `tunnelbench clean` still finds it."""
         if self.alive():
             self.host.signal(self.pid, signal.SIGTERM)
             if self.wait(grace) is None and self.alive():
                 self.host.signal(self.pid, signal.SIGKILL)
                 self.wait(5)
+            if self.alive():
+                return False
         if self.journal_entry is not None and self.host.journal is not None:
             self.host.journal.release(self.journal_entry)
             self.journal_entry = None
+        return True
 
     def log_tail(self, chars: int = 2000) -> str:
         if self.log_path is None:

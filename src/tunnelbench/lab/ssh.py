@@ -254,10 +254,11 @@ class SshProcess(Process):
             time.sleep(0.1)
         return None
 
-    def stop(self, grace: float = 5.0) -> None:
-        super().stop(grace)
+    def stop(self, grace: float = 5.0) -> bool:
+        gone = super().stop(grace)
         if self.local_log is not None:
             self.copy_log(self.local_log)
+        return gone
 
     def log_tail(self, chars: int = 2000) -> str:
         if self.log_path is None:
