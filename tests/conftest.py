@@ -80,6 +80,22 @@ def tb(
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_leaves_no_lab():
+    """With TB_SESSION_LEFTOVERS=1 (scripts/test's lab lane, alone on the machine): the session fails if it
+    left a lab namespace, a run registration or a process in a namespace of its own behind."""
+    if os.environ.get("TB_SESSION_LEFTOVERS") != "1":
+        yield
+        return
+    from leftovers import lab_state, left_behind
+
+    before = lab_state()
+    yield
+    left = left_behind(before, lab_state())
+    if left:
+        pytest.fail(f"the test session left lab state behind: {left}", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _private_probe_record(tmp_path_factory, monkeypatch):
     """No test writes the machine's probes.json, which real runs read into their feature records: every
