@@ -30,7 +30,7 @@ def test_a_second_holder_is_refused_naming_the_first(registry, tmp_path):
         LabLock("calibrate").acquire()
     msg = str(e.value)
     assert (
-        f"tunnelbench run run 20261127-000000-tb1234 ({tmp_path}/r/20261127-000000-tb1234), pid {os.getpid()}"
+        f"`tunnelbench run` (run 20261127-000000-tb1234 in {tmp_path}/r/20261127-000000-tb1234), pid {os.getpid()}"
         in msg
     )
     assert "kill " in msg and "wait for it to end" in msg
@@ -52,7 +52,7 @@ def test_the_lock_dies_with_its_holder(registry):
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "held"
-        with pytest.raises(LabBusy, match=rf"tunnelbench up, pid {p.pid}, .*`tunnelbench down`"):
+        with pytest.raises(LabBusy, match=rf"`tunnelbench up`, pid {p.pid}, .*`tunnelbench down`"):
             LabLock("run").acquire()
     finally:
         p.send_signal(signal.SIGKILL)
@@ -78,7 +78,7 @@ def test_a_run_while_the_lab_is_held_exits_2_and_writes_nothing(tmp_path):
         t0 = time.monotonic()
         res = tb("run", "--results", str(tmp_path / "r"), "--no-html", env={"TUNNELBENCH_REGISTRY": str(reg)})
         assert res.returncode == 2, res.stderr[-2000:]
-        assert f"run 20261127-010203-tbholder (/r/x), pid {holder.pid}" in res.stderr, res.stderr
+        assert f"run 20261127-010203-tbholder in /r/x), pid {holder.pid}" in res.stderr, res.stderr
         assert not (tmp_path / "r").exists()  # refused before the run folder existed
         assert time.monotonic() - t0 < 60  # refused at once, not after waiting
     finally:

@@ -93,13 +93,16 @@ def _busy_text(h: dict[str, object], path: Path) -> str:
             f"the lab is busy: another tunnelbench process holds {path}; wait for it to end, then run again"
         )
     since = time.strftime("%H:%M:%S", time.localtime(float(str(h.get("since") or 0))))
-    run = f" run {h['run_id']}" if h.get("run_id") else ""
-    where = f" ({h['run_dir']})" if h.get("run_dir") else ""
+    run = (
+        f" (run {h['run_id']}" + (f" in {h['run_dir']})" if h.get("run_dir") else ")")
+        if h.get("run_id")
+        else ""
+    )
     stop = (
         "`tunnelbench down`" if h.get("what") == "up" else f"Ctrl-C in its terminal or `kill {h.get('pid')}`"
     )
     return (
-        f"the lab is busy: tunnelbench {h.get('what')}{run}{where}, pid {h.get('pid')}, holds it since {since}. "
+        f"the lab is busy: `tunnelbench {h.get('what')}`{run}, pid {h.get('pid')}, holds it since {since}. "
         f"One lab at a time per machine (two would share CPUs, sysctls and each other's traffic): wait for it "
         f"to end or stop it ({stop}), then run again"
     )
