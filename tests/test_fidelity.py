@@ -18,7 +18,7 @@ from conftest import tb
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.impair import tax
 from tunnelbench.impair.profiles import Profile
-from tunnelbench.placement import cpu_list, plan
+from tunnelbench.lab.cpus import cpu_list, plan
 from tunnelbench.runner import round_orders
 from tunnelbench.scenario import ScenarioError, parse_scenario
 

@@ -21,7 +21,7 @@ PKG = SRC / "tunnelbench"
 FLOORS: list[tuple[str, ...]] = [
     ("core",),  # the results model and the metric registry; imports nothing of the product
     ("lab",),  # hosts, topology, process supervision, teardown, the lab's spec
-    ("case_metrics", "monitor", "store", "diagnostics", "placement", "environment", "instruments"),
+    ("case_metrics", "monitor", "store", "diagnostics", "environment", "instruments"),
     ("impair",),  # WAN impairment: profiles, backends, calibration (ping's parser is an instrument)
     ("vpns",),  # one driver per VPN, the Mesh a workload gets
     ("workloads",),  # one file per workload

@@ -104,14 +104,14 @@ def run_bench(
     """Rows: the raw path, then the engine at 0 and 20 ms in both modes (GSO super-packets whole, every wire
     packet). With `vpns`, each VPN's engine tax (TaxCheck per mode). Returns (engine version, rows, tax
     checks, placement summary)."""
-    from tunnelbench import placement
     from tunnelbench.impair import tax
+    from tunnelbench.lab import cpus
 
     rows: list[BenchRow] = []
     checks: list[TaxCheck] = []
     with impair_lab(root) as (lab, be):
         h1, h2 = lab.hosts
-        pl = placement.plan(placement_mode, isinstance(be, NativeBackend), [h.name for h in lab.hosts])
+        pl = cpus.plan(placement_mode, isinstance(be, NativeBackend), [h.name for h in lab.hosts])
         pl.pin(lab.hosts)
         if isinstance(be, NativeBackend):
             be.place(pl.engine)

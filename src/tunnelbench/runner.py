@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from tunnelbench import __version__, environment, placement
+from tunnelbench import __version__, environment
 from tunnelbench.analysis.outcome import PLANNED_KEY
 from tunnelbench.catalog import resolve as resolve_driver
 from tunnelbench.core.results import Outcome, Series
@@ -34,7 +34,7 @@ from tunnelbench.impair.backend import Backend, ImpairError, NativeBackend
 from tunnelbench.impair.calibrate import calibrate, measure_base
 from tunnelbench.impair.load import engine_load
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
-from tunnelbench.lab import counters, hostfw, pathcheck, sysctl
+from tunnelbench.lab import counters, cpus, hostfw, pathcheck, sysctl
 from tunnelbench.lab.base import Lab
 from tunnelbench.lab.host import Host, abort_running
 from tunnelbench.lab.journal import Journal, run_leftovers
@@ -215,7 +215,7 @@ class Runner:
         self.tuning_now: str | None = None  # the tuning applied in the hosts now; None = their own values
         self.tuning_saved: dict[str, dict[str, str]] = {}  # sysctl.snapshot(): host -> key -> value
         self.tunings_recorded: set[str] = set()
-        self.placement: placement.Placement | None = None
+        self.placement: cpus.Placement | None = None
         self.seed = 0
         self.path_watch: pathcheck.PathWatch | None = None
         self.t_start = time.monotonic()
@@ -748,9 +748,9 @@ class Runner:
         engine_used = isinstance(self.backend, NativeBackend)
         cfg = self.sc.cpu
         if self.sc.lab.backend == "ssh":
-            pl = placement.Placement("off", "not applied on SSH hosts", 0)
+            pl = cpus.Placement("off", "not applied on SSH hosts", 0)
         else:
-            pl = placement.plan(
+            pl = cpus.plan(
                 cfg.placement, engine_used, [h.name for h in self.lab.hosts], cfg.engine_cpus, cfg.sut_cpus
             )
         pl.pin(self.lab.hosts)
@@ -761,7 +761,7 @@ class Runner:
                 # the engine re-injects released packets on its own CPU; without steering, the receiving host's
                 # whole stack (and the wake-up of its daemon, a cross-CPU IPI) would run there per packet
                 for h in self.lab.hosts:
-                    mask = sum(1 << c for c in placement.cpu_list(pl.hosts[h.name]))
+                    mask = sum(1 << c for c in cpus.cpu_list(pl.hosts[h.name]))
                     h.run(
                         [
                             "sh",
