@@ -282,20 +282,28 @@ def _execute(
     except Exception as e:  # the run is torn down and stored; say what broke, keep the traceback
         import traceback
 
-        (runner.run_dir / "error.txt").write_text(traceback.format_exc())
-        err.print(
-            Text(
-                f"run failed: {type(e).__name__}: {e} (traceback in {runner.run_dir / 'error.txt'})",
-                style="red",
-            )
-        )
+        if _disk_full(e):
+            err.print(Text(
+                f"run stopped: the results disk is full ({runner.run_dir}): the lab is torn down and every case "
+                f"stored before is kept; free space, then `tunnelbench run --resume {runner.run_id}` measures "
+                "the rest", style="red"))  # fmt: skip
+        else:
+            where = runner.run_dir / "error.txt"
+            try:
+                where.write_text(traceback.format_exc())
+            except OSError as w:
+                where = f"not written: {w.strerror or w}"  # type: ignore[assignment]
+            err.print(Text(f"run failed: {type(e).__name__}: {e} (traceback in {where})", style="red"))
         code = 1
     store = Store(runner.run_dir / DB_NAME)
     summary = summarize(store, runner.run_id)
     print_summary(store, runner.run_id, summary, console)
     if not no_html:
-        path = write_html(store, runner.run_id, summary, runner.run_dir / "report.html")
-        err.print(f"report: {path}")
+        try:
+            path = write_html(store, runner.run_id, summary, runner.run_dir / "report.html")
+            err.print(f"report: {path}")
+        except OSError as e:
+            err.print(Text(f"report not written: {e}", style="red"))
     if runner.secrets.values:  # after the report: every output the run wrote is searched for its keys
         from tunnelbench.security.keys import scan_line
 
@@ -313,6 +321,16 @@ def _execute(
         err.print(Text(out.line() if code == out.code else f"exit {code}: the run failed; {out.line()}",
                        style="green" if code == 0 else "yellow" if code == 1 else "red"))  # fmt: skip
     return code, runner.run_dir, runner.run_id
+
+
+def _disk_full(e: BaseException) -> bool:
+    """The run's results disk filled up (SQLite says so in its own words, a file write with ENOSPC)."""
+    import errno
+    import sqlite3
+
+    if isinstance(e, sqlite3.OperationalError) and "disk is full" in str(e):
+        return True
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _hold_lab(what: str) -> LabLock:

@@ -12,8 +12,10 @@ import random
 import re
 import shutil
 import signal
+import sqlite3
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -425,9 +427,12 @@ class Runner:
             try:
                 self._teardown()
             finally:
-                self.store.add_phase(self.run_id, None, "wall", time.monotonic() - t_start)
-                self.store.end_run(self.run_id, status)
-                self.store.close()
+                self._record(
+                    "the run's wall time", lambda: self._phase(None, "wall", time.monotonic() - t_start)
+                )
+                self._record("the run's end", lambda: self.store.end_run(self.run_id, status))
+                with contextlib.suppress(sqlite3.Error):
+                    self.store.close()
                 for s, h in old.items():
                     signal.signal(s, h)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -476,14 +481,23 @@ class Runner:
             with contextlib.suppress(Exception):
                 self.backend.clear()
         if self.lab is not None:
-            self.store.set_env(
-                self.run_id, {f"router.{key}": self._router_total(c) for c, key in DROP_COUNTERS.items()}
-            )
-            problems = self.lab.destroy()
+            totals: dict[str, Any] = {}
+            with contextlib.suppress(Exception):  # read before the router goes
+                totals = {f"router.{key}": self._router_total(c) for c, key in DROP_COUNTERS.items()}
+            problems = self.lab.destroy()  # first: nothing the store says (a full disk) may keep the lab up
             for p in problems:
                 self._say(f"teardown problem: {p}", "red")
+            self._record("the router's drop totals", lambda: self.store.set_env(self.run_id, totals))
         self.journal.end()
-        self._phase(None, "lab_teardown", time.monotonic() - t0)
+        self._record("the teardown time", lambda: self._phase(None, "lab_teardown", time.monotonic() - t0))
+
+    def _record(self, what: str, write: Callable[[], object]) -> None:
+        """A store write while the run ends: one that fails (a full results disk) is said, not raised, so the
+        teardown and the other records still happen; the error that stopped the run is raised on its own."""
+        try:
+            write()
+        except (sqlite3.Error, OSError) as e:
+            self._say(f"not stored: {what} ({e})", "red")
 
     def _router_total(self, counter: str) -> int:
         """The router's drops over the whole run: this lab's counter plus what earlier processes counted."""
@@ -1138,7 +1152,7 @@ class Runner:
         result = keys.scan_outputs(self.run_dir, self.run_id, self.secrets.all())
         st = Store(self.run_dir / DB_NAME)
         try:
-            st.set_env(self.run_id, {"keys.scan": result})
+            self._record("the key scan's result", lambda: st.set_env(self.run_id, {"keys.scan": result}))
         finally:
             st.close()
         return result

@@ -79,6 +79,7 @@ class Journal:
         REGISTRY.mkdir(parents=True, exist_ok=True)
         # the copy is appended to, never truncated: entries a failed clean left open stay findable
         self.registry_file, self.copy_path = registry_files(run_id)
+        self.run_dir_error: str | None = None  # the first failed write of the results folder's copy
         self.registry_file.write_text(
             json.dumps(
                 {
@@ -90,13 +91,21 @@ class Journal:
         )
 
     def _append(self, entry: dict[str, Any]) -> None:
+        """The registry's copy first, and it must be written (what clean reads while the run lives); the
+        results folder's copy is the run's record afterwards, and a full results disk must not stop a
+        teardown halfway: its write failing is noted (run_dir_error) and the teardown goes on."""
         line = json.dumps(entry) + "\n"
         with self._lock:
-            for path in (self.copy_path, self.path):  # the copy first: it survives the results folder
-                with open(path, "a") as f:
-                    f.write(line)
-                    f.flush()
-                    os.fsync(f.fileno())
+            for path in (self.copy_path, self.path):
+                try:
+                    with open(path, "a") as f:
+                        f.write(line)
+                        f.flush()
+                        os.fsync(f.fileno())
+                except OSError as e:
+                    if path == self.copy_path:
+                        raise
+                    self.run_dir_error = self.run_dir_error or f"{path}: {e.strerror or e}"
 
     def add(self, entry: dict[str, Any]) -> dict[str, Any]:
         """Record any entry (the SSH lab adds "backend", "host" and "address" to its entries)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import re
 import sqlite3
 from dataclasses import dataclass, field
@@ -183,7 +184,9 @@ def sqlite_bytes(db: Path) -> tuple[bytes, bytes]:
     longer than a page is split over overflow pages in the file, whole in the dump."""
     con = sqlite3.connect(db, timeout=30)
     try:
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        # a checkpoint that cannot be written (a full disk) leaves the WAL, which is read below with the file
+        with contextlib.suppress(sqlite3.OperationalError):
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         dump = "\n".join(con.iterdump()).encode()
     finally:
         con.close()
