@@ -24,6 +24,7 @@ import pytest
 from conftest import emulated_cpu, lab_missing
 
 from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.instruments.ping import echo_replies
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.netns import NetnsLab
@@ -388,6 +389,47 @@ print("OK")
         ("h2", ssh_env.targets[1].ip, 22),
     ]
     assert inv.router() is not None and inv.router().address == "10.100.3.1"
+
+
+RESILIENCE_SCENARIO = """
+name = "ssh-resilience"
+vpns = ["wireguard-go"]
+[run]
+repetitions = 1
+retries = 0
+drift_check_s = 0
+[lab]
+hosts = 2
+[[workloads]]
+name = "resilience"
+events = ["restart_one"]
+before_s = 1
+after_s = 1
+"""
+
+
+def test_resilience_over_ssh_reads_the_probe_where_ping_writes_it(ssh_env: SshFixture, tmp_path):
+    """The workload polls its ping probe's replies while the event runs; over SSH ping writes them on the
+    remote host (the local copy is made at stop), so a probe that read the local file saw no reply at all and
+    the case failed with 'no echo reply before the restart'. The reconnect time is checked against the probe's
+    own log, as the test reads it from the copy."""
+    scen = tmp_path / "s.toml"
+    scen.write_text(RESILIENCE_SCENARIO)
+    inv = ssh_env.inventory(tmp_path / "inv.yaml")
+    r = ssh_env.tb("run", str(scen), "--inventory", str(inv), "--results", str(tmp_path / "r"), "--no-html")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (run_dir,) = (tmp_path / "r").iterdir()
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    got = dict(
+        db.execute("SELECT m.name, m.value FROM metric m WHERE m.name LIKE 'reconnect_one_s%'").fetchall()
+    )
+    (adir,) = [
+        Path(d) for (d,) in db.execute("SELECT artifact_dir FROM \"case\" WHERE workload = 'resilience'")
+    ]
+    db.close()
+    assert 0 < got["reconnect_one_s"] < 30, got
+    text = (adir / "probe-one.txt").read_text()  # the copy the probe's stop fetched from the host
+    assert len(echo_replies(text)) >= 5, text[-2000:]
 
 
 def test_doctor_inventory_reports_per_host(ssh_env: SshFixture, tmp_path):

@@ -157,10 +157,14 @@ class Process:
         return True
 
     def log_tail(self, chars: int = 2000) -> str:
+        return self.log_text()[-chars:]
+
+    def log_text(self) -> str:
+        """The whole log so far, where the process writes it (an SSH process: on its host, read over SSH)."""
         if self.log_path is None:
             return ""
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 

@@ -266,6 +266,14 @@ class SshProcess(Process):
         r = self.host.run(["tail", "-c", str(chars), str(self.log_path)], check=False)
         return r.stdout
 
+    def log_text(self) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            return self.host.read_file(self.log_path).decode(errors="replace")
+        except (CommandError, OSError, TimeoutError):
+            return ""
+
     def copy_log(self, dest: Path) -> bool:
         if self.log_path is None:
             return False

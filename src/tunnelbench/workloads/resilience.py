@@ -122,12 +122,9 @@ class Probe:
         return [ts for ts, _ in self.replies_seq()]
 
     def replies_seq(self) -> list[tuple[float, int]]:
-        """(reply timestamp, icmp_seq) of every reply so far."""
-        try:
-            text = self.path.read_text(errors="replace")
-        except OSError:
-            return []
-        return [(ts, seq) for ts, seq, _ in echo_replies(text)]
+        """(reply timestamp, icmp_seq) of every reply so far, from ping's log where it is written (on an SSH
+        lab, the remote host: the local copy at `path` is made only when the probe stops)."""
+        return [(ts, seq) for ts, seq, _ in echo_replies(self.proc.log_text())]
 
     def answered_pct(self, start: float, end: float) -> float | None:
         """Share of the echo requests sent in [start, end] that were answered there. ping's real send rate
