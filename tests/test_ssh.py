@@ -9,6 +9,7 @@ drops anything not addressed to it). Every sshd this module starts is killed by 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -717,6 +718,14 @@ def test_install_inventory_copies_cached_builds_and_doctor_sees_them(ssh_env: Ss
             assert ("boringtun" in got) == (t.name != "wan"), (t.name, got)
         r = ssh_env.tb("install", "--inventory", str(inv), "boringtun", timeout=300)
         assert r.returncode == 0 and "copied" not in r.stdout, r.stdout  # a second install finds them
+        # a stale build planted on h1 (another version's binary, same name) is replaced by the pinned one
+        h1 = next(t for t in ssh_env.targets if t.name == "h1")
+        ssh_env.in_target(h1, f"printf '#!/bin/sh\\necho boringtun 0.0.1\\n' > {bin_dir}/boringtun-cli")
+        r = ssh_env.tb("install", "--inventory", str(inv), "boringtun", timeout=300)
+        assert r.returncode == 0 and r.stdout.count("copied") == 1, r.stdout
+        assert "replaced a different build: boringtun-cli" in " ".join(r.stdout.split()), r.stdout
+        want = hashlib.sha256((crate.bin_dir() / "boringtun-cli").read_bytes()).hexdigest()
+        assert ssh_env.in_target(h1, f"sha256sum {bin_dir}/boringtun-cli").stdout.split()[0] == want
         r = ssh_env.tb("doctor", "--inventory", str(inv), timeout=200)
         assert "missing boringtun-cli" not in r.stdout.split("wan (root@")[0], r.stdout
     finally:

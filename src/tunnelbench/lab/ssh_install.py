@@ -4,12 +4,13 @@ what goes on which host).
 Debian packages are installed with apt-get on the host (an `apt-get update` only if the first try fails).
 Registry builds (Go modules, Rust crates) are never built on the targets: the binaries of the local cache are
 copied to the host's bin dir (`tunnelbench_bin_dir`, default /usr/local/bin) when the host's architecture is
-this machine's; a binary already on the host's PATH is left alone. The bin dir comes first on PATH for every
+this machine's, unless the bin dir already holds the same build (SHA-256); a different one is replaced. The bin dir comes first on PATH for every
 command tunnelbench runs there, so drivers find the copies by their bare names. Installs are deliberate and
 permanent (not in any run journal)."""
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import shlex
 import time
@@ -80,23 +81,40 @@ def apt_install(h: SshHost, packages: Sequence[str]) -> tuple[str, str]:
 def copy_binaries(
     h: SshHost, binaries: Sequence[str], local_dir: Path | None, label: str, arch: str
 ) -> tuple[str, str]:
-    """Copy the binaries the host does not have on its PATH from `local_dir` (a local build; None: not built
-    here) to its bin dir; ("present" | "copied" | "failed", detail)."""
-    where = h.which(list(binaries))
-    missing = [b for b, p in where.items() if p is None]
-    if not missing:
-        return "present", ", ".join(f"{p}" for p in where.values())
-    if arch != platform.machine():
+    """Put the local build's binaries (`local_dir`; None: not built here) in the host's bin dir, which comes
+    first on PATH for every command tunnelbench runs there: a copy whose SHA-256 equals the local build's is
+    left alone, a missing or different one (a stale version) is replaced. Without a local build for the host's
+    architecture, a binary the host already has on its PATH is used as it is. ("present" | "copied" |
+    "failed", detail)."""
+    bin_dir = Path(h.bin_dir)
+    if local_dir is None or arch != platform.machine():
+        where = h.which(list(binaries))
+        missing = [b for b, p in where.items() if p is None]
+        if not missing:
+            return "present", ", ".join(f"{p}" for p in where.values()) + " (the host's own: not compared)"
+        if local_dir is None:
+            return "failed", f"not in the local cache: run `tunnelbench install` for it here first ({label})"
         return "failed", (
             f"{h.name} is {arch}, this machine {platform.machine()}: the local build cannot be "
             f"copied; install {', '.join(missing)} there by hand"
         )
-    if local_dir is None:
-        return "failed", f"not in the local cache: run `tunnelbench install` for it here first ({label})"
-    bin_dir = Path(h.bin_dir)
-    for b in missing:
+    want = {b: hashlib.sha256((local_dir / b).read_bytes()).hexdigest() for b in binaries}
+    paths = " ".join(shlex.quote(str(bin_dir / b)) for b in binaries)
+    r = h.run(["sh", "-c", f"sha256sum {paths} 2>/dev/null; true"], check=False)
+    have = {
+        Path(line.split(None, 1)[1].strip()).name: line.split()[0]
+        for line in r.stdout.splitlines()
+        if " " in line
+    }
+    stale = [b for b in binaries if b in have and have[b] != want[b]]
+    todo = [b for b in binaries if have.get(b) != want[b]]
+    if not todo:
+        return "present", f"{', '.join(str(bin_dir / b) for b in binaries)} (the pinned build: SHA-256 equal)"
+    for b in todo:
         h.write_file(bin_dir / b, (local_dir / b).read_bytes(), 0o755)
-    return "copied", f"{', '.join(missing)} -> {bin_dir}"
+    return "copied", f"{', '.join(todo)} -> {bin_dir}" + (
+        f" (replaced a different build: {', '.join(stale)})" if stale else ""
+    )
 
 
 def install_host(inv: InvHost, steps: list[Step]) -> list[RemoteResult]:
