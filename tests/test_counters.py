@@ -1,21 +1,26 @@
 """Kernel drop counters per case (lab/counters.py): the parsers on hand-written /proc text with known counts,
 sampling that never fails a case, deltas; a lab test that provokes receive-buffer drops with a plain socket
-(independently of any VPN or workload) and checks the product counts them where they happened; and the
-headline finding that blames a full socket buffer, not the path, for a loss."""
+(independently of any VPN or workload) and checks the product counts them where they happened; a real run
+that must store exactly the drops a test-only workload planted; and the headline finding that blames a full
+socket buffer, not the path, for a loss."""
 
 from __future__ import annotations
 
+import io
 import sqlite3
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import tb
+from rich.console import Console
 
 from tunnelbench.analysis.analyze import analyze, load_run
+from tunnelbench.catalog import WORKLOADS
+from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.lab import counters
 from tunnelbench.lab.counters import (
@@ -33,7 +38,10 @@ from tunnelbench.lab.counters import (
 )
 from tunnelbench.lab.host import Result
 from tunnelbench.report.headline import build
+from tunnelbench.runner import Runner
+from tunnelbench.scenario import parse_scenario
 from tunnelbench.store import DB_NAME, Store
+from tunnelbench.workloads.base import CaseContext, Params, Workload
 
 SNMP = """\
 Ip: Forwarding DefaultTTL InReceives InHdrErrors
@@ -470,48 +478,112 @@ def test_headline_splits_host_drops_into_interface_queues_and_socket_buffers(tmp
 
 # -- the runner stores them: one small real run --------------------------------------------------------
 
+
+class OverflowParams(Params):
+    datagrams: int = 400  # sent to a receiver whose tiny buffer holds a few
+    closed: int = 25  # sent to a port nothing listens on
+
+
+class Overflow(Workload):
+    """Plants known counts within its case: `datagrams` sent from the client to a tiny-buffer receiver the
+    workload opens on the server (RECEIVER: those it did not read were dropped by its full buffer) and
+    `closed` datagrams to a port with no socket there (each one a NoPorts). Records what the receiver read."""
+
+    name = "tbtest-overflow"
+    summary = "test-only workload: known UDP drops on the server"
+    Params = OverflowParams
+    metrics = (MetricSpec("tbtest_received", "count", "none", "datagrams the tiny-buffer receiver read"),)
+
+    def expected_seconds(self) -> float:
+        return 2.0
+
+    def run(self, ctx: CaseContext) -> Outcome:
+        p, port = self.params, 45124
+        rx = subprocess.Popen(
+            ctx.server.argv([sys.executable, "-c", RECEIVER, str(port)]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+            ctx.client.run([sys.executable, "-c", SENDER, ctx.server_ip, str(port), str(p.datagrams)])
+            ctx.client.run([sys.executable, "-c", SENDER, ctx.server_ip, str(port + 1), str(p.closed)])
+            time.sleep(0.3)  # the last datagrams land
+            got, _ = rx.communicate("go\n", timeout=20)
+        finally:
+            if rx.poll() is None:
+                rx.kill()
+                rx.wait()
+        out = Outcome(measure_s=0.5)
+        out.add("tbtest_received", int(got.split()[-1]))
+        return out
+
+
 RUN_SCENARIO = """
 name = "kern-counters"
 vpns = ["internal"]
 [run]
 repetitions = 1
 retries = 0
+drift_check_s = 0
 [lab]
 hosts = 2
 [[workloads]]
 name = "udp"
 bitrate = "0"
 duration_s = 1
+[[workloads]]
+name = "tbtest-overflow"
 """
 
 
 @pytest.mark.lab
 @pytest.mark.slow
-def test_a_real_run_stores_the_deltas_per_host_and_the_machine(tmp_path, lab_factory):
+def test_a_real_run_stores_the_deltas_per_host_and_the_machine(tmp_path, lab_factory, monkeypatch):
+    """A real run (the Runner in this process): every counter stored per host and for the machine, and in a
+    case that planted known drops on h2 (Overflow), exactly those: a reader or a delta that always gave 0,
+    or put them on the wrong host, fails."""
     del lab_factory  # only for its skip when the lab cannot be built
-    scen = tmp_path / "s.toml"
-    scen.write_text(RUN_SCENARIO)
-    res = tb("run", str(scen), "--results", str(tmp_path / "results"), "--no-html")
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    (db,) = (tmp_path / "results").glob("*/results.sqlite")
-    con = sqlite3.connect(db)
+    monkeypatch.setitem(WORKLOADS, Overflow.name, Overflow)
+    sc = parse_scenario(tomllib.loads(RUN_SCENARIO), "test")
+    buf = io.StringIO()
+    res = Runner(sc, RUN_SCENARIO, Console(file=buf, width=300), results_root=tmp_path / "r").run()
+    assert res.status == "ok", buf.getvalue()[-3000:]
+    con = sqlite3.connect(res.run_dir / DB_NAME)
     rows = con.execute(
-        'SELECT m.name, m.host, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+        'SELECT c.workload, m.name, m.host, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
         "WHERE c.status = 'ok'"
     ).fetchall()
     con.close()
-    got = {(name, host): v for name, host, v in rows}
-    for host in ("h1", "h2", "router"):
-        for counter in counters.HOST_COUNTERS:
-            assert (f"kern_{counter}", host) in got, (counter, host)
-    for counter in counters.MACHINE_COUNTERS:
-        assert (f"kern_{counter}", MACHINE) in got
-    assert all(v >= 0 for (name, _), v in got.items() if name.startswith("kern_"))
+    by: dict[str, dict[tuple[str, str | None], float]] = {}
+    for wl, name, host, v in rows:
+        by.setdefault(wl, {})[(name, host)] = v
+    assert sorted(by) == ["tbtest-overflow", "udp"], sorted(by)
+    for got in by.values():
+        for host in ("h1", "h2", "router"):
+            for counter in counters.HOST_COUNTERS:
+                assert (f"kern_{counter}", host) in got, (counter, host)
+        for counter in counters.MACHINE_COUNTERS:
+            assert (f"kern_{counter}", MACHINE) in got
     # no VPN: every datagram h2's full receive buffer dropped was one iperf3 counted lost (give or take the
     # last ones, after the highest sequence number iperf3 saw)
+    got = by["udp"]
     lost, sent = got[("udp_lost_packets", None)], got[("udp_packets", None)]
     assert got[("kern_udp_rcvbuf_errors", "h2")] <= lost + 0.01 * sent
     assert got[("kern_udp_rcvbuf_errors", "h1")] == 0
+    # the planted case: what the receiver did not read was dropped by its full buffer, counted on h2 for a
+    # socket opened within the case (a tool's); each datagram to the closed port is one NoPorts on h2
+    got, p = by["tbtest-overflow"], OverflowParams()
+    missed = p.datagrams - got[("tbtest_received", None)]
+    assert missed > p.datagrams / 2, got  # the tiny buffer dropped most
+    rcvbuf = got[("kern_udp_rcvbuf_errors", "h2")]
+    assert missed - 5 <= rcvbuf <= missed, (missed, rcvbuf)
+    assert got[("kern_udp_tool_drops", "h2")] == rcvbuf and got[("kern_udp_daemon_drops", "h2")] == 0
+    assert got[("kern_udp_in_errors", "h2")] >= rcvbuf
+    assert p.closed <= got[("kern_udp_no_ports", "h2")] <= p.closed + 2, got
+    for name in ("kern_udp_rcvbuf_errors", "kern_udp_in_errors", "kern_udp_no_ports", "kern_udp_tool_drops"):
+        assert got[(name, "h1")] == 0 and got[(name, "router")] == 0, name
 
 
 def test_headline_weighs_the_loss_of_only_the_cases_whose_counters_were_sampled(tmp_path):

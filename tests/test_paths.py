@@ -1,9 +1,13 @@
 """Path scenarios: with UDP blocked between peers, relay-capable VPNs carry the traffic through the relay
-host (proved with byte counters there); with peers behind their own NATs, the mesh still comes up.
+host (proved with byte counters there); with peers behind their own NATs, the mesh still comes up and its
+traffic crosses both NATs (proved with counters of the masqueraded bytes in the NAT namespaces).
 
 Results are also recorded as probed facts of the VPNs' feature records (vpns/features.py)."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 
@@ -73,6 +77,36 @@ def test_relay_carries_traffic_when_udp_is_blocked(vpn, lab_factory):
     assert mesh.leftovers() == []
 
 
+def watch_nat(nat, wan_ip: str) -> None:
+    """Count, in a NAT's namespace, what its masquerade did (kernel counters this test installs after the
+    NAT's own rules): packets leaving by its WAN side rewritten to its public address (`ct status snat`, after
+    the srcnat hook), packets leaving there with a private source (not rewritten), and packets coming in from
+    the WAN side to the host behind it as replies of a masqueraded connection (rewritten back)."""
+    nat.run(
+        ["nft", "-f", "-"],
+        input=f"""table inet tbtestnat {{
+  counter out_masq {{ }}
+  counter out_private {{ }}
+  counter in_unmasq {{ }}
+  chain outward {{
+    type filter hook postrouting priority 200; policy accept;
+    oifname "wan" ip saddr {wan_ip} ct status snat counter name out_masq
+    oifname "wan" ip saddr 172.16.0.0/12 counter name out_private
+  }}
+  chain inward {{
+    type filter hook forward priority 10; policy accept;
+    iifname "wan" oifname "lan" ct direction reply ct status snat counter name in_unmasq
+  }}
+}}
+""",
+    )
+
+
+def nat_bytes(nat) -> dict[str, int]:
+    out = json.loads(nat.run(["nft", "-j", "list", "table", "inet", "tbtestnat"]).stdout)["nftables"]
+    return {x["counter"]["name"]: int(x["counter"]["bytes"]) for x in out if "counter" in x}
+
+
 @pytest.mark.lab
 @pytest.mark.parametrize("vpn", _drivers("nat"))
 def test_mesh_connects_behind_nat(vpn, lab_factory):
@@ -91,21 +125,41 @@ def test_mesh_connects_behind_nat(vpn, lab_factory):
         lab.watch_relay()
         before = lab.relay_bytes()
         h1, h2 = lab.hosts[0], lab.hosts[1]
+        nats = {h.name: lab.nats[h.name] for h in (h1, h2)}
+        for h in (h1, h2):
+            # the host's way out is its own NAT (its LAN side, x.x.x.1 of the host's network), as the kernel
+            # routes it
+            route = h.run(["ip", "-o", "route", "get", lab.relay.public_ip]).stdout
+            assert f"via {h.underlay_ip.rsplit('.', 1)[0]}.1 dev eth0 " in route, (h.name, route)
+            watch_nat(nats[h.name], h.public_ip)
         p = h1.run(
             ["ping", "-q", "-c", "100", "-i", "0.005", "-s", str(SIZE), mesh.tunnel_ip(h2)], check=False
         )
         after = lab.relay_bytes()
         via_relay = after["from_h1"] - before["from_h1"] >= 100 * SIZE * 0.9
         how = "via the relay host" if via_relay else "directly (NAT traversed peer to peer)"
+        # the tunnel's packets really crossed both NATs, either way (to h2 or to the relay): h1's requests left
+        # its NAT rewritten to the NAT's public address and entered h2's NAT as replies of a connection it had
+        # masqueraded (the hole punched, or h2's own connection to the relay); h2's answers the same way
+        # back; nothing left either NAT with a private source
+        got = {name: nat_bytes(n) for name, n in nats.items()}
+        m = re.search(r"(\d+) received", p.stdout)
+        replies = int(m.group(1)) if m else 0
+        legs = [(src, dst, n * SIZE) for src, dst, n in (("h1", "h2", 100), ("h2", "h1", replies))]
+        crossed = all(got[src]["out_masq"] >= b and got[dst]["in_unmasq"] >= b for src, dst, b in legs)
+        private = got["h1"]["out_private"] + got["h2"]["out_private"]
         save_probe(
             vpn,
             "nat_probe",
-            p.returncode == 0,
+            p.returncode == 0 and crossed and private == 0,
             f"3-host mesh up with h1, h2 behind their own masquerading NATs; h1->h2 traffic {how}",
             a.version,
         )
         print(f"{vpn}: behind NAT, h1->h2 {how}")
-        assert p.returncode == 0
+        assert p.returncode == 0, p.stdout + p.stderr
+        for src, dst, b in legs:
+            assert got[src]["out_masq"] >= b and got[dst]["in_unmasq"] >= b, (src, dst, b, got)
+        assert private == 0, got
     finally:
         mesh.stop()
     assert mesh.leftovers() == []

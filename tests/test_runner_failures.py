@@ -5,13 +5,15 @@ up (out of the run, later rounds not retried, the next VPN still measured), and 
 interface and a process behind after stop (reported, the lab rebuilt before anything else runs).
 
 The references are independent of the runner: the PIDs the workload itself killed and saw, /proc, `ip link`
-in the namespaces, and a log of every daemon start each fake driver writes."""
+in the namespaces, a log of every daemon start each fake driver writes, and the bytes of the echo requests
+and replies the workload exchanged across the router (against the run's path counters)."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -127,6 +129,11 @@ class Litters(FakeVpn):
 # -- a test-only workload ---------------------------------------------------------------------------------
 class ProbeParams(Params):
     mode: Literal["ok", "kill-once", "overrun-once", "not-applicable", "fail"] = "ok"
+    pings: int = 0  # echo requests of PING_SIZE B from the client to the server's underlay address
+
+
+PING_SIZE = 1000  # ICMP payload: each request and reply is PING_SIZE + 28 B of IP on the router
+PINGS = 20
 
 
 def planted(host: Host) -> tuple[int, int]:
@@ -154,6 +161,7 @@ class Probe(Workload):
         MetricSpec("tbtest_daemons_alive", "count", "none", "VPN daemons alive when the case ran"),
         MetricSpec("tbtest_planted_links", "count", "none", "planted interfaces seen on client and server"),
         MetricSpec("tbtest_planted_procs", "count", "none", "planted processes seen on client and server"),
+        MetricSpec("tbtest_echo_replies", "count", "none", "echo replies the client got from the server"),
     )
 
     def label(self) -> str:
@@ -174,6 +182,10 @@ class Probe(Workload):
         out.add("tbtest_planted_links", links)
         out.add("tbtest_planted_procs", procs)
         (ctx.artifact_dir / "daemon_pids.json").write_text(json.dumps(pids))
+        if self.params.pings:  # a known number of bytes across the router, straight between client and server
+            argv = ["ping", "-n", "-q", "-c", str(self.params.pings), "-i", "0.002", "-s", str(PING_SIZE)]
+            r = ctx.client.run([*argv, "-W", "1", ctx.server.public_ip], check=False)
+            out.add("tbtest_echo_replies", int(re.search(r"(\d+) received", r.stdout).group(1)))
         if self.params.mode == "not-applicable":
             raise NotApplicable(f"not applicable: {ctx.mesh.vpn} has no such thing")
         if self.params.mode == "fail":
@@ -258,8 +270,8 @@ hosts = 2
 """
 
 
-def probe(mode: str) -> str:
-    return f'[[workloads]]\nname = "tbtest-probe"\nmode = "{mode}"\n'
+def probe(mode: str, pings: int = 0) -> str:
+    return f'[[workloads]]\nname = "tbtest-probe"\nmode = "{mode}"\npings = {pings}\n'
 
 
 def test_daemon_death_and_overrun_fail_the_case_and_heal_restarts_only_a_broken_mesh(tmp_path, registered):
@@ -350,9 +362,10 @@ def test_unavailable_and_never_ready_vpns_are_skipped_and_the_run_goes_on(tmp_pa
 
 def test_leftovers_after_stop_are_reported_and_the_lab_is_rebuilt(tmp_path, registered):
     """A driver that leaves an interface and a process in the hosts after stop: the run records them
-    (teardown_leftovers.<vpn>) and rebuilds the lab, so no later case (of any VPN) meets them."""
+    (teardown_leftovers.<vpn>) and rebuilds the lab, so no later case (of any VPN) meets them, and the rebuilt
+    lab's router still counts each case's underlay bytes."""
     toml = BASE.format(vpns='["tbtest-litter", "tbtest-fake"]', reps=2, retries=0, order="interleaved")
-    toml += probe("ok")
+    toml += probe("ok", pings=PINGS)
     run_dir, status, out = run_scenario(tmp_path, toml)
     assert status == "ok", out
     db = sqlite3.connect(run_dir / "results.sqlite")
@@ -374,8 +387,13 @@ def test_leftovers_after_stop_are_reported_and_the_lab_is_rebuilt(tmp_path, regi
     for r in rows:
         assert metric(run_dir, r["id"], "tbtest_planted_links") == 0, dict(r)
         assert metric(run_dir, r["id"], "tbtest_planted_procs") == 0, dict(r)
-        # the rebuilt lab's router counts the path again (its new nft table), so every case is path-checked
-        assert metric(run_dir, r["id"], "path_underlay_bytes") >= 0, dict(r)
+        # the rebuilt lab's router counts the path again (its new nft table), so every case is path-checked:
+        # the probe's echo requests and the replies it got crossed the router; little else can have (the fake
+        # VPN sends nothing, ARP is no IP): at most a reply that came after ping gave up on it
+        echo = (PINGS + metric(run_dir, r["id"], "tbtest_echo_replies")) * (PING_SIZE + 28)
+        got = metric(run_dir, r["id"], "path_underlay_bytes")
+        assert echo <= got <= 2 * PINGS * (PING_SIZE + 28) + 1500, (dict(r), echo, got)
+        assert metric(run_dir, r["id"], "path_direct_pct") == 100, dict(r)
     assert "path counters unreadable" not in out
 
 
