@@ -162,6 +162,8 @@ class Probe(Workload):
         MetricSpec("tbtest_planted_links", "count", "none", "planted interfaces seen on client and server"),
         MetricSpec("tbtest_planted_procs", "count", "none", "planted processes seen on client and server"),
         MetricSpec("tbtest_echo_replies", "count", "none", "echo replies the client got from the server"),
+        MetricSpec("tbtest_hostfw_tables", "count", "none", "host firewall nft tables on client and server"),
+        MetricSpec("tbtest_slow_start_after_idle", "count", "none", "the sysctl's value on client + server"),
     )
 
     def label(self) -> str:
@@ -181,6 +183,16 @@ class Probe(Workload):
             links, procs = links + a, procs + b
         out.add("tbtest_planted_links", links)
         out.add("tbtest_planted_procs", procs)
+        tables = [
+            ctx.client.run(["nft", "list", "tables"]).stdout,
+            ctx.server.run(["nft", "list", "tables"]).stdout,
+        ]
+        out.add("tbtest_hostfw_tables", sum(t.count("hostfw") for t in tables))
+        ssai = "/proc/sys/net/ipv4/tcp_slow_start_after_idle"
+        out.add(
+            "tbtest_slow_start_after_idle",
+            sum(int(h.run(["cat", ssai]).stdout) for h in (ctx.client, ctx.server)),
+        )
         (ctx.artifact_dir / "daemon_pids.json").write_text(json.dumps(pids))
         if self.params.pings:  # a known number of bytes across the router, straight between client and server
             argv = ["ping", "-n", "-q", "-c", str(self.params.pings), "-i", "0.002", "-s", str(PING_SIZE)]
@@ -363,8 +375,10 @@ def test_unavailable_and_never_ready_vpns_are_skipped_and_the_run_goes_on(tmp_pa
 def test_leftovers_after_stop_are_reported_and_the_lab_is_rebuilt(tmp_path, registered):
     """A driver that leaves an interface and a process in the hosts after stop: the run records them
     (teardown_leftovers.<vpn>) and rebuilds the lab, so no later case (of any VPN) meets them, and the rebuilt
-    lab's router still counts each case's underlay bytes."""
+    lab's router still counts each case's underlay bytes, and its hosts have the scenario's firewall and
+    sysctls again (read in the hosts by the probe: the rebuilt lab once had neither)."""
     toml = BASE.format(vpns='["tbtest-litter", "tbtest-fake"]', reps=2, retries=0, order="interleaved")
+    toml += '[hosts]\nfirewall = "stateful"\nsysctl = {"net.ipv4.tcp_slow_start_after_idle" = 0}\n'
     toml += probe("ok", pings=PINGS)
     run_dir, status, out = run_scenario(tmp_path, toml)
     assert status == "ok", out
@@ -387,6 +401,10 @@ def test_leftovers_after_stop_are_reported_and_the_lab_is_rebuilt(tmp_path, regi
     for r in rows:
         assert metric(run_dir, r["id"], "tbtest_planted_links") == 0, dict(r)
         assert metric(run_dir, r["id"], "tbtest_planted_procs") == 0, dict(r)
+        assert metric(run_dir, r["id"], "tbtest_hostfw_tables") == 2, dict(r)  # one in each host
+        assert metric(run_dir, r["id"], "tbtest_slow_start_after_idle") == 0, dict(
+            r
+        )  # the kernel's default: 1
         # the rebuilt lab's router counts the path again (its new nft table), so every case is path-checked:
         # the probe's echo requests and the replies it got crossed the router; little else can have (the fake
         # VPN sends nothing, ARP is no IP): at most a reply that came after ping gave up on it
