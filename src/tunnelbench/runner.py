@@ -1109,10 +1109,8 @@ class Runner:
             # table and failed, and ran without the scenario's host firewall and tuning
             if self.sc.hosts.firewall == "stateful":
                 hostfw.install(self.lab.hosts, f"{self.tag}hostfw")
-            self.tuning_saved, self.tuning_now = (
-                {},
-                None,
-            )  # fresh namespaces: the next session applies it again
+            # fresh namespaces: the next session applies the tuning again
+            self.tuning_saved, self.tuning_now = {}, None
             self.client = next(h for h in self.lab.hosts if h.name == self.sc.lab.client)
             self.server = next(h for h in self.lab.hosts if h.name == self.sc.lab.server)
             if self.placement is not None:
