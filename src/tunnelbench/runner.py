@@ -1104,13 +1104,11 @@ class Runner:
             self.lab = make_lab(self.sc.lab, self.tag, self.run_dir, self.journal)
             self.lab.build()
             self.lab.wait_links()
-            # the new lab's hosts, without the old ones' CPU pinning, firewall or sysctls; its router has none of
-            # the old one's tables (path counters, the planted fault): every later case read the gone pathwatch
-            # table and failed, and ran without the scenario's host firewall and tuning
+            # the new lab's hosts, without the old ones' CPU pinning or firewall; its router has none of the old
+            # one's tables (path counters, the planted fault): every later case read the gone pathwatch table and
+            # failed, and ran without the scenario's host firewall (sysctls: each session sets its tuning)
             if self.sc.hosts.firewall == "stateful":
                 hostfw.install(self.lab.hosts, f"{self.tag}hostfw")
-            # fresh namespaces: the next session applies the tuning again
-            self.tuning_saved, self.tuning_now = {}, None
             self.client = next(h for h in self.lab.hosts if h.name == self.sc.lab.client)
             self.server = next(h for h in self.lab.hosts if h.name == self.sc.lab.server)
             if self.placement is not None:
