@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 
 import pytest
+from test_vpn_mesh import secret_files_by_content
 
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab import kernel
@@ -116,9 +118,13 @@ def test_kernel_driver_mesh(vpn, lab_factory):
         mesh.start()
         mesh.wait_ready(timeout=60)
         assert mesh.pairs_down() == []
-        for f in lab.run_dir.rglob("*"):
-            if f.is_file() and any(k in f.name for k in ("key", ".pem", "priv")) and "pub" not in f.name:
-                assert f.stat().st_mode & 0o077 == 0, f
+        # every file the driver declares secret and every one holding key material by content (as
+        # tests/test_vpn_mesh.py does for the other drivers): its real mode, group and others shut out
+        declared = {f.resolve() for h in lab.hosts for f in driver.secret_files(h)}
+        found = {f.resolve() for f in secret_files_by_content(lab.run_dir)}
+        modes = {f: stat.S_IMODE(os.stat(f).st_mode) for f in sorted(declared | found)}
+        open_ = {str(f): f"{m:04o}" for f, m in modes.items() if m & 0o077}
+        assert open_ == {}, f"{vpn}: secret files readable by group or others: {open_}"
         h1, h2 = lab.hosts[0], lab.hosts[1]
         if mtu:
             route = h1.run(["ip", "-o", "route", "get", mesh.tunnel_ip(h2)]).stdout.split()
