@@ -11,6 +11,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import tb
@@ -91,6 +92,7 @@ def test_probe_counts_echo_replies_only(tmp_path):
 
     probe = Probe.__new__(Probe)
     probe.path = tmp_path / "p.txt"
+    probe.proc = SimpleNamespace(log_text=probe.path.read_text)  # ping's log, as a local process reads it
     probe.path.write_text(
         "PING 10.77.0.3 (10.77.0.3) 56(84) bytes of data.\n"
         "[100.000] 64 bytes from 10.77.0.3: icmp_seq=1 ttl=64 time=0.2 ms\n"

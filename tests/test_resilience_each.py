@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -112,6 +113,7 @@ def test_probe_uses_the_shared_ping_parser(tmp_path):
     assert echo_replies(PING_OUT) == [(1000.1, 1, 0.5), (1000.13, 3, 1.0)]
     probe = Probe.__new__(Probe)
     probe.path = tmp_path / "probe.txt"
+    probe.proc = SimpleNamespace(log_text=probe.path.read_text)  # ping's log, as a local process reads it
     probe.path.write_text(PING_OUT)
     assert probe.replies_seq() == [(1000.1, 1), (1000.13, 3)]
     assert probe.replies() == [1000.1, 1000.13]
