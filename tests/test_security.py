@@ -52,7 +52,7 @@ def _mesh_up(lab_factory, vpn: str, hosts: int, path: str = "direct", settle: bo
         mesh.start()
         mesh.wait_ready(timeout=60)
         if settle:
-            time.sleep(driver.settle_s)
+            driver.warm_up()
         yield lab, mesh
     finally:
         mesh.stop()

@@ -155,7 +155,7 @@ def run_bench(
                     mesh.driver.configure()
                     mesh.start()
                     mesh.wait_ready(60)
-                    time.sleep(mesh.driver.settle_s)
+                    mesh.driver.warm_up()
                     checks += tax.measure_tax(
                         be,
                         f"{name} {avail.version}",

@@ -513,7 +513,7 @@ class Keeper:
         driver.configure()
         mesh.start()
         waited = mesh.wait_ready(sc.run.tunnel_timeout_s)
-        time.sleep(driver.settle_s)
+        driver.warm_up()
         self.log(f"mesh answering after {waited:.2f} s")
         p = sc.profile(self.req["profile"])
         if not p.is_baseline:

@@ -489,6 +489,12 @@ class Runner:
                 self._say(f"teardown problem: {p}", "red")
             self._record("the router's drop totals", lambda: self.store.set_env(self.run_id, totals))
         self.journal.end()
+        if self.journal.run_dir_error:  # the teardown went on; its record in the results folder did not
+            self._say(
+                f"the results folder's journal.jsonl is incomplete ({self.journal.run_dir_error}): the lab "
+                "teardown went on all the same (any problem it met is listed above)",
+                "yellow",
+            )
         self._record("the teardown time", lambda: self._phase(None, "lab_teardown", time.monotonic() - t0))
 
     def _record(self, what: str, write: Callable[[], object]) -> None:
@@ -925,7 +931,7 @@ class Runner:
             self.mesh = mesh
             mesh.start()
             waited = mesh.wait_ready(self.sc.run.tunnel_timeout_s)
-            time.sleep(driver.settle_s)
+            driver.warm_up()
             self._phase(vpn, "tunnel_wait", time.monotonic() - t1)
         except CASE_ERRORS as e:
             self._phase(vpn, "tunnel_wait", time.monotonic() - t0)
@@ -1308,8 +1314,7 @@ class Runner:
                 self._phase(mesh.vpn, "measure", out.measure_s)
                 self._phase(mesh.vpn, "case_overhead", time.monotonic() - t0 - out.measure_s)
                 if wl.restarts_mesh and mesh.driver.settle_s and settle:
-                    time.sleep(mesh.driver.settle_s)
-                    self._phase(mesh.vpn, "tunnel_wait", mesh.driver.settle_s)
+                    self._phase(mesh.vpn, "tunnel_wait", mesh.driver.warm_up())
                 return "ok"
             except (Interrupted, KeyboardInterrupt):
                 diag.stop()  # its processes end now; what it took stays in the case folder
@@ -1436,7 +1441,7 @@ class Runner:
                 mesh.stop()
                 mesh.start()
                 mesh.wait_ready(self.sc.run.tunnel_timeout_s)
-                time.sleep(mesh.driver.settle_s)
+                mesh.driver.warm_up()
         except CASE_ERRORS as e:
             self._say(f"{mesh.vpn}: mesh restart failed: {e}", "red")
         self._phase(mesh.vpn, "tunnel_wait", time.monotonic() - t0)

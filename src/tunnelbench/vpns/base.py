@@ -182,7 +182,8 @@ class VpnDriver(ABC):
     features: ClassVar[dict[str, Any]] = {}
     default_mtu: ClassVar[int | None] = None
     # seconds the tunnel needs after every pair answers before it runs at full speed (e.g. tinc's PMTU
-    # discovery sends large packets over its TCP meta connection for ~5 s); the runner waits this out
+    # discovery sends large packets over its TCP meta connection for ~5 s): warm_up() waits this out, or, for
+    # a driver that can tell (warmed_up()), until the daemons say so
     settle_s: ClassVar[float] = 0.0
     # revocation (issue 14 item 4): the operator action revoke() takes to cut one host off, for the feature
     # matrix; None = not implemented (the revoke workload reports the VPN as not supported)
@@ -511,6 +512,26 @@ class VpnDriver(ABC):
         mesh routing through a third node while its direct link comes up); [] when settled. Mesh.wait_ready
         waits for []: a case must not measure a transient relay (the path check would fail it)."""
         return []
+
+    def warmed_up(self) -> bool | None:
+        """Whether the tunnel runs at full speed yet (once every pair answers and the path is the declared
+        one, unsettled() == []), as the daemons report it; None: this driver cannot tell."""
+        return None
+
+    def warm_up(self) -> float:
+        """Wait until the tunnel runs at full speed: until warmed_up() says so (polled; at most twice
+        settle_s, then on regardless: a tunnel that never warms up is measured as it is), or settle_s when
+        the driver cannot tell. Returns the seconds waited."""
+        t0 = time.monotonic()
+        if not self.settle_s:
+            return 0.0
+        if self.warmed_up() is None:
+            time.sleep(self.settle_s)
+            return self.settle_s
+        end = t0 + 2 * self.settle_s
+        while not self.warmed_up() and time.monotonic() < end:
+            time.sleep(0.2)
+        return time.monotonic() - t0
 
     def wait_for(
         self, what: str, check: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02
