@@ -38,6 +38,19 @@ inferno_tool() {
   fi
 }
 
+# the native impairment engine (Rust, native/impaird; Cargo.lock pins its crates): impairment other than a
+# rate on a kernel without netem. setup.sh builds it as its own step; a lean set-up leaves it to first use
+impaird_tool() {
+  local dir
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/native/impaird"
+  if [ ! -f "$dir/Cargo.toml" ] || ! command -v cargo >/dev/null; then
+    _bt_note "skipped: no cargo (kernels with netem do not need it)"
+    return 0
+  fi
+  (cd "$dir" && cargo build --release)
+  _bt_note "built $dir/target/release/impaird"
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   set -euo pipefail
   for name in "$@"; do
@@ -45,7 +58,8 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
       hey) hey_tool ;;
       quicperf) quicperf_tool ;;
       inferno) inferno_tool ;;
-      *) echo "build-tools.sh: no tool $name (hey, quicperf, inferno)" >&2; exit 2 ;;
+      impaird) impaird_tool ;;
+      *) echo "build-tools.sh: no tool $name (hey, quicperf, inferno, impaird)" >&2; exit 2 ;;
     esac
   done
 fi

@@ -38,6 +38,39 @@ def test_the_scenarios_needs():
     assert builds.needed(default) == []  # a bare scripts/bench builds none of them
 
 
+IMPAIRED = """
+name = "e"
+vpns = ["internal"]
+profiles = [{profiles}]
+[impair]
+backend = "{backend}"
+[[workloads]]
+name = "ping"
+"""
+
+
+@pytest.mark.parametrize(
+    ("profile", "backend", "netem", "engine"),
+    [
+        ("loss-1", "auto", False, True),  # delay + loss on a kernel without netem: the engine
+        ("loss-1", "auto", True, False),  # ... with netem: no engine
+        ("loss-1", "native", True, True),  # asked for
+        ("loss-1", "netem", False, False),  # netem asked for: the run says the kernel lacks it, no build
+        ("baseline", "native", False, False),  # nothing impaired: never started
+    ],
+)
+def test_the_engine_is_built_only_for_a_scenario_that_impairs_without_netem(
+    profile, backend, netem, engine, monkeypatch
+):
+    monkeypatch.setattr(
+        builds.kernel, "missing", lambda f: None if netem else "netem (module sch_netem): absent"
+    )
+    profiles = ", ".join(f'"{p}"' for p in dict.fromkeys(["baseline", profile]))
+    s = parse_scenario(tomllib.loads(IMPAIRED.format(profiles=profiles, backend=backend)))
+    assert builds.needs_engine(s) is engine
+    assert ("impaird" in [b.name for b in builds.needed(s)]) is engine
+
+
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     """A stand-in build script that puts `quicperf` on a PATH folder of the test's own, or fails on demand."""

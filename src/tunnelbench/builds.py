@@ -1,7 +1,8 @@
 """Builds on first use: the first time a scenario that needs one is planned, `tunnelbench run` builds the lab's
 built tools (hey, quicperf, inferno) through scripts/build-tools.sh, the pinned and cached path set-up takes,
 and installs the scenario's VPN builds from the Go module proxy or crates.io through vpns/install.py, the path
-`tunnelbench install` takes; one line of progress each. `tunnelbench plan` lists what a scenario will build
+`tunnelbench install` takes; one line of progress each. The native impairment engine too, for a scenario
+whose profiles need it on a kernel without netem (and `calibrate` / `bench-engine`). `tunnelbench plan` lists what a scenario will build
 and how long that took on this machine before. So set-up builds none of them for a bare `scripts/bench`.
 
 Each build's seconds are kept in the install cache (builds.json) for `plan`."""
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from tunnelbench.catalog import resolve
 from tunnelbench.diagnostics.cpuprofile import tool as inferno_tool
+from tunnelbench.impair.backend import impaird_binary
+from tunnelbench.lab import kernel
 from tunnelbench.scenario import Scenario
 from tunnelbench.vpns.install import Crate, GoModule, InstallResult, install_source, registry
 
@@ -36,6 +39,9 @@ BUILDS = {
     "hey": Build("hey", ("hey",), "the http_api workload"),
     "quicperf": Build("quicperf", ("quicperf",), "the quic workload"),
     "inferno": Build("inferno", ("inferno-collapse-perf", "inferno-flamegraph"), "run.flamegraph"),
+    # the native impairment engine (Rust, native/impaird): impairment other than a rate where the kernel
+    # has no netem; a scenario of unimpaired profiles (the default) never starts it
+    "impaird": Build("impaird", ("impaird",), "impairment without netem (the native engine)"),
 }
 
 
@@ -46,6 +52,8 @@ def cache_dir() -> Path:
 def present(b: Build) -> bool:
     if b.name == "inferno":  # kept in the cache, not on PATH
         return all(inferno_tool(x) is not None for x in b.binaries)
+    if b.name == "impaird":  # the repo's release build, $TUNNELBENCH_IMPAIRD or PATH
+        return impaird_binary() is not None
     return all(shutil.which(x) is not None for x in b.binaries)
 
 
@@ -54,7 +62,17 @@ def needed(sc: Scenario) -> list[Build]:
     names = {t for w in sc.build_workloads() for t in type(w).tools}
     if sc.run.flamegraph:
         names.add("inferno")
+    if needs_engine(sc):
+        names.add("impaird")
     return [b for n, b in BUILDS.items() if n in names or any(x in names for x in b.binaries)]
+
+
+def needs_engine(sc: Scenario) -> bool:
+    """A profile of the scenario needs the native engine here: it impairs more than a rate, and the backend
+    is `native`, or `auto` on a kernel without netem (probed once per process)."""
+    if sc.impair.backend == "netem" or not any(sc.profile(n).needs_engine for n in sc.profiles):
+        return False
+    return sc.impair.backend == "native" or kernel.missing(("netem",)) is not None
 
 
 def missing(sc: Scenario) -> list[Build]:

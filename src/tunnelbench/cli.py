@@ -378,6 +378,22 @@ def _build_first_use(sc: Scenario) -> None:
             err.print(Text(f"could not build {b.name} ({seconds:.0f} s): {detail}", style="red"))
 
 
+def _ensure_engine(what: str) -> None:
+    """Build the native impairment engine now if this machine has none (a lean set-up leaves it to first
+    use), one line; a failed build is said, and the command then fails where it needs the engine."""
+    from tunnelbench.builds import BUILDS, build, cache_dir, past_seconds, present
+
+    b = BUILDS["impaird"]
+    if present(b):
+        return
+    before = past_seconds()
+    took = f"; {before[b.name]:.0f} s here before" if b.name in before else ""
+    err.print(Text(f"building the native impairment engine for {what} (first use{took}) ...", style="dim"))
+    ok, seconds, detail = build(b, cache_dir() / "logs" / f"build-{b.name}.log")
+    err.print(Text(f"{'built' if ok else 'could not build'} impaird ({seconds:.0f} s): {detail}"[:400],
+                   style="green" if ok else "red"))  # fmt: skip
+
+
 def _run_suite(
     suite: Suite,
     vpns: tuple[str, ...],
@@ -667,6 +683,10 @@ def calibrate(
         sys.exit(2)
     _need_root()
     _hold_lab("calibrate")  # until the command ends
+    from tunnelbench.lab.kernel import missing as kernel_missing
+
+    if "native" in backends or ("auto" in backends and kernel_missing(("netem",))):
+        _ensure_engine("calibrate")
     import tempfile
 
     from tunnelbench.impair.backend import ImpairError
@@ -795,6 +815,7 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     modes, and with --vpn the engine's tax on chosen VPNs."""
     _need_root()
     _hold_lab("bench-engine")  # until the command ends
+    _ensure_engine("bench-engine")
     import statistics
     import tempfile
 
