@@ -79,10 +79,20 @@ def test_the_labs_guard_drops_offlab_traffic_on_this_kernel_too(lab_factory):
 
 KERNEL_DRIVERS = sorted(n for n, d in DRIVERS.items() if set(d.kernel_features) & set(kernel.LANE_FEATURES))
 # IPsec under another encapsulation, each ~50 s of the lane under TCG: what they add over their parts (the
-# inner tunnel's own mesh test, gre-ipsec's mesh and cleartext tests, ipsec-vti's routed SAs) runs in the long
-# lane (scripts/test --long), which keeps the default kernel lane inside CI's share. gue too (37 s): the fou
-# module's other encapsulation, on the same receive port setup fou's mesh test covers
-LONG_KERNEL_DRIVERS = {"geneve-ipsec", "gretap-ipsec", "vxlan-ipsec", "ipsec-xfrmi", "gue"}
+# inner tunnel's own mesh test, gre-ipsec's cleartext test, ipsec-vti's routed SAs) runs in the long lane
+# (scripts/test --long), which keeps the default kernel lane inside CI's share. gue too (37 s): the fou
+# module's other encapsulation, on the same receive port setup fou's mesh test covers. gre-ipsec (56 s) and
+# ipsec-transport (39 s): test_ipsec_never_sends_cleartext brings each up, pings across it (ESP only on the
+# wire) and checks its leftovers; their key files are the strongSwan code ipsec-tunnel's mesh test checks
+LONG_KERNEL_DRIVERS = {
+    "geneve-ipsec",
+    "gretap-ipsec",
+    "vxlan-ipsec",
+    "ipsec-xfrmi",
+    "gue",
+    "gre-ipsec",
+    "ipsec-transport",
+}
 
 
 MTU = 1360  # [fairness] tunnel_mtu, as tests/test_vpn_mtu.py uses for the other drivers

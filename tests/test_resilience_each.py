@@ -139,6 +139,8 @@ def start_epoch(pid: int) -> float:
 
 
 @pytest.mark.lab
+@pytest.mark.long  # 50 s; restarts themselves are checked by test_resilience_restart_one_and_all, the per-node
+# computation by the known answers above
 def test_restart_each_wireguard_go(lab_factory):
     from test_workloads_more import make_mesh, run
 

@@ -1,8 +1,10 @@
 """Each driver brings up a 3-host mesh, every ordered pair answers over the tunnel, teardown leaves nothing,
-and every file holding a secret is 0600 or stricter while the mesh is up."""
+every file holding a secret is 0600 or stricter while the mesh is up, and the tunnel device has the MTU the
+driver declares as its default."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -25,6 +27,27 @@ SECRET_CONTENT = re.compile(
     rb"[\"']?(?:0x)?[A-Za-z0-9+=_-][A-Za-z0-9+/=_.~-]{11,}",
     re.I | re.M,
 )
+
+
+# drivers whose settings record has no "mtu" (wireguard-go records its offloads only); every other records it
+NO_MTU_RECORD = {"wireguard-go"}
+
+
+def check_recorded_mtu(vpn: str, driver, mtu: int) -> None:
+    """The settings record (shown in the report) has the MTU that was applied."""
+    if vpn in NO_MTU_RECORD:
+        assert "mtu" not in driver.settings, "it records the MTU now: take it out of NO_MTU_RECORD"
+    else:
+        assert driver.settings["mtu"] == mtu, driver.settings
+
+
+def device_mtu(mesh: Mesh) -> tuple[str, int]:
+    """The MTU of the device h1 sends h2's tunnel traffic by, as the kernel reports it (`ip -j link`)."""
+    h1, h2 = mesh.hosts[0], mesh.hosts[1]
+    route = h1.run(["ip", "-o", "route", "get", mesh.tunnel_ip(h2)]).stdout.split()
+    dev = route[route.index("dev") + 1]
+    (link,) = json.loads(h1.run(["ip", "-j", "link", "show", "dev", dev]).stdout)
+    return dev, int(link["mtu"])
 
 
 def driver_params() -> list:
@@ -93,6 +116,14 @@ def test_three_host_mesh(vpn, lab_factory):
         modes = {f: stat.S_IMODE(os.stat(f).st_mode) for f in sorted(declared | found)}
         open_ = {str(f.relative_to(lab.run_dir.resolve())): f"{m:04o}" for f, m in modes.items() if m & 0o077}
         assert open_ == {}, f"{vpn}: secret files readable by group or others: {open_}"
+        # no common MTU: the device gets the default the driver declares, and records (tests/test_vpn_mtu.py
+        # has the common MTU; one bring-up here serves both)
+        if cls.default_mtu is not None:
+            dev, got = device_mtu(mesh)
+            assert got == cls.default_mtu, (
+                f"{vpn}: {dev} has MTU {got} by default; declared: {cls.default_mtu}"
+            )
+            check_recorded_mtu(vpn, driver, cls.default_mtu)
     finally:
         mesh.stop()
     assert mesh.leftovers() == []
