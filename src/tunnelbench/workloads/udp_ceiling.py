@@ -10,12 +10,9 @@ The search (a pure function, `search_ceiling`, so it is tested without a lab):
      lo_mbit);
   3. bisect in log space between the highest passing and the lowest failing rate until the two are within
      resolution_pct of each other;
-  4. rates on the way are screened with one probe; the other repeats run only at the candidate the bracket
-     settles on (a failing repeat there makes it the failing bound and the search goes on below it), so the
-     rule of 1 costs about half the probes of repeating every rate;
-  5. stop early, before a probe that would not end in time, at max_probes iperf3 runs or the time budget
-     (budget_s, and the case's deadline): the ceiling is then the highest rate every repeat of which passed
-     so far (0 if none) and `udp_ceiling_complete` is 0.
+  4. stop early, before a probe that would not end in time, at max_probes iperf3 runs or the time budget
+     (budget_s, and the case's deadline): the ceiling is then the highest rate that passed so far and
+     `udp_ceiling_complete` is 0.
 If even lo_mbit fails, the ceiling is 0 (a result, not an error: "no rate meets the target", e.g. under a
 profile with more random loss than the target); `udp_ceiling_fail_mbps` and `udp_ceiling_fail_loss_pct` say
 where it failed. A search cut short before any rate passed or lo_mbit failed has no answer: WorkloadError.
@@ -105,22 +102,17 @@ def search_ceiling(
     resolution_pct: float = 5.0,
     max_probes: int = 30,
     step: float = 2.0,
-    screen: bool = True,
     deadline: float = math.inf,
     probe_s: float = 0.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> Ceiling:
-    """Find the highest rate (Mbit/s) at which each of `repeats` probes has loss <= the target.
+    """Find the highest rate (Mbit/s) at which `repeats` consecutive probes all have loss <= the target.
 
     probe(rate) runs one probe and returns what it measured. No probe starts unless it can end by
     `deadline` (a `clock()` time), judged by probe_s or the longest probe so far, whichever is longer.
     `step` is the first bracketing factor: 2 (double or halve) from a cold start; a warm start (start_mbit
     = a previous ceiling) steps by less, squaring the factor on every further step the same way (galloping
-    back up to 2), so a ceiling near the previous one is bracketed in two rates. `screen`: rates on the way
-    get one probe each and the other repeats run at the candidate only: from a cold start about a third
-    fewer probes on a noisy path (tests/test_udp_ceiling.py); near a known ceiling (a warm start) the
-    rates tried sit where single probes pass and repeats fail, screening costs more than it saves, and the
-    workload turns it off."""
+    back up to 2), so a ceiling near the previous one is bracketed in two rates."""
     if not step > 1:
         raise ValueError("need step > 1")
     if not 0 < lo_mbit <= hi_mbit:
@@ -131,10 +123,10 @@ def search_ceiling(
     longest = probe_s
     stop = ""
 
-    def test(rate: float, n: int) -> bool | None:
-        """Run n more probes at `rate`. True: each passed; False: one failed; None: stopped before deciding."""
+    def test(rate: float) -> bool | None:
+        """True: every repeat passed; False: one failed; None: stopped before deciding."""
         nonlocal longest, stop
-        for _ in range(n):
+        for i in range(repeats):
             if len(probes) >= max_probes:
                 stop = "max_probes"
                 return None
@@ -150,93 +142,44 @@ def search_ceiling(
                 why = "loss"
             elif r.sent_mbps is not None and r.sent_mbps < SENDER_FLOOR * rate:
                 why = "sender"
-            repeat = sum(1 for p in probes if p.rate_mbit == rate)
-            probes.append(Probe(rate, repeat, now - t0, took, r, not why, why))
+            probes.append(Probe(rate, i, now - t0, took, r, not why, why))
             if why:
                 return False
         return True
 
-    def done(rate: float) -> int:
-        return sum(1 for p in probes if p.rate_mbit == rate)
-
-    # Screen with one probe per rate (one failure already rules a rate out) and spend the other repeats only
-    # on the candidate, the highest rate that passed below the lowest that failed: the same rule as testing
-    # every rate `repeats` times (every repeat at the answer passed; a rate above it, within the resolution,
-    # failed), in about half the probes. Once a candidate fails a repeat, screens have been shown to pass
-    # rates that do not hold: the screened rates below it are confirmed downwards until one holds, and every
-    # rate tried after that gets all its repeats at once.
-    trust = screen
-    passing: set[float] = set()  # rates every probe of which passed (screened once, or every repeat)
-    passed: float | None = None  # highest passing rate below `failed`
+    passed: float | None = None  # highest passing rate
     failed: float | None = None  # lowest failing rate
     rate = _round(min(hi_mbit, max(lo_mbit, start_mbit)))
     while True:
-        if rate not in passing:
-            ok = test(rate, 1 if trust else repeats)
-            if ok is None:
-                break
-            if ok:
-                passing.add(rate)
-                passed = rate
-            else:
-                failed = rate
-        settled = ""  # the bracket is as narrow as the search goes: confirm the candidate
+        ok = test(rate)
+        if ok is None:
+            break
+        if ok:
+            passed = rate
+        else:
+            failed = rate
         if failed is None:  # bracketing upwards
             if rate >= hi_mbit:
-                settled = "hi_mbit"
-            else:
-                rate = _round(min(hi_mbit, rate * step))
-                step = min(2.0, step * step)
-                continue
+                stop = "hi_mbit"
+                break
+            rate = _round(min(hi_mbit, rate * step))
+            step = min(2.0, step * step)
         elif passed is None:  # bracketing downwards
             if rate <= lo_mbit:
                 stop = "lo_mbit"
                 break
             rate = _round(max(lo_mbit, rate / step))
             step = min(2.0, step * step)
-            continue
         else:
+            if failed <= passed * (1 + resolution_pct / 100):
+                stop = "resolution"
+                break
             mid = _round(math.sqrt(passed * failed))
-            if failed <= passed * (1 + resolution_pct / 100) or not passed < mid < failed:
-                settled = "resolution"  # within the resolution, or rounding left no rate in between
-            else:
-                rate = mid
-                continue
-        assert passed is not None
-        ok = test(passed, max(0, repeats - done(passed)))
-        if ok:
-            stop = settled
-            break
-        if ok is None:
-            break
-        trust = False
-        # the candidate failed a repeat: it is the failing bound; confirm the screened rates below it,
-        # downwards, until one holds
-        bad: float = passed
-        cand: float | None = None
-        while True:
-            passing.discard(bad)
-            cand = max((r for r in passing if r < bad), default=None)
-            if cand is None:
+            if not passed < mid < failed:  # rounding left no rate in between
+                stop = "resolution"
                 break
-            ok = test(cand, max(0, repeats - done(cand)))
-            if ok is not False:
-                break
-            bad = cand
-        failed, passed = bad, cand
-        if ok is None:
-            break
-        if cand is None:  # none held: bracket downwards from the failed candidate
-            if bad <= lo_mbit:
-                stop = "lo_mbit"
-                break
-            rate = _round(max(lo_mbit, bad / step))
-        else:
-            rate = cand  # confirmed: bisect between it and the failed candidate
-    # the answer: the highest rate every one of `repeats` probes of which passed, below every failing rate
-    # (cut short by max_probes or the deadline, only such a rate counts too)
-    held = [r for r in passing if done(r) >= repeats and (failed is None or r < failed)]
-    return Ceiling(max(held, default=0.0), failed, stop, probes)
+            rate = mid
+    return Ceiling(passed or 0.0, failed, stop, probes)
 
 
 def probe_result(o: Outcome, rate: float) -> ProbeResult:
@@ -455,7 +398,6 @@ class UdpCeiling(Workload):
             repeats=p.repeats,
             start_mbit=min(p.hi_mbit, max(p.lo_mbit, start)),
             step=step,
-            screen=not prev,
             lo_mbit=p.lo_mbit,
             hi_mbit=p.hi_mbit,
             resolution_pct=p.resolution_pct,
