@@ -75,6 +75,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_a_malformed_scenario_is_a_scenario_error_and_accepted_names_are_plain(data):
@@ -109,6 +110,7 @@ groups = st.recursive(
 )  # fmt: skip
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(groups.map(lambda g: {"all": g}), values))
 def test_a_malformed_inventory_is_an_inventory_error(monkeypatch_module, data):

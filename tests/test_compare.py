@@ -95,6 +95,7 @@ def test_compare_flags_a_20pct_regression_and_not_noise(tmp_path):
     assert all((c["n_a"], c["n_b"]) == (8, 8) for c in doc["changes"])
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_compare_says_when_it_cannot_detect_anything(tmp_path):
     a = make_run(tmp_path, "20260101-000000-tbaaaa", {"fastvpn": (500, 5)}, n=3, seed=1, extra_label=False)
     b = make_run(tmp_path, "20260101-000001-tbbbbb", {"fastvpn": (300, 5)}, n=3, seed=2, extra_label=False)
@@ -104,6 +105,7 @@ def test_compare_says_when_it_cannot_detect_anything(tmp_path):
     assert res.returncode == 0 and "too few repetitions" in res.stdout
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_compare_fails_the_gate_when_b_broke_a_case_group(tmp_path):
     """A release whose VPN no longer completes a case must not pass as "no regression"."""
     from tunnelbench.store import DB_NAME, Store

@@ -98,6 +98,7 @@ def test_rtt_up_is_a_regression_and_down_an_improvement(tmp_path):
     assert "no significant regression beyond 10%" in res.stdout
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_a_renamed_vpn_is_only_in_a_and_only_in_b_not_compared(tmp_path):
     """A's "wg" is B's "wireguard" (B also 40% slower on RTT): without a mapping nothing of theirs is matched
     (no change row, no verdict, the gate passes on the VPN both runs share) and both are listed; mapped

@@ -83,6 +83,7 @@ def check_client(c: dict, dur: float, wall: float, conc: int) -> None:
     assert c["latency_mean_ms"] == pytest.approx(1000 * conc / c["tps"], rel=0.2)
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_crr_counts_match_the_servers_own_count():
     conc, dur = 4, 1.5
     srv = Server(req=32, resp=100)

@@ -226,6 +226,7 @@ def make_store(root: Path, run: str = RUN) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_multihost_efficiency_counts_every_hosts_daemon_cpu(tmp_path):
     a = analyze([load_run(make_store(tmp_path))])
     eff = {(d.variant, d.label): d for d in a.efficiency}

@@ -132,6 +132,7 @@ def test_rss_of_a_process_holding_200_mib(procs):
     assert abs(rss - baseline - 200) <= 20, (rss, baseline)  # 200 MiB held, within 10%
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_a_daemon_born_during_the_case_counts_from_its_own_start(procs):
     """A daemon restarted mid-case (the monitor asks for the daemons at every sample): the CPU it used before
     the monitor first saw it counts too, so its share is its whole CPU time over the case."""

@@ -210,6 +210,7 @@ def test_easytier_route_table_next_hops():
     assert route_next_hops("") == {}
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_wait_ready_waits_until_the_driver_says_the_paths_settled(monkeypatch):
     from types import SimpleNamespace
 

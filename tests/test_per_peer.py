@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from synthetic_runs import hand_store
 
 from tunnelbench.analysis.analyze import analyze, load_run
@@ -43,6 +44,7 @@ def make_store(root: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_report_draws_each_peer_per_direction_with_the_cases_fairness(tmp_path):
     a = analyze([load_run(make_store(tmp_path))])
     (svg,) = full._per_peer_plots(a, "baseline", "multihost-bidir")

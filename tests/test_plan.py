@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tunnelbench.core.results import Outcome
 from tunnelbench.plan import CASE_OVERHEAD_S, MESH_START_S, make_plan
 from tunnelbench.scenario import parse_scenario
@@ -66,6 +68,7 @@ def test_measured_medians_and_declared_bounds(tmp_path):
     assert q.unavailable == {"nebula": "not installed"} and {x.vpn for x in q.lines} == {"internal"}
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_the_command_prints_the_total(tmp_path):
     scen = tmp_path / "s.toml"
     scen.write_text('vpns = ["internal"]\n[run]\nrepetitions = 3\n[[workloads]]\nname = "connect"\n')

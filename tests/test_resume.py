@@ -70,6 +70,7 @@ def fake_run(tmp_path: Path, status: str, text: str = SCENARIO) -> Path:
 
 
 # -- refusals (no lab) ------------------------------------------------------------------------------------
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_resume_refuses_an_edited_scenario_naming_the_file_and_the_hash(tmp_path):
     run_dir = fake_run(tmp_path, "interrupted")
     (run_dir / "scenario.toml").write_text(SCENARIO.replace("repetitions = 3", "repetitions = 5"))
@@ -81,6 +82,7 @@ def test_resume_refuses_an_edited_scenario_naming_the_file_and_the_hash(tmp_path
     assert "Restore the file" in err and "start a new run" in err
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_resume_refuses_a_finished_run(tmp_path):
     run_dir = fake_run(tmp_path, "ok")
     res = tb(["run", "--resume", str(run_dir)], tmp_path / "reg")
@@ -88,6 +90,7 @@ def test_resume_refuses_a_finished_run(tmp_path):
     assert "finished ok" in res.stderr and "nothing to resume" in res.stderr
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_resume_refuses_a_run_whose_owner_is_alive(tmp_path):
     from tunnelbench.lab.journal import proc_start_ticks
 

@@ -160,6 +160,7 @@ def test_fractional_iperf3_seconds_are_refused():
     )
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_cli_prints_bracketed_text_verbatim(tmp_path):
     """Rich markup must not eat user-facing text: the unknown-profile hint names [impair.profiles.NAME]."""
 

@@ -145,6 +145,7 @@ def test_a_suite_runs_each_part_narrowed_to_capable_vpns_and_writes_one_matrix(t
     assert "mini: merged from 2 run(s)" in res.stdout and res.returncode == 0, out
 
 
+@pytest.mark.slow  # 2-4 s (a CLI or report in a subprocess, or a timed wait): the lab lane runs it
 def test_a_suite_none_of_whose_parts_can_take_the_requested_vpns_says_so_and_runs_nothing(tmp_path):
     (tmp_path / "suite.toml").write_text('name = "mini"\nsuite = ["acl.toml"]\n')
     (tmp_path / "acl.toml").write_text(ACL)
