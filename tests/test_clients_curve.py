@@ -243,6 +243,7 @@ timeout_s = 1
 
 
 @pytest.mark.lab
+@pytest.mark.long  # 28 s; the same unreachable profile's "fail" mode above runs in CI
 def test_measure_runs_the_clients_under_a_profile_no_probe_gets_through(tmp_path):
     """unreachable = "measure" (Goethals et al. applied netem to a running deployment): under 100% loss the
     probes never answer, yet the case runs on the tunnels already up and its calls are what fails: every call

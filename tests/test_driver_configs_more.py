@@ -599,3 +599,35 @@ def test_macsec_key_batch_gives_each_peer_the_senders_transmit_key(tmp_path):
         for p in hosts:
             if p is not h:  # p receives h's frames (source MAC: h's carrier) with h's transmit key
                 assert rx[(p.name, carrier_mac[h.name])] == next(iter(tx[h.name]))
+
+
+# the encapsulation each plain kernel tunnel asks the kernel for, written from ip-link(8) and the RFCs (gre:
+# RFC 2784, gretap: GRE carrying Ethernet, ipip: RFC 2003, geneve: RFC 8926 with a VNI and the peer)
+KERNEL_LINK = {
+    "gre": ("gre", False),
+    "gretap": ("gretap", True),
+    "ipip": ("ipip", False),
+    "geneve": ("geneve", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_LINK))
+def test_kernel_tunnel_links_one_device_per_peer_of_its_kind(name, tmp_path):
+    """What start() asks `ip` for on each host: one device per peer, of the tunnel's kind, toward that peer's
+    underlay address, with the tunnel address, MTU and (L2 kinds) the peer's MAC pinned. The kernel lane
+    brings gre (and fou, macsec, ...) up for real; gretap, ipip and geneve differ from gre only here, so
+    their real bring-up is in the long lane."""
+    kind, l2 = KERNEL_LINK[name]
+    d, hosts = mesh(name, tmp_path, host_cls=RecordingHost, kernel=False, mtu=1400)
+    started(d, hosts)
+    for h in hosts:
+        adds = [a for a in h.ran if a[:3] == ["ip", "link", "add"]]
+        assert len(adds) == 2, h.ran  # one per peer
+        for a, p in zip(adds, [p for p in hosts if p is not h], strict=True):
+            assert a[a.index("type") + 1] == kind, a
+            assert p.underlay_ip in a and (h.underlay_ip in a or kind == "geneve"), a  # geneve: remote only
+            dev = a[3]
+            assert ["ip", "addr", "add", d.tunnel_ip(h), "peer", f"{d.tunnel_ip(p)}/32", "dev", dev] in h.ran
+            assert ["ip", "link", "set", dev, "mtu", "1400", "up"] in h.ran
+            neigh = [x for x in h.ran if x[:3] == ["ip", "neigh", "replace"] and dev in x]
+            assert (neigh != []) == l2 and ("address" in a) == l2, (a, neigh)

@@ -83,8 +83,13 @@ KERNEL_DRIVERS = sorted(n for n, d in DRIVERS.items() if set(d.kernel_features) 
 # (scripts/test --long), which keeps the default kernel lane inside CI's share. gue too (37 s): the fou
 # module's other encapsulation, on the same receive port setup fou's mesh test covers. gre-ipsec (56 s) and
 # ipsec-transport (39 s): test_ipsec_never_sends_cleartext brings each up, pings across it (ESP only on the
-# wire) and checks its leftovers; their key files are the strongSwan code ipsec-tunnel's mesh test checks
+# wire) and checks its leftovers; their key files are the strongSwan code ipsec-tunnel's mesh test checks.
+# gretap, ipip, geneve (~32 s each): KernelTunnel subclasses that differ from gre only in the `ip link add`
+# arguments, which test_kernel_tunnel_links_one_device_per_peer_of_its_kind checks on every run
 LONG_KERNEL_DRIVERS = {
+    "gretap",
+    "ipip",
+    "geneve",
     "geneve-ipsec",
     "gretap-ipsec",
     "vxlan-ipsec",

@@ -42,8 +42,13 @@ def _drivers(path):
     return sorted(n for n, c in DRIVERS.items() if path in c.paths and n != "internal")
 
 
+def _ci(drivers: list[str]) -> list:
+    """softether's path tests (13-15 s each, its server's start) run in the long lane; its mesh runs in CI."""
+    return [pytest.param(v, marks=pytest.mark.long) if v == "softether" else v for v in drivers]
+
+
 @pytest.mark.lab
-@pytest.mark.parametrize("vpn", _drivers("relay"))
+@pytest.mark.parametrize("vpn", _ci(_drivers("relay")))
 def test_relay_carries_traffic_when_udp_is_blocked(vpn, lab_factory):
     a = _need(vpn, "relay")
     lab = lab_factory(3, path="relay")
@@ -108,7 +113,7 @@ def nat_bytes(nat) -> dict[str, int]:
 
 
 @pytest.mark.lab
-@pytest.mark.parametrize("vpn", _drivers("nat"))
+@pytest.mark.parametrize("vpn", _ci(_drivers("nat")))
 def test_mesh_connects_behind_nat(vpn, lab_factory):
     a = _need(vpn, "nat")
     lab = lab_factory(3, path="nat")

@@ -48,6 +48,7 @@ def test_a_star_of_50_spokes_comes_up_at_10pct_loss_and_never_at_100pct(lab_fact
 
 
 @pytest.mark.lab
+@pytest.mark.long  # 21 s: the > 10 s round trip edge (iputils ping instead of fping); --long runs it
 def test_round_trips_over_10_s_count_as_answers(lab_factory):
     """fping forgets a probe after 10 s, so at 5200 ms one way (10.4 s round trip) it never sees a reply;
     readiness probes that may wait that long go out as iputils ping and the pair is up. The reference is the

@@ -227,7 +227,11 @@ def test_overhead(mesh):
     assert 0 <= m["small_packet_loss_pct"] <= 100
 
 
-@pytest.mark.parametrize("vpn", [*VPNS, "softether", "nebula", "tinc", "openvpn"])
+# softether (15 s, its server's start): --long runs it
+@pytest.mark.parametrize(
+    "vpn",
+    [*VPNS, pytest.param("softether", marks=pytest.mark.long), "nebula", "tinc", "openvpn"],
+)
 def test_many_clients_star(vpn, lab_factory):
     mesh = make_mesh(lab_factory, vpn, 7, star=True)
     try:
