@@ -153,7 +153,7 @@ def _run(tmp_path: Path, *args: str, capture: str = "on-failure") -> tuple[Path,
 
 
 @pytest.mark.lab
-@pytest.mark.slow
+@pytest.mark.long  # 23 s, run --flamegraph / --capture always (opt-in); the folding and the kernel log: above
 def test_flamegraph_samples_match_the_daemons_cpu_time_and_the_pcap_holds_every_ping(tmp_path):
     why = lab_missing() or missing_tools()
     if why:

@@ -229,6 +229,7 @@ SAMPLE = {("full-cone", "full-cone"): "direct", ("symmetric", "port-restricted")
 
 
 @pytest.mark.lab
+@pytest.mark.long  # 15 s; the matrix's rows and classification: the unit tests above, each NAT type: the lab test
 def test_traversal_matrix_sample(tmp_path):
     """A sample of the matrix in the default suite: n2n punches straight through two full-cone NATs, and has to
     go through its supernode (the relay host) when a symmetric NAT meets a port-restricted one: the symmetric
