@@ -17,6 +17,7 @@ from tunnelbench import __version__
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from tunnelbench.builds import Build
     from tunnelbench.impair.backend import Backend
     from tunnelbench.impair.calibrate import Calibration
     from tunnelbench.impair.profiles import Profile
@@ -354,7 +355,7 @@ def _build_first_use(sc: Scenario) -> None:
     """Build the tools and install the VPN builds this scenario needs and this machine lacks (builds.py), one
     line each; a failed build is said and the run goes on (the VPN is then skipped as unavailable, the
     workload fails, each with the reason)."""
-    from tunnelbench.builds import build, cache_dir, install_vpn, missing, past_seconds, vpn_installs
+    from tunnelbench.builds import cache_dir, install_vpn, missing, past_seconds, vpn_installs
 
     before = past_seconds()
     for vpn, src in vpn_installs(sc):
@@ -369,29 +370,29 @@ def _build_first_use(sc: Scenario) -> None:
             )
         )
     for b in missing(sc):
-        took = f"; {before[b.name]:.0f} s here before" if b.name in before else ""
-        err.print(Text(f"building {b.name} for {b.why} (first use on this machine{took}) ...", style="dim"))
-        ok, seconds, detail = build(b, cache_dir() / "logs" / f"build-{b.name}.log")
-        if ok:
-            err.print(Text(f"built {b.name} ({seconds:.0f} s): {detail}", style="green"))
-        else:
-            err.print(Text(f"could not build {b.name} ({seconds:.0f} s): {detail}", style="red"))
+        _build_tool(b, before)
 
 
-def _ensure_engine(what: str) -> None:
-    """Build the native impairment engine now if this machine has none (a lean set-up leaves it to first
-    use), one line; a failed build is said, and the command then fails where it needs the engine."""
-    from tunnelbench.builds import BUILDS, build, cache_dir, past_seconds, present
+def _build_tool(b: Build, before: dict[str, float]) -> None:
+    """Build one tool on first use (builds.build), a line before and one after; a failure is said only."""
+    from tunnelbench.builds import build, cache_dir
 
-    b = BUILDS["impaird"]
-    if present(b):
-        return
-    before = past_seconds()
     took = f"; {before[b.name]:.0f} s here before" if b.name in before else ""
-    err.print(Text(f"building the native impairment engine for {what} (first use{took}) ...", style="dim"))
+    err.print(Text(f"building {b.name} for {b.why} (first use on this machine{took}) ...", style="dim"))
     ok, seconds, detail = build(b, cache_dir() / "logs" / f"build-{b.name}.log")
-    err.print(Text(f"{'built' if ok else 'could not build'} impaird ({seconds:.0f} s): {detail}"[:400],
-                   style="green" if ok else "red"))  # fmt: skip
+    if ok:
+        err.print(Text(f"built {b.name} ({seconds:.0f} s): {detail}", style="green"))
+    else:
+        err.print(Text(f"could not build {b.name} ({seconds:.0f} s): {detail}", style="red"))
+
+
+def _ensure_engine() -> None:
+    """Build the native impairment engine now if this machine has none (a lean set-up leaves it to first
+    use); a failed build is said, and the command then fails where it needs the engine."""
+    from tunnelbench.builds import BUILDS, past_seconds, present
+
+    if not present(BUILDS["impaird"]):
+        _build_tool(BUILDS["impaird"], past_seconds())
 
 
 def _run_suite(
@@ -686,7 +687,7 @@ def calibrate(
     from tunnelbench.lab.kernel import missing as kernel_missing
 
     if "native" in backends or ("auto" in backends and kernel_missing(("netem",))):
-        _ensure_engine("calibrate")
+        _ensure_engine()
     import tempfile
 
     from tunnelbench.impair.backend import ImpairError
@@ -815,7 +816,7 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     modes, and with --vpn the engine's tax on chosen VPNs."""
     _need_root()
     _hold_lab("bench-engine")  # until the command ends
-    _ensure_engine("bench-engine")
+    _ensure_engine()
     import statistics
     import tempfile
 
