@@ -91,7 +91,9 @@ python_env() {
   fi
   [ -x .venv/bin/python ] || python3 -m venv .venv
   if .venv/bin/pip install -q "uv==${UV_VERSION}"; then
-    .venv/bin/uv pip install --python .venv/bin/python -e ".${extras}"
+    # the platform's certificate store, which pip and apt trust too (uv's own bundle refuses a registry
+    # reached through a local CA when SSL_CERT_FILE is not set)
+    UV_SYSTEM_CERTS=1 .venv/bin/uv pip install --python .venv/bin/python -e ".${extras}"
   else
     .venv/bin/pip install -e ".${extras}"
   fi
