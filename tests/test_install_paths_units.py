@@ -111,3 +111,45 @@ def test_path_validation():
         parse_scenario(_sc(relay="h3"))
     with pytest.raises(ScenarioError):
         parse_scenario(_sc(path="satellite"))
+
+
+def test_dpkg_is_asked_once_per_question_and_again_after_an_apt_install(monkeypatch):
+    """dpkg's answers are kept per process (a version check asks the same ones for every IPsec driver), but an
+    install through apt-get makes every later question go to dpkg again: a fake dpkg-query whose package
+    appears only once the fake apt-get ran, and the commands counted."""
+    import io
+    import subprocess
+
+    from tunnelbench.vpns import install
+
+    installed: set[str] = set()
+    calls: list[list[str]] = []
+
+    def run(argv, **kw):
+        calls.append(list(argv))
+        if argv[0] == "dpkg-query" and argv[1] == "-W":
+            pkg = argv[-1]
+            out = "install ok installed\t1.2-3" if pkg in installed else ""
+            return subprocess.CompletedProcess(argv, 0 if out else 1, out, "")
+        if argv[0] == "dpkg-query" and argv[1] == "-S":
+            return subprocess.CompletedProcess(argv, 0, "foo: /usr/sbin/foo\n", "")
+        if argv[0] == "apt-get":
+            installed.update(a for a in argv if a == "foo")
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        raise AssertionError(argv)
+
+    monkeypatch.setattr(install.subprocess, "run", run)
+    monkeypatch.setattr(install.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(install, "_DPKG", {})
+    dpkg = lambda: [c for c in calls if c[0] == "dpkg-query"]  # noqa: E731
+    assert install.debian_version("foo") is None
+    assert install.debian_version("foo") is None
+    assert len(dpkg()) == 1  # the second answer was the kept one
+    assert install.debian_package_of("/usr/sbin/foo") == "foo"
+    assert install.debian_package_of("/usr/sbin/foo") == "foo"
+    assert len(dpkg()) == 2
+    install._apt_install(("foo",), io.StringIO())
+    assert [c[0] for c in calls].count("apt-get") == 1  # "not installed", as kept, so apt-get ran
+    assert install.debian_version("foo") == "1.2-3"  # asked again: the install changed the answer
+    assert install.debian_package_of("/usr/sbin/foo") == "foo"
+    assert len(dpkg()) == 4

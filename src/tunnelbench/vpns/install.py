@@ -41,6 +41,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar, TextIO, TypeGuard
@@ -190,8 +191,23 @@ def source_label(source: Source) -> str:
 
 
 # -- lookups -----------------------------------------------------------------------------------------
+# dpkg's answers per process: `dpkg-query -S` reads every package's file list, and under the kernel lane's TCG
+# one question took 1-2 s (16 drivers' versions: 38 s). Only an apt-get install here changes them (it clears).
+_DPKG: dict[tuple[str, str], str | None] = {}
+
+
+def _dpkg_cached(kind: str, arg: str, ask: Callable[[str], str | None]) -> str | None:
+    if (kind, arg) not in _DPKG:
+        _DPKG[kind, arg] = ask(arg)
+    return _DPKG[kind, arg]
+
+
 def debian_package_of(path: str) -> str | None:
     """The Debian package that installed a file (also through the /bin -> /usr/bin merge), else None."""
+    return _dpkg_cached("owner", path, _debian_package_of)
+
+
+def _debian_package_of(path: str) -> str | None:
     if shutil.which("dpkg-query") is None:
         return None
     real = os.path.realpath(path)
@@ -211,6 +227,10 @@ def upstream_version(debian_version: str) -> str:
 
 
 def _dpkg_version(pkg: str) -> str | None:
+    return _dpkg_cached("version", pkg, _ask_dpkg_version)
+
+
+def _ask_dpkg_version(pkg: str) -> str | None:
     if shutil.which("dpkg-query") is None:
         return None
     p = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", pkg], capture_output=True, text=True)
@@ -253,14 +273,17 @@ def _apt_install(packages: tuple[str, ...], log: TextIO) -> None:
     need = [p for p in packages if not _dpkg_version(p)]
     if not need:
         return
-    env = {"DEBIAN_FRONTEND": "noninteractive"}
-    # wait for another apt (set-up, unattended upgrades) instead of failing at once on its lock
-    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
-    p = subprocess.run([*apt, "install", "-y", "-qq", "--no-install-recommends", *need],
-                       env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    if p.returncode != 0:  # stale package lists on a fresh machine
-        _run([*apt, "update", "-qq"], env, log)
-        _run([*apt, "install", "-y", "-qq", "--no-install-recommends", *need], env, log)
+    try:
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        # wait for another apt (set-up, unattended upgrades) instead of failing at once on its lock
+        apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+        p = subprocess.run([*apt, "install", "-y", "-qq", "--no-install-recommends", *need],
+                           env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        if p.returncode != 0:  # stale package lists on a fresh machine
+            _run([*apt, "update", "-qq"], env, log)
+            _run([*apt, "install", "-y", "-qq", "--no-install-recommends", *need], env, log)
+    finally:
+        _DPKG.clear()  # dpkg's answers are asked again after an install, whatever it did
 
 
 def _go_proxy(s: GoModule) -> str:
