@@ -121,6 +121,28 @@ def lab_missing() -> str | None:
     return None
 
 
+def _build_lab(
+    base: Path,
+    n_hosts: int = 3,
+    path: str = "direct",
+    relay: str | None = None,
+    nat_type: str = "port-restricted",
+    nat_types: dict[str, str] | None = None,
+) -> NetnsLab:
+    tag = new_tag()
+    run_dir = base / new_run_id(tag)
+    journal = Journal(run_dir, run_dir.name)
+    lab = NetnsLab(tag, n_hosts, run_dir, journal, path, relay, nat_type, nat_types)
+    try:
+        lab.build()
+        lab.wait_links()
+    except BaseException:
+        lab.destroy()
+        lab.journal.end()
+        raise
+    return lab
+
+
 @pytest.fixture
 def lab_factory(tmp_path: Path):
     why = lab_missing()
@@ -128,26 +150,65 @@ def lab_factory(tmp_path: Path):
         pytest.skip(why)
     made: list[NetnsLab] = []
 
-    def make(
-        n_hosts: int = 3,
-        path: str = "direct",
-        relay: str | None = None,
-        nat_type: str = "port-restricted",
-        nat_types: dict[str, str] | None = None,
-    ) -> NetnsLab:
-        tag = new_tag()
-        run_dir = tmp_path / new_run_id(tag)
-        journal = Journal(run_dir, run_dir.name)
-        lab = NetnsLab(tag, n_hosts, run_dir, journal, path, relay, nat_type, nat_types)
+    def make(*args, **kwargs) -> NetnsLab:
+        lab = _build_lab(tmp_path, *args, **kwargs)
         made.append(lab)
-        lab.build()
-        lab.wait_links()
         return lab
 
     yield make
     for lab in made:
         lab.destroy()
         lab.journal.end()
+
+
+@pytest.fixture(scope="module")
+def module_lab(tmp_path_factory):
+    """One direct 3-host lab for a module's tests that bring meshes up one after another on it, as a run
+    brings its VPNs up on one lab (under the kernel lane's TCG a lab takes 10-14 s to build). A test on it
+    must leave it as it found it: `lab_state` before and after."""
+    why = lab_missing()
+    if why:
+        pytest.skip(why)
+    lab = _build_lab(tmp_path_factory.mktemp("lab"))
+    yield lab
+    lab.destroy()
+    lab.journal.end()
+
+
+def lab_state(lab: NetnsLab) -> dict[str, list[str]]:
+    """What a mesh could leave behind, read from the kernel on each host: links (not the fallback devices a
+    tunnel module makes in every namespace when it loads), addresses, routes, XFRM states and policies. One
+    shell and `ip -n` for the whole lab: under the kernel lane's TCG, 15 `ip netns exec` from Python took
+    longer than the lab they were to save."""
+    from tunnelbench.lab.kernel import FALLBACK_LINKS
+
+    queries = ["-o link show", "-o addr show", "route show table all", "xfrm state", "xfrm policy"]
+    script = "; ".join(f"echo '@@ {h.name}'; ip -n {h.netns} {q}" for h in lab.hosts for q in queries)
+    out: dict[str, list[str]] = {h.name: [] for h in lab.hosts}
+    name = ""
+    for line in subprocess.run(
+        ["sh", "-c", script], capture_output=True, text=True, check=True
+    ).stdout.splitlines():
+        if line.startswith("@@ "):
+            name = line[3:]
+            continue
+        # IPv6 link-local addresses, their routes and the multicast route come when duplicate address
+        # detection ends, on the lab's own links too: a moment after the lab is built, whatever a mesh does
+        if "fe80:" in line or "ff00::/8" in line:
+            continue
+        fields = line.split()
+        if (
+            len(fields) > 1
+            and fields[0].endswith(":")
+            and fields[1].split("@")[0].rstrip(":") in FALLBACK_LINKS
+        ):
+            continue  # "N: gre0@NONE: <...>" (link) or "N: gre0 inet ..." (addr)
+        if len(fields) > 2 and fields[2].startswith(
+            "<"
+        ):  # a link: its name and MTU (its state flags follow the carrier)
+            line = f"link {fields[1].rstrip(':')} mtu {fields[fields.index('mtu') + 1]}"
+        out[name].append(line)
+    return {h: sorted(lines) for h, lines in out.items()}
 
 
 @pytest.fixture

@@ -7,8 +7,11 @@ import os
 import re
 import stat
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
+from conftest import lab_state
 from test_vpn_mesh import secret_files_by_content
 
 from tunnelbench.catalog import DRIVERS
@@ -103,12 +106,24 @@ LONG_KERNEL_DRIVERS = {
 MTU = 1360  # [fairness] tunnel_mtu, as tests/test_vpn_mtu.py uses for the other drivers
 
 
-def _count(lab, name: str, match: str) -> list[str]:
-    """An nftables counter of `match` on the router's forward hook (before the lab's own rules)."""
+@contextmanager
+def _count(lab, name: str, match: str) -> Iterator[Callable[[], int]]:
+    """An nftables counter of `match` on the router's forward hook (before the lab's own rules), removed at
+    the end (the lab is the module's: the next test counts in a table of its own)."""
     rules = f"table inet {name} {{\n chain c {{\n  type filter hook forward priority -10; policy accept;\n  {match} counter\n }}\n}}\n"
     nft = ["ip", "netns", "exec", lab.router.netns, "nft"]
     subprocess.run([*nft, "-f", "-"], input=rules, text=True, check=True)
-    return nft
+
+    def packets() -> int:
+        out = subprocess.run(
+            [*nft, "list", "table", "inet", name], capture_output=True, text=True, check=True
+        ).stdout
+        return int(re.search(r"counter packets (\d+)", out).group(1))  # type: ignore[union-attr]
+
+    try:
+        yield packets
+    finally:
+        subprocess.run([*nft, "delete", "table", "inet", name], check=True)
 
 
 @pytest.mark.kernel
@@ -116,15 +131,22 @@ def _count(lab, name: str, match: str) -> list[str]:
     "vpn",
     [pytest.param(v, marks=[pytest.mark.long] if v in LONG_KERNEL_DRIVERS else []) for v in KERNEL_DRIVERS],
 )
-def test_kernel_driver_mesh(vpn, lab_factory):
+def test_kernel_driver_mesh(vpn, module_lab):
     """One bring-up per kernel driver (the lane's time is the budget), everything tests/test_vpn_mesh.py and
     tests/test_vpn_mtu.py check for the other drivers, plus what the wire shows: a 3-host mesh where every
     ordered pair answers, private keys 0600, the scenario's common tunnel MTU on the path to the peer, pings
     between two hosts crossing the router as the driver's encapsulation (its `wire` match, both directions),
-    and nothing of the tunnel left after teardown."""
+    and nothing of the tunnel left after teardown: by the driver's own account, and on the hosts as the kernel
+    lists them (the drivers take turns on one lab, as a run's VPNs do)."""
     cls = DRIVERS[vpn]
-    lab = lab_factory(3)
-    nft = _count(lab, f"{lab.tag}wire", cls.wire)
+    lab = module_lab
+    before_state = lab_state(lab)
+    with _count(lab, f"{lab.tag}w{vpn.replace('-', '')}", cls.wire) as packets:
+        _mesh_on(lab, cls, vpn, packets)
+    assert lab_state(lab) == before_state
+
+
+def _mesh_on(lab, cls, vpn: str, packets: Callable[[], int]) -> None:
     mtu = MTU if cls.default_mtu else None  # ipsec-transport has no tunnel device: the underlay's MTU
     driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir, mtu=mtu))
     driver.configure()
@@ -136,7 +158,9 @@ def test_kernel_driver_mesh(vpn, lab_factory):
         # every file the driver declares secret and every one holding key material by content (as
         # tests/test_vpn_mesh.py does for the other drivers): its real mode, group and others shut out
         declared = {f.resolve() for h in lab.hosts for f in driver.secret_files(h)}
-        found = {f.resolve() for f in secret_files_by_content(lab.run_dir)}
+        found = {
+            f.resolve() for _, d in driver.host_dirs() for f in secret_files_by_content(d)
+        }  # this driver's
         modes = {f: stat.S_IMODE(os.stat(f).st_mode) for f in sorted(declared | found)}
         open_ = {str(f): f"{m:04o}" for f, m in modes.items() if m & 0o077}
         assert open_ == {}, f"{vpn}: secret files readable by group or others: {open_}"
@@ -153,44 +177,42 @@ def test_kernel_driver_mesh(vpn, lab_factory):
             assert (
                 driver.settings.get("mtu", MTU) == MTU
             )  # as tests/test_vpn_mtu.py: where a driver records it
-        before = _packets(nft, f"{lab.tag}wire")
+        before = packets()
         r = h1.run(["ping", "-c", "20", "-i", "0.02", "-W", "2", mesh.tunnel_ip(h2)], check=False)
         assert " 0% packet loss" in r.stdout, r.stdout
-        assert _packets(nft, f"{lab.tag}wire") - before >= 40  # 20 requests + 20 replies, all encapsulated
+        assert packets() - before >= 40  # 20 requests + 20 replies, all encapsulated
     finally:
         mesh.stop()
     assert mesh.leftovers() == []
-
-
-def _packets(nft: list[str], table: str) -> int:
-    out = subprocess.run(
-        [*nft, "list", "table", "inet", table], capture_output=True, text=True, check=True
-    ).stdout
-    return int(re.search(r"counter packets (\d+)", out).group(1))  # type: ignore[union-attr]
 
 
 @pytest.mark.kernel
 @pytest.mark.parametrize(
     ("vpn", "clear"), [("ipsec-transport", "ip protocol icmp"), ("gre-ipsec", "ip protocol gre")]
 )
-def test_ipsec_never_sends_cleartext(vpn, clear, lab_factory):
+def test_ipsec_never_sends_cleartext(vpn, clear, module_lab):
     """IPsec with trap policies (vpns/ipsec.py): from charon's start through readiness and pings, the router
     never forwards the cleartext the SAs protect (ICMP between the underlay addresses, GRE), only ESP."""
     cls = DRIVERS[vpn]
-    lab = lab_factory(2)
-    table = f"{lab.tag}clear"
-    nft = _count(lab, table, clear)
-    driver = cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
+    lab = module_lab
+    before_state = lab_state(lab)
+    with _count(lab, f"{lab.tag}c{vpn.replace('-', '')}", clear) as packets:
+        _cleartext_on(lab, cls, vpn, clear, packets)
+    assert lab_state(lab) == before_state
+
+
+def _cleartext_on(lab, cls, vpn: str, clear: str, packets: Callable[[], int]) -> None:
+    driver = cls(MeshSpec(hosts=list(lab.hosts[:2]), tag=lab.tag, workdir=lab.run_dir))
     driver.configure()
     mesh = Mesh(driver)
     try:
         mesh.start()
         mesh.wait_ready(timeout=30)
-        h1, h2 = lab.hosts
+        h1, h2 = lab.hosts[:2]
         for a, b in ((h1, h2), (h2, h1)):
             r = a.run(["ping", "-c", "10", "-i", "0.02", "-W", "2", mesh.tunnel_ip(b)], check=False)
             assert " 0% packet loss" in r.stdout, r.stdout
-        assert _packets(nft, table) == 0, f"{vpn}: cleartext ({clear}) crossed the router"
+        assert packets() == 0, f"{vpn}: cleartext ({clear}) crossed the router"
     finally:
         mesh.stop()
     assert mesh.leftovers() == []
