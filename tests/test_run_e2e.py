@@ -26,6 +26,7 @@ repetitions = {reps}
 # block order: the kill tests wait for the second VPN's first case, by which time every case of the first
 # VPN must be stored (tests/test_fidelity.py covers the interleaved default)
 order = "block"
+drift_check_s = {drift}
 [lab]
 hosts = 2
 [[workloads]]
@@ -41,7 +42,8 @@ interval_s = 0.01
 
 def start(tmp_path: Path, reps: int, dur: float) -> tuple[subprocess.Popen, Path]:
     scen = tmp_path / "s.toml"
-    scen.write_text(SCENARIO.format(reps=reps, dur=dur))
+    # no drift reference (2 s per round before the case the test waits for): tests/test_fidelity.py checks it
+    scen.write_text(SCENARIO.format(reps=reps, dur=dur, drift=0))
     results = tmp_path / "results"
     p = subprocess.Popen([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results", str(results)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -75,7 +77,7 @@ def journal_state(run_dir: Path) -> tuple[list[str], list[dict]]:
 
 def test_small_run_prints_summary_and_stores_everything(tmp_path):
     scen = tmp_path / "s.toml"
-    scen.write_text(SCENARIO.format(reps=2, dur=1))
+    scen.write_text(SCENARIO.format(reps=2, dur=1, drift=2))  # the default's drift reference
 
     res = tb("run", str(scen), "--results", str(tmp_path / "results"), columns=120)
     assert res.returncode == 0, res.stdout + res.stderr
