@@ -81,11 +81,13 @@ def test_delay_25ms_each_way_gives_rtt_within_2pct(path):
     c, cal = check(path, Profile(name="d25", delay_ms=25), "ping RTT median", probes=1000)
     assert c.configured == pytest.approx(50 + path[2].rtt_ms)
     p50, p50_ref = _p50(cal), _p50(ref)
-    # the delay added between 1 ms and 25 ms: 24 ms each way, 48 ms a round trip. Within 2% on a real CPU;
-    # under TCG a 25 ms release is later than a 1 ms one by more than the userspace lateness says (kernel
-    # lane, machine idle: one-way p50 26.64 vs 1.42 ms, 1.22 ms beyond the 24), so there 5%: still far from
-    # a delay applied twice, once per round trip, or not at all
-    rel = 0.05 if emulated_cpu() else 0.02
+    # the delay added between 1 ms and 25 ms: 24 ms each way, 48 ms a round trip. Within 2% on a real CPU.
+    # Under TCG a 25 ms release is later than a 1 ms one by more than the userspace lateness says, and by an
+    # amount the emulator decides, not netem (kernel lane, machine idle: one-way p50 26.64 vs 1.42 ms, 1.2 ms
+    # beyond the 24; 27.96 vs 1.66 ms, 2.3 ms beyond, in the third of three runs on one commit). So there the
+    # lane checks netem's semantics, which no emulator stall can fake: the delay applied once per direction
+    # (24, not 0 and not 48: 25% either side), never early (below)
+    rel = 0.25 if emulated_cpu() else 0.02
     assert abs((p50 - p50_ref) - 24.0) <= rel * 24 + late.p50, (p50, p50_ref, late, cal, ref)
     assert abs((c.measured - ref_rtt.measured) - 48.0) <= rel * 48 + 2 * late.p50, (c, ref_rtt, late)
     # never early, on any machine: a release before its time is a bug no load explains
