@@ -112,6 +112,47 @@ def ping_scenario(name: str, vpns: list[str], repetitions: int = 1) -> str:
     ).replace("'", '"')
 
 
+# One real run that several tests read (the run's own output and store, its report in Chromium, its export):
+# two VPNs, three labels (one of them two streams), three interleaved rounds with the default's drift reference
+REAL_RUN_SCENARIO = """
+name = "report-e2e"
+vpns = ["internal", "wireguard-go"]
+[run]
+repetitions = 3
+[lab]
+hosts = 2
+[[workloads]]
+name = "tcp"
+duration_s = 1
+omit_s = 0
+[[workloads]]
+name = "tcp"
+streams = 2
+duration_s = 1
+omit_s = 0
+[[workloads]]
+name = "ping"
+count = 20
+interval_s = 0.01
+"""
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """REAL_RUN_SCENARIO run once per session by the CLI (a 120-column terminal): (its result, its run
+    folder). Tests that share it only read the run, or rewrite what `report` writes anyway."""
+    why = lab_missing()
+    if why:
+        pytest.skip(why)
+    base = tmp_path_factory.mktemp("real-run")
+    (base / "s.toml").write_text(REAL_RUN_SCENARIO)
+    env = {"TUNNELBENCH_PROBES": str(base / "probes.json")}  # the session has no monkeypatch: its own record
+    res = tb("run", str(base / "s.toml"), "--results", str(base / "results"), columns=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run_dir,) = (base / "results").iterdir()
+    return res, run_dir
+
+
 def lab_missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root for network namespaces"

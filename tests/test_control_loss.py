@@ -344,7 +344,7 @@ def test_runner_stores_the_control_loss_metrics(tmp_path):
         pytest.skip(lab_missing())
     nebula_or_skip()
     (tmp_path / "s.toml").write_text(SCENARIO)
-    p = tb("run", str(tmp_path / "s.toml"), "--results", str(tmp_path / "r"), timeout=400)
+    p = tb("run", str(tmp_path / "s.toml"), "--results", str(tmp_path / "r"), "--no-html", timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (db,) = (tmp_path / "r").glob("*/results.sqlite")
     c = sqlite3.connect(db)

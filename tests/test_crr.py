@@ -228,7 +228,14 @@ def run(mesh, timeout: float = 90, **params) -> tuple[dict, object]:
     return {s.name: s.value for s in out.samples}, out
 
 
+# through wireguard-go (5-7 s more each; the e2e runs carry workloads over a tunnel in CI): --long runs it
+TUNNEL_LONG = pytest.mark.parametrize(
+    "mesh", ["internal", pytest.param("wireguard-go", marks=pytest.mark.long)], indirect=True
+)
+
+
 @pytest.mark.lab
+@TUNNEL_LONG
 def test_crr_and_rr_through_the_tunnel(mesh):
     client = mesh.hosts[0]
     tw_before = client.run(["sysctl", "-n", "net.ipv4.tcp_tw_reuse"]).stdout.strip()
@@ -268,6 +275,7 @@ def test_crr_and_rr_through_the_tunnel(mesh):
 
 
 @pytest.mark.lab
+@TUNNEL_LONG
 def test_time_wait_does_not_starve_the_client_of_ports(mesh):
     """With the client's ephemeral range cut to 1024 ports, connections closed by the client (TIME_WAIT for
     60 s) would end the test after 1024 transactions; tcp_tw_reuse (set for the case) lets a port whose

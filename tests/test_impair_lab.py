@@ -192,8 +192,9 @@ name = "killengine"
 vpns = ["internal"]
 profiles = ["slow"]
 [run]
-repetitions = 3
+repetitions = 2
 retries = 1
+drift_check_s = 0  # nor the path's drift (2 s a round)
 [lab]
 hosts = 2
 [impair]
@@ -256,8 +257,8 @@ def test_killing_the_engine_mid_case_fails_the_case(tmp_path):
     assert "impaird" in failed[0][3] or "impairment engine" in failed[0][3]
     # the watchdog aborts the case within about a second, not at the tool's own timeout
     assert failed[0][4] - (time.time() - (time.monotonic() - t_kill)) < 10
-    # the engine is restarted for the retry, and later cases measure again
-    assert sum(r[2] == "ok" for r in rows) == 3, rows
+    # the engine is restarted for the retry (repetition 1's second attempt), and the later case measures again
+    assert sum(r[2] == "ok" for r in rows) == 2 and len(rows) == 3, rows
     assert "impaird" in out or "impairment engine" in out
 
 

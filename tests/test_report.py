@@ -279,29 +279,6 @@ def test_exports(tmp_path):
 
 
 # -- a real small run in headless Chromium -----------------------------------------------------------------
-SCENARIO = """
-name = "report-e2e"
-vpns = ["internal", "wireguard-go"]
-[run]
-repetitions = 3
-[lab]
-hosts = 2
-[[workloads]]
-name = "tcp"
-duration_s = 1
-omit_s = 0
-[[workloads]]
-name = "tcp"
-streams = 2
-duration_s = 1
-omit_s = 0
-[[workloads]]
-name = "ping"
-count = 20
-interval_s = 0.01
-"""
-
-
 def chromium_missing() -> str | None:
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} missing (apt-get install chromium)"
@@ -360,7 +337,7 @@ def open_in_chromium(html_path: Path, screenshot: Path) -> dict:
     return info
 
 
-# SCENARIO's labels and the first headline metric of their workloads: the headline table's columns
+# REAL_RUN_SCENARIO's labels and the first headline metric of their workloads: the headline table's columns
 HEADLINE_COLUMNS = {"tcp": "goodput_mbps", "tcp-p2": "goodput_mbps", "ping": "rtt_p50_ms"}
 
 
@@ -468,18 +445,12 @@ def assert_report_matches_store(tables: dict[str, list[list[list[str]]]], db: Pa
 
 @pytest.mark.lab
 @pytest.mark.slow
-def test_report_of_a_real_run_in_headless_chromium(tmp_path):
-    from conftest import lab_missing
-
-    why = lab_missing() or chromium_missing()
+def test_report_of_a_real_run_in_headless_chromium(real_run):
+    why = chromium_missing()
     if why:
         print(f"skipped: {why}")
         pytest.skip(why)
-    scen = tmp_path / "s.toml"
-    scen.write_text(SCENARIO)
-    res = tb("run", str(scen), "--results", str(tmp_path / "results"), "--no-html")
-    assert res.returncode == 0, res.stdout + res.stderr
-    (run_dir,) = (tmp_path / "results").iterdir()
+    _, run_dir = real_run  # conftest.REAL_RUN_SCENARIO; its run wrote a report too, `report` rewrites it
     res = tb("report", str(run_dir))
     assert res.returncode == 0, res.stdout + res.stderr
     html_path = run_dir / "report.html"

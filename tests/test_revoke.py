@@ -50,10 +50,15 @@ def probe_replies(ctx: CaseContext) -> list[float]:
     return [float(m["ts"]) for line in text.splitlines() if (m := REPLY.match(line))]
 
 
-# innernet (36 s: a 4-host lab, its server's CIDR tooling) and tailscale (27 s: headscale's API): --long
-# runs them; wireguard-go, boringtun and nebula cut a peer off in CI
+# innernet (36 s: a 4-host lab, its server's CIDR tooling), tailscale (27 s: headscale's API) and boringtun
+# (9 s: a WireguardGo subclass, the same `revoke` over the same UAPI socket): --long runs them; wireguard-go
+# and nebula cut a peer off in CI
 @pytest.mark.parametrize(
-    "vpn", [pytest.param(v, marks=pytest.mark.long) if v in ("innernet", "tailscale") else v for v in VPNS]
+    "vpn",
+    [
+        pytest.param(v, marks=pytest.mark.long) if v in ("innernet", "tailscale", "boringtun") else v
+        for v in VPNS
+    ],
 )
 def test_revocation_cuts_off_within_cap(vpn, lab_factory):
     assert DRIVERS[vpn].revocation

@@ -11,10 +11,10 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from statistics import NormalDist
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats as sst
 
 Samples = Sequence[float] | np.ndarray  # a list of values, or an array of them
 
@@ -24,6 +24,7 @@ ALPHA = 0.05
 PERCENTILES = (5, 25, 75, 95, 99)
 
 Better = Literal["higher", "lower", "none"]
+_NORM = NormalDist()  # the standard normal of BCa's bias and acceleration terms (scipy.stats.norm's values)
 
 
 # -- descriptive statistics ----------------------------------------------------------------------------
@@ -107,13 +108,13 @@ def bootstrap_ci(
         theta = float(statistic(a, axis=-1))
         prop = (np.sum(boot < theta) + 0.5 * np.sum(boot == theta)) / boot.size
         if 0 < prop < 1:
-            z0 = sst.norm.ppf(prop)
+            z0 = _NORM.inv_cdf(float(prop))
             jack = np.array([statistic(np.delete(a, i), axis=-1) for i in range(a.size)])
             d = jack.mean() - jack
             den = 6.0 * np.sum(d**2) ** 1.5
             acc = float(np.sum(d**3) / den) if den > 0 else 0.0
-            z = sst.norm.ppf(q)
-            adj = sst.norm.cdf(z0 + (z0 + z) / (1 - acc * (z0 + z)))
+            z = np.array([_NORM.inv_cdf(float(x)) for x in q])
+            adj = np.array([_NORM.cdf(float(x)) for x in z0 + (z0 + z) / (1 - acc * (z0 + z))])
             if np.all(np.isfinite(adj)):
                 q = adj
     lo, hi = np.quantile(boot, q)
@@ -156,6 +157,9 @@ def mann_whitney(x: Samples, y: Samples) -> tuple[float, float]:
         return float("nan"), float("nan")
     if np.all(x == x[0]) and np.all(y == y[0]) and x[0] == y[0]:
         return x.size * y.size / 2, 1.0  # identical constants: no evidence of a difference
+    # imported here, not at the top: importing scipy.stats costs every CLI command ~1.7 s
+    from scipy import stats as sst
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         r = sst.mannwhitneyu(x, y, alternative="two-sided", method="auto")
