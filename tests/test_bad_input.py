@@ -185,7 +185,7 @@ def test_a_plain_name_is_accepted_and_used():
 
 
 # options that took a value the command could not use, found only after the work (2026-11-26): each is now
-# refused before the command does anything; `_hold_lab` (the first thing a lab command does after its own
+# refused before the command does anything; `hold_lab` (the first thing a lab command does after its own
 # checks) must not be reached
 @pytest.mark.parametrize(
     "argv, said",
@@ -203,14 +203,15 @@ def test_a_plain_name_is_accepted_and_used():
 def test_an_option_value_the_command_cannot_use_is_refused_before_any_work(tmp_path, monkeypatch, argv, said):
     from click.testing import CliRunner
 
-    from tunnelbench import cli
+    from tunnelbench.cli import app
 
     def no_lab(what: str) -> None:
         raise AssertionError(f"{what} reached the lab")
 
-    monkeypatch.setattr(cli, "_hold_lab", no_lab)
+    for verbs in (app.run, app.lab):  # the verb modules that build labs
+        monkeypatch.setattr(verbs, "hold_lab", no_lab)
     gone = tmp_path / "missing"
-    res = CliRunner().invoke(cli.main, [a.format(gone=gone) for a in argv])
+    res = CliRunner().invoke(app.main, [a.format(gone=gone) for a in argv])
     assert res.exit_code == 2, res.output
     assert said.format(gone=gone) in " ".join(res.output.split()), res.output
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception

@@ -98,7 +98,7 @@ def test_a_small_sweep_measures_every_pair_and_daemon(tmp_path, monkeypatch):
 def test_mesh_scale_refuses_bad_sizes_and_vpns_naming_the_option():
     from click.testing import CliRunner
 
-    from tunnelbench.cli import main
+    from tunnelbench.cli.app import main
 
     r = CliRunner().invoke(main, ["mesh-scale", "--vpn", "wireguard-go", "--sizes", "10,x"])
     assert r.exit_code == 2 and "--sizes: comma-separated host counts" in r.output

@@ -1,0 +1,140 @@
+"""What every group of verbs shares: the consoles, the `tunnelbench` group itself, file and run arguments,
+root, the lab lock, inventories and first-use builds."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from tunnelbench import __version__
+
+if TYPE_CHECKING:
+    from tunnelbench.builds import Build
+    from tunnelbench.lab.inventory import Inventory
+    from tunnelbench.lab.lock import LabLock
+
+
+# tables are wide: keep them readable when piped or in CI logs (rich assumes 80 columns off a terminal)
+# a pipe or a log file gets 160 columns (rich's 80 would fold every table), unless COLUMNS says otherwise
+_wide = not os.environ.get("COLUMNS", "").isdigit()
+console = Console() if sys.stdout.isatty() or not _wide else Console(width=160)
+err = Console(stderr=True) if sys.stderr.isatty() or not _wide else Console(stderr=True, width=160)
+
+
+class OutFile(click.Path):
+    """A file the command writes when its work is done: its folder is checked before the work starts, so a
+    typo costs nothing measured (click's own error: exit 2, naming the option)."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = Path(os.fsdecode(super().convert(value, param, ctx)))
+        folder = path.parent
+        if not folder.is_dir():
+            self.fail(
+                f"the folder {str(folder)!r} does not exist: create it first or name another file", param, ctx
+            )
+        if not os.access(folder, os.W_OK):
+            self.fail(
+                f"the folder {str(folder)!r} is not writable: name a file in a folder you can write",
+                param,
+                ctx,
+            )
+        return path
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        err.print(
+            "[red]tunnelbench needs root: it creates network namespaces, veth pairs and nftables rules[/]"
+        )
+        sys.exit(2)
+
+
+def find_run(ref: str | None, results: Path) -> Path:
+    """A run folder from a path, a run id (or its unique prefix/suffix) or, with no argument, the newest run."""
+    if ref and Path(ref).is_dir():
+        d = Path(ref)
+        if (d / "results.sqlite").exists():
+            return d
+        inner = sorted(p.name for p in d.glob("*") if (p / "results.sqlite").exists())
+        if inner:
+            raise click.UsageError(
+                f"{d} is a results folder, not a run: give one of its {len(inner)} run(s), e.g. {d / inner[-1]} "
+                f"(or its id with --results {d})"
+            )
+        raise click.UsageError(f"{d} is not a run folder: it holds no results.sqlite")
+    runs = sorted(p for p in results.glob("*") if (p / "results.sqlite").exists()) if results.is_dir() else []
+    if not runs:
+        raise click.UsageError(f"no runs under {results}/ (use --results DIR or pass a run folder)")
+    if ref is None:
+        return runs[-1]
+    match = [p for p in runs if ref in p.name]
+    if len(match) != 1:
+        raise click.UsageError(f"run {ref!r} matches {len(match)} runs under {results}/; give more of its id")
+    return match[0]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tunnelbench")
+def main() -> None:
+    """Benchmark VPNs and overlay tunnels in a namespace lab, fairly and reproducibly."""
+
+
+def hold_lab(what: str) -> LabLock:
+    """This machine's lab lock (lab/lock.py) until the command ends (released when its click context closes,
+    however it ends; the kernel drops it if the process dies), or exit 2 naming who holds it: nothing has
+    run yet. Taken after the command's own input checks, so bad input is named as such."""
+    from tunnelbench.lab.lock import LabBusy, LabLock
+
+    try:
+        lock = LabLock(what).acquire()
+    except LabBusy as e:
+        err.print(Text(str(e), style="red"))
+        sys.exit(2)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(lock.release)
+    return lock
+
+
+def build_tool(b: Build, before: dict[str, float]) -> None:
+    """Build one tool on first use (builds.build), a line before and one after; a failure is said only."""
+    from tunnelbench.builds import build, cache_dir
+
+    took = f"; {before[b.name]:.0f} s here before" if b.name in before else ""
+    err.print(Text(f"building {b.name} for {b.why} (first use on this machine{took}) ...", style="dim"))
+    ok, seconds, detail = build(b, cache_dir() / "logs" / f"build-{b.name}.log")
+    if ok:
+        err.print(Text(f"built {b.name} ({seconds:.0f} s): {detail}", style="green"))
+    else:
+        err.print(Text(f"could not build {b.name} ({seconds:.0f} s): {detail}", style="red"))
+
+
+def ensure_engine() -> None:
+    """Build the native impairment engine now if this machine has none (a lean set-up leaves it to first
+    use); a failed build is said, and the command then fails where it needs the engine."""
+    from tunnelbench.builds import BUILDS, past_seconds, present
+
+    if not present(BUILDS["impaird"]):
+        build_tool(BUILDS["impaird"], past_seconds())
+
+
+def load_inventory(path: Path, insecure: bool) -> Inventory:
+    from tunnelbench.lab.inventory import InventoryError, load_inventory
+
+    try:
+        inv = load_inventory(path)
+    except InventoryError as e:
+        err.print(Text(f"{e}", style="red"))
+        sys.exit(2)
+    if insecure:
+        inv.insecure()
+    return inv

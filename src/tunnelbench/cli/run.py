@@ -1,0 +1,539 @@
+"""`run` (a scenario, a suite, a resume) and `plan`: what a run will do, then doing it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from tunnelbench.cli.common import build_tool, console, err, find_run, hold_lab, main, need_root
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tunnelbench.runner import ResumePlan
+    from tunnelbench.scenario import Scenario
+    from tunnelbench.suite import Suite
+
+
+@main.command()
+@click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all'); overrides the scenario"
+)
+@click.option("--repetitions", "-n", type=click.IntRange(min=1), help="override run.repetitions")
+@click.option("--profile", "-p", "profiles", multiple=True,
+              help="impairment profile(s) to run under (repeat or comma-separate); overrides the scenario")  # fmt: skip
+@click.option(
+    "--results", type=click.Path(file_okay=False, path_type=Path), help="results folder (default ./results)"
+)
+@click.option("--no-html", is_flag=True, help="do not write report.html")
+@click.option(
+    "--inventory",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="run on the real hosts of this Ansible-style YAML inventory over SSH (lab.backend = ssh)",
+)
+@click.option(
+    "--insecure-no-host-key-check",
+    "insecure",
+    is_flag=True,
+    help="with --inventory: do not verify SSH host keys (only on a lab network you fully control)",
+)
+@click.option(
+    "--resume",
+    "resume_ref",
+    metavar="RUN",
+    help="continue a killed or interrupted run (its id or folder) in its folder: same scenario, seed and "
+    "round order; cases already ok are kept, unfinished ones measured again",
+)
+@click.option(
+    "--flamegraph",
+    is_flag=True,
+    help="profile the VPN daemons with perf during every case; the report shows the flame graphs",
+)
+@click.option(
+    "--capture",
+    type=click.Choice(["on-failure", "always", "off"]),
+    help="keep each case's router pcap and kernel log lines: on-failure (default), always, off",
+)
+@click.option(
+    "--no-build",
+    is_flag=True,
+    help="never build or install on first use (a VPN build, hey, quicperf, inferno): what is missing is "
+    "skipped with the reason (a CI job that must not reach a registry)",
+)
+def run(
+    scenario: Path | None,
+    vpns: tuple[str, ...],
+    repetitions: int | None,
+    profiles: tuple[str, ...],
+    results: Path | None,
+    no_html: bool,
+    inventory: Path | None = None,
+    insecure: bool = False,
+    resume_ref: str | None = None,
+    flamegraph: bool = False,
+    capture: str | None = None,
+    no_build: bool = False,
+) -> None:
+    """Run a scenario (the built-in default when none is given) and print the summary.
+
+    \b
+    Exit codes: 0 every planned case measured (n/a cases count as answered);
+    1 some cases not measured (a VPN unavailable or down, a case whose every attempt failed);
+    2 bad input, nothing ran; 3 nothing measured; 130 interrupted (--resume goes on).
+    A suite exits 130 if interrupted, 3 if no part measured anything, 1 if any part fell short."""
+    from tunnelbench.runner import ResumeError, load_resume
+    from tunnelbench.scenario import ScenarioError, load_scenario
+
+    plan = None
+    try:
+        from tunnelbench.suite import load_suite
+
+        suite = load_suite(scenario) if resume_ref is None else None
+    except ScenarioError as e:
+        err.print(Text(f"{e}", style="red"))
+        sys.exit(2)
+    if suite is not None:
+        sys.exit(
+            _run_suite(
+                suite,
+                vpns,
+                repetitions,
+                profiles,
+                results,
+                no_html,
+                inventory,
+                insecure,
+                flamegraph,
+                capture,
+                not no_build,
+            )
+        )
+    try:
+        if resume_ref is not None:
+            given = [name for name, v in (("SCENARIO", scenario), ("--vpn", vpns), ("--repetitions", repetitions),
+                     ("--profile", profiles), ("--inventory", inventory), ("--insecure-no-host-key-check", insecure),
+                     ("--flamegraph", flamegraph), ("--capture", capture))
+                     if v]  # fmt: skip
+            if given:
+                raise click.UsageError(
+                    f"--resume continues a run with the scenario and options it started with; "
+                    f"it cannot be combined with {', '.join(given)}"
+                )
+            try:
+                plan = load_resume(find_run(resume_ref, results or Path("results")))
+            except ResumeError as e:
+                err.print(Text(f"cannot resume: {e}", style="red"))
+                sys.exit(2)
+            text, overrides = plan.text, plan.overrides
+            sc = _with_overrides(text, overrides, f"run {plan.run_id}'s scenario.toml")
+        else:
+            sc, text = load_scenario(scenario)
+            # kept in the run (run.overrides) so --resume parses the same scenario again
+            overrides = {
+                k: v
+                for k, v in {
+                    "inventory": str(inventory.resolve()) if inventory else None,
+                    "insecure": insecure,
+                    "vpns": [v for arg in vpns for v in arg.split(",")],
+                    "repetitions": repetitions,
+                    "profiles": [p for arg in profiles for p in arg.split(",")],
+                    "flamegraph": flamegraph,
+                    "capture": capture,
+                }.items()
+                if v
+            }
+        if overrides and plan is None:
+            sc = _with_overrides(
+                text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
+            )
+            text = _dump_toml_note(text, vpns, repetitions, profiles, flamegraph, capture)
+            if inventory:
+                text = (
+                    f"# --inventory {inventory}{' --insecure-no-host-key-check' if insecure else ''}\n{text}"
+                )
+    except ScenarioError as e:
+        err.print(Text(f"{e}", style="red"))
+        sys.exit(2)
+    code, _, _ = _execute(sc, text, overrides, plan, results, no_html, not no_build)
+    sys.exit(code)
+
+
+def _execute(
+    sc: Scenario,
+    text: str,
+    overrides: dict[str, Any],
+    plan: ResumePlan | None,
+    results: Path | None,
+    no_html: bool,
+    first_use: bool = True,
+) -> tuple[int, Path, str]:
+    """Run one scenario to the end, print its summary, write its report; (exit code, run folder, run id)."""
+    from tunnelbench.runner import ResumeError
+
+    if sc.lab.backend != "ssh":  # over SSH the hosts need root, not the controller
+        need_root()
+        if first_use:
+            _build_first_use(sc)
+    from tunnelbench.analysis.summary import summarize
+    from tunnelbench.report.html import write_html
+    from tunnelbench.report.terminal import print_summary
+    from tunnelbench.runner import Interrupted, Runner
+    from tunnelbench.store import DB_NAME, Store
+
+    lock = hold_lab("run") if sc.lab.backend == "netns" else None  # before the run folder exists
+    try:
+        runner = Runner(sc, text, err, results, overrides=overrides, resume=plan)
+    except ResumeError as e:
+        err.print(Text(f"cannot resume: {e}", style="red"))
+        sys.exit(2)
+    if lock is not None:
+        lock.describe(runner.run_id, runner.run_dir)
+    err.print(Text(f"{'resuming run' if plan else 'run'} {runner.run_id} -> {runner.run_dir}"))
+    code = 0
+    res = None
+    try:
+        res = runner.run()
+    except ResumeError as e:  # raised before the run is reopened: nothing to summarize
+        err.print(Text(f"cannot resume: {e}", style="red"))
+        sys.exit(2)
+    except (Interrupted, KeyboardInterrupt):
+        code = 130
+    except Exception as e:  # the run is torn down and stored; say what broke, keep the traceback
+        import traceback
+
+        if _disk_full(e):
+            err.print(Text(
+                f"run stopped: the results disk is full ({runner.run_dir}): the lab is torn down and every case "
+                f"stored before is kept; free space, then `tunnelbench run --resume {runner.run_id}` measures "
+                "the rest", style="red"))  # fmt: skip
+        else:
+            where = runner.run_dir / "error.txt"
+            try:
+                where.write_text(traceback.format_exc())
+            except OSError as w:
+                where = f"not written: {w.strerror or w}"  # type: ignore[assignment]
+            err.print(Text(f"run failed: {type(e).__name__}: {e} (traceback in {where})", style="red"))
+        code = 1
+    store = Store(runner.run_dir / DB_NAME)
+    summary = summarize(store, runner.run_id)
+    print_summary(store, runner.run_id, summary, console)
+    if not no_html:
+        try:
+            path = write_html(store, runner.run_id, summary, runner.run_dir / "report.html")
+            err.print(f"report: {path}")
+        except OSError as e:
+            err.print(Text(f"report not written: {e}", style="red"))
+    if runner.secrets.values:  # after the report: every output the run wrote is searched for its keys
+        from tunnelbench.security.keys import scan_line
+
+        line, style = scan_line(runner.scan_outputs())
+        console.print(Text(line, style=style))
+    if lock is not None:  # the lab is gone: a suite's next part (or another run) may build one
+        lock.release()
+    if code != 130:  # an ended run: its exit code says whether every planned case was measured
+        from tunnelbench.analysis.outcome import NOTHING_MEASURED, judge_store
+
+        out = judge_store(store, runner.run_id)
+        if code == 0 and res is not None and res.status != "ok":
+            code = 1
+        code = NOTHING_MEASURED if out.code == NOTHING_MEASURED else max(code, out.code)
+        err.print(Text(out.line() if code == out.code else f"exit {code}: the run failed; {out.line()}",
+                       style="green" if code == 0 else "yellow" if code == 1 else "red"))  # fmt: skip
+    return code, runner.run_dir, runner.run_id
+
+
+def _disk_full(e: BaseException) -> bool:
+    """The run's results disk filled up (SQLite says so in its own words, a file write with ENOSPC)."""
+    import errno
+    import sqlite3
+
+    if isinstance(e, sqlite3.OperationalError) and "disk is full" in str(e):
+        return True
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _build_first_use(sc: Scenario) -> None:
+    """Build the tools and install the VPN builds this scenario needs and this machine lacks (builds.py), one
+    line each; a failed build is said and the run goes on (the VPN is then skipped as unavailable, the
+    workload fails, each with the reason)."""
+    from tunnelbench.builds import cache_dir, install_vpn, missing, past_seconds, vpn_installs
+
+    before = past_seconds()
+    for vpn, src in vpn_installs(sc):
+        took = f"; {before[src.label]:.0f} s here before" if src.label in before else ""
+        err.print(Text(f"installing {vpn}: {src.label} (first use on this machine{took}) ...", style="dim"))
+        r = install_vpn(src, cache_dir() / "logs" / f"{src.name}.log")
+        ok = r.status != "failed"
+        err.print(
+            Text(
+                f"{'installed' if ok else 'could not install'} {vpn} ({r.seconds:.0f} s): {r.detail}"[:400],
+                style="green" if ok else "red",
+            )
+        )
+    for b in missing(sc):
+        build_tool(b, before)
+
+
+def _run_suite(
+    suite: Suite,
+    vpns: tuple[str, ...],
+    repetitions: int | None,
+    profiles: tuple[str, ...],
+    results: Path | None,
+    no_html: bool,
+    inventory: Path | None,
+    insecure: bool,
+    flamegraph: bool,
+    capture: str | None,
+    first_use: bool = True,
+) -> int:
+    """Every part of a suite as its own run (tunnelbench/suite.py), then the merged Security matrix. Every part
+    is parsed before the first runs, so bad input fails before anything is measured."""
+    from tunnelbench.analysis.analyze import load_run
+    from tunnelbench.analysis.outcome import suite_code
+    from tunnelbench.report.terminal import security_table
+    from tunnelbench.scenario import ScenarioError
+    from tunnelbench.suite import merged_rows, write_matrix
+
+    common = {
+        k: v
+        for k, v in {
+            "inventory": str(inventory.resolve()) if inventory else None,
+            "insecure": insecure,
+            "repetitions": repetitions,
+            "profiles": [p for arg in profiles for p in arg.split(",")],
+            "flamegraph": flamegraph,
+            "capture": capture,
+        }.items()
+        if v
+    }
+    try:
+        parts, notes = _suite_parts(suite, vpns, common)
+    except ScenarioError as e:
+        err.print(Text(f"{suite.source}: {e}", style="red"))
+        return 2
+    if not parts:  # every part left out: nothing to run and no matrix to merge
+        for n in notes:
+            err.print(Text(n, style="dim"))
+        err.print(
+            Text(
+                f"--vpn: no part of suite {suite.name} can take {', '.join(vpns)}; "
+                f"`tunnelbench plan {suite.name} --vpn all` shows which VPN each part takes",
+                style="red",
+            )
+        )
+        return 2
+    done: list[tuple[Path, str]] = []
+    codes = []
+    for i, (part, sc, text, over) in enumerate(parts, 1):
+        err.print(
+            Text(f"suite {suite.name}: part {i}/{len(parts)}: {part} ({len(sc.vpns)} VPN(s))", style="bold")
+        )
+        code, run_dir, run_id = _execute(sc, text, over, None, results, no_html, first_use)
+        done.append((run_dir, run_id))
+        codes.append(code)
+        if code == 130:  # interrupted: the finished parts stay, and the matrix shows what they measured
+            notes.append(f"interrupted during {part}: later parts not run")
+            break
+    runs = [load_run(d, rid) for d, rid in done]
+    try:
+        rows = merged_rows(runs)
+        folder = (results or Path("results")) / f"{suite.name}-suite-{done[0][1]}"
+        path = write_matrix(suite, runs, rows, notes, folder)
+    finally:
+        for r in runs:
+            r.store.close()
+    console.print(security_table(rows, f"{suite.name}: merged from {len(runs)} run(s)"))
+    for n in notes:
+        console.print(Text(n, style="dim"))
+    err.print(f"matrix: {path}")
+    return suite_code(codes)
+
+
+def _suite_parts(
+    suite: Suite, vpns: tuple[str, ...], common: dict[str, Any]
+) -> tuple[list[tuple[str, Scenario, str, dict[str, Any]]], list[str]]:
+    """Each part's (name, scenario, text, overrides) with the command line applied, `--vpn` narrowed to the
+    VPNs that can take the part's check; and notes on what was left out. Raises ScenarioError."""
+    from tunnelbench.scenario import load_scenario
+    from tunnelbench.suite import capable
+
+    requested = [v for arg in vpns for v in arg.split(",")]
+    parts, notes = [], []
+    for part in suite.parts:
+        sc, text = load_scenario(suite.part_path(part))
+        over = dict(common)
+        if requested:
+            every = _with_overrides(text, {**over, "vpns": requested}, f"suite part {part} with --vpn")
+            why = {v: capable(v, every) for v in every.vpns}
+            keep = [v for v, w in why.items() if w is None]
+            for w in sorted({w for w in why.values() if w}):
+                notes.append(f"{part}: not run for {', '.join(v for v in why if why[v] == w)} ({w})")
+            if not keep:
+                notes.append(f"{part}: skipped, none of the requested VPNs can take its check")
+                continue
+            over["vpns"] = keep
+        if over:
+            sc = _with_overrides(text, over, f"suite part {part} with command-line overrides")
+            text = _dump_toml_note(
+                text,
+                tuple(over.get("vpns", [])),
+                over.get("repetitions"),
+                tuple(over.get("profiles", [])),
+                bool(over.get("flamegraph")),
+                over.get("capture"),
+            )
+        parts.append((part, sc, text, over))
+    return parts, notes
+
+
+def _with_overrides(text: str, overrides: dict[str, Any], source: str) -> Scenario:
+    """The scenario of `text` with the command-line overrides of `run` (as kept in run.overrides)."""
+    import tomllib
+
+    from tunnelbench.scenario import parse_scenario
+
+    data = tomllib.loads(text)
+    if overrides.get("inventory"):
+        data.setdefault("lab", {}).update(backend="ssh", inventory=overrides["inventory"])
+    if overrides.get("insecure"):
+        data.setdefault("lab", {})["insecure_no_host_key_check"] = True
+    if overrides.get("vpns"):
+        data["vpns"] = overrides["vpns"]
+    if overrides.get("repetitions"):
+        data.setdefault("run", {})["repetitions"] = overrides["repetitions"]
+    if overrides.get("profiles"):
+        data["profiles"] = overrides["profiles"]
+    if overrides.get("flamegraph"):
+        data.setdefault("run", {})["flamegraph"] = True
+    if overrides.get("capture"):
+        data.setdefault("run", {})["capture"] = overrides["capture"]
+    return parse_scenario(data, source)
+
+
+def _dump_toml_note(
+    text: str,
+    vpns: tuple[str, ...],
+    repetitions: int | None,
+    profiles: tuple[str, ...],
+    flamegraph: bool = False,
+    capture: str | None = None,
+) -> str:
+    note = "# command-line overrides:"
+    if flamegraph:
+        note += " --flamegraph"
+    if capture:
+        note += f" --capture {capture}"
+    if vpns:
+        note += f" --vpn {','.join(vpns)}"
+    if profiles:
+        note += f" --profile {','.join(profiles)}"
+    if repetitions:
+        note += f" --repetitions {repetitions}"
+    return note + "\n" + text
+
+
+@main.command()
+@click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all')")
+@click.option("--repetitions", "-n", type=click.IntRange(min=1), help="override run.repetitions")
+@click.option(
+    "--results",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("results"),
+    show_default=True,
+    help="earlier runs whose case times are the estimate",
+)
+def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path) -> None:
+    """How long a scenario takes here: cases per VPN and workload, seconds per case from earlier runs on this
+    machine (else the workload's declared upper bound), and the total, before anything runs."""
+    from tunnelbench.scenario import ScenarioError, load_scenario
+    from tunnelbench.suite import load_suite
+
+    parts: Sequence[tuple[str | None, Scenario, str, dict[str, Any]]]  # a single scenario's part: None
+    try:
+        suite = load_suite(scenario)
+        if suite is not None:  # a suite: each part planned as it would run
+            parts, notes = _suite_parts(suite, vpns, {"repetitions": repetitions} if repetitions else {})
+        else:
+            sc, text = load_scenario(scenario)
+            overrides = {
+                k: v
+                for k, v in {
+                    "vpns": [v for a in vpns for v in a.split(",")],
+                    "repetitions": repetitions,
+                }.items()
+                if v
+            }
+            if overrides:
+                sc = _with_overrides(
+                    text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
+                )
+            parts, notes = [(None, sc, text, overrides)], []
+    except ScenarioError as e:
+        err.print(Text(f"{e}", style="red"))
+        sys.exit(2)
+    total = 0.0
+    for _part, sc, _text, _over in parts:
+        total += _print_plan(sc, results)
+    for n in notes:
+        console.print(Text(n, style="dim"))
+    if len(parts) > 1:
+        assert suite is not None  # a single scenario is one part
+        console.print(
+            f"suite {suite.name}: {len(parts)} runs, total about {total / 60:.0f} min ({total / 3600:.1f} h)"
+        )
+
+
+def _print_plan(sc: Scenario, results: Path) -> float:
+    from tunnelbench.builds import vpn_installs
+    from tunnelbench.catalog import resolve
+    from tunnelbench.plan import make_plan
+
+    installs = vpn_installs(sc)
+    first_use = {vpn for vpn, _ in installs}
+
+    def available(vpn: str) -> str | None:  # a VPN the run installs first is counted
+        a = resolve(vpn).availability()
+        return None if a.ok or vpn in first_use else a.reason
+
+    p = make_plan(sc, results, available)
+    t = Table(
+        title=f"plan: {sc.name} · {sc.run.repetitions} repetition(s) x {len(sc.profiles)} profile(s)",
+        title_justify="left",
+    )
+    for c in ("VPN", "workload", "cases", "s per case", "from", "minutes"):
+        t.add_column(c, justify="right" if c in ("cases", "s per case", "minutes") else "left")
+    for x in p.lines:
+        t.add_row(x.vpn, x.label, str(x.cases), f"{x.per_case_s:.1f}", x.source, f"{x.seconds / 60:.1f}")
+    console.print(t)
+    for vpn, why in p.unavailable.items():
+        console.print(Text(f"{vpn}: not counted, unavailable here: {why}"[:300], style="yellow"))
+    from tunnelbench.builds import missing, past_seconds
+
+    before = past_seconds()
+    for vpn, src in installs:
+        took = f"took {before[src.label]:.0f} s here before" if src.label in before else "not built here yet"
+        console.print(
+            Text(f"will install {vpn} first: {src.label} ({took}; not in the total)", style="yellow")
+        )
+    for b in missing(sc):
+        took = (
+            f"took {before[b.name]:.0f} s here before"
+            if b.name in before
+            else "not built on this machine yet"
+        )
+        console.print(
+            Text(f"will build {b.name} first, for {b.why} ({took}; not in the total)", style="yellow")
+        )
+    console.print(
+        f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min; "
+        f"total about {p.seconds / 60:.0f} min ({p.seconds / 3600:.1f} h)"
+    )
+    return p.seconds
