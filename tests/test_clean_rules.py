@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 from conftest import lab_missing
 
-from tunnelbench.lab import ssh as ssh_mod
+from tunnelbench.lab import ssh_lab, ssh_undo
 from tunnelbench.lab.inventory import InvHost, parse_inventory
 from tunnelbench.lab.journal import proc_start_ticks
 from tunnelbench.lab.journaling import process_alive
@@ -193,8 +193,10 @@ class FakeSshHost:
 
 def test_ssh_undo_removes_only_a_run_host_folder():
     inv = InvHost("edge", "192.0.2.5", workdir_root="/var/tmp/tunnelbench")
-    good = str(ssh_mod._workdir(inv, new_run_id(new_tag()), "h1"))  # what SshLab journals
-    other_root = str(ssh_mod._workdir(InvHost("e", "x", workdir_root="/srv"), new_run_id(new_tag()), "h2"))
+    good = str(ssh_lab.remote_workdir(inv, new_run_id(new_tag()), "h1"))  # what SshLab journals
+    other_root = str(
+        ssh_lab.remote_workdir(InvHost("e", "x", workdir_root="/srv"), new_run_id(new_tag()), "h2")
+    )
     rid = new_run_id(new_tag())
     bad = [
         "/",
@@ -212,7 +214,7 @@ def test_ssh_undo_removes_only_a_run_host_folder():
     ]
     h = FakeSshHost()
     entries = [{"kind": "remote_dir", "path": p} for p in (good, other_root, *bad)]
-    rep = ssh_mod.undo_entries(h, entries)  # type: ignore[arg-type]
+    rep = ssh_undo.undo_entries(h, entries)  # type: ignore[arg-type]
     rms = [c[3] for c in h.commands if c[:3] == ["rm", "-rf", "--"]]
     assert rms == [good, other_root], h.commands
     assert rep.removed == [f"h1 (192.0.2.5): folder {good}", f"h1 (192.0.2.5): folder {other_root}"]
@@ -269,10 +271,10 @@ def test_clean_inventory_refuses_a_host_it_cannot_tell_apart(monkeypatch):
 
     def fake_undo(h, ents, journal=None):
         undone.append((h.inv.name, [e["path"] for e in ents]))
-        return ssh_mod.UndoReport(removed=[f"{h.name}: {len(ents)}"])
+        return ssh_undo.UndoReport(removed=[f"{h.name}: {len(ents)}"])
 
-    monkeypatch.setattr(ssh_mod, "SshHost", RecordingHost)
-    monkeypatch.setattr(ssh_mod, "undo_entries", fake_undo)
+    monkeypatch.setattr(ssh_undo, "SshHost", RecordingHost)
+    monkeypatch.setattr(ssh_undo, "undo_entries", fake_undo)
     e = {"backend": "ssh", "kind": "path"}
     entries = [
         {**e, "host": "h1", "address": "198.51.100.7", "path": "/x1"},  # no port: a or b?
@@ -281,7 +283,7 @@ def test_clean_inventory_refuses_a_host_it_cannot_tell_apart(monkeypatch):
         {**e, "host": "h4", "address": "203.0.113.1", "path": "/x4"},  # in no inventory host
         {**e, "host": "h5", "address": "198.51.100.7", "port": 2299, "path": "/x5"},  # no host on that port
     ]
-    rep = ssh_mod.clean_ssh_entries(entries, _inventory())
+    rep = ssh_undo.clean_ssh_entries(entries, _inventory())
     assert sorted(undone) == [("b", ["/x2"]), ("c", ["/x3"])], undone
     assert sorted(connected) == [("h2", "198.51.100.7", 2202), ("h3", "198.51.100.9", 22)]
     assert rep.problems == [

@@ -258,7 +258,7 @@ def test_both_labs_declare_every_member_of_the_lab_protocol_and_the_runner_duck_
     from tunnelbench.lab.base import Lab, LabError
     from tunnelbench.lab.journal import Journal
     from tunnelbench.lab.netns import NetnsLab
-    from tunnelbench.lab.ssh import SshLab
+    from tunnelbench.lab.ssh_lab import SshLab
 
     text = inspect.getsource(Lab)
     declared = set(re.findall(r"^    (\w+):", text, re.M)) | set(re.findall(r"^    def (\w+)\(", text, re.M))

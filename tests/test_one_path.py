@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from tunnelbench.lab import procstat, ssh, tools
+from tunnelbench.lab import procstat, ssh_host, tools
 from tunnelbench.lab.procstat import ProcStat, parse_stat
 
 # -- /proc/PID/stat ----------------------------------------------------------------------------------------
@@ -89,18 +89,18 @@ class StatHost:
 
 def test_the_ssh_readers_parse_the_hand_made_line():
     h = StatHost(TRAP_LINE)
-    assert ssh.SshHost.proc_start(h, 4242) == 998877  # type: ignore[arg-type]
+    assert ssh_host.SshHost.proc_start(h, 4242) == 998877  # type: ignore[arg-type]
     assert h.runs == [["cat", "/proc/4242/stat"]]
-    assert ssh.remote_alive(h, 4242, 998877) and ssh.remote_alive(h, 4242, None)  # type: ignore[arg-type]
-    assert not ssh.remote_alive(h, 4242, 998878)  # type: ignore[arg-type]  a reused PID
-    assert not ssh.remote_alive(StatHost(TRAP_LINE.replace(") S ", ") Z ")), 4242, None)  # type: ignore[arg-type]
-    assert not ssh.remote_alive(StatHost("", rc=1), 4242, None)  # type: ignore[arg-type]
+    assert ssh_host.remote_alive(h, 4242, 998877) and ssh_host.remote_alive(h, 4242, None)  # type: ignore[arg-type]
+    assert not ssh_host.remote_alive(h, 4242, 998878)  # type: ignore[arg-type]  a reused PID
+    assert not ssh_host.remote_alive(StatHost(TRAP_LINE.replace(") S ", ") Z ")), 4242, None)  # type: ignore[arg-type]
+    assert not ssh_host.remote_alive(StatHost("", rc=1), 4242, None)  # type: ignore[arg-type]
     h._starts[4242] = 998877
-    rp = ssh.RemoteProc(h, 4242)  # type: ignore[arg-type]
+    rp = ssh_host.RemoteProc(h, 4242)  # type: ignore[arg-type]
     ct = rp.cpu_times()
     assert (ct.user, ct.system) == pytest.approx((12.34, 5.67))
     assert rp.memory_info().rss == 321 * 4096
-    assert "sed 's/.*) //' /proc/4242/stat" in ssh._kill_script(4242, 998877, 15)
+    assert "sed 's/.*) //' /proc/4242/stat" in ssh_host.kill_script(4242, 998877, 15)
 
 
 # -- the lab's tools -----------------------------------------------------------------------------------
@@ -114,11 +114,11 @@ def test_every_list_of_lab_tools_derives_from_the_one_list():
     assert len(names) == len(set(names))
     assert runner.LAB_TOOLS == TEST_TOOLS == tools.LAB_TOOLS
     assert runner.LAB_TOOLS == ("ip", "nft", "iperf3", "ping", "fping", "ss", "sysctl", "taskset")
-    assert ssh.REMOTE_TOOLS == ("ip", "iperf3", "ping", "fping", "ss", "sysctl")
+    assert ssh_host.REMOTE_TOOLS == ("ip", "iperf3", "ping", "fping", "ss", "sysctl")
     assert list(doctor.TOOLS) == ["ip", "nft", "iptables", "tc", "iperf3", "ping", "fping", "ss", "ethtool"]
     by_name = {t.name: t for t in tools.TOOLS}
     # every tool an SSH host is checked for comes from a package `install --inventory` puts there
-    assert {by_name[t].package for t in ssh.REMOTE_TOOLS} <= set(ssh_install.TOOLS_APT.packages)
+    assert {by_name[t].package for t in ssh_host.REMOTE_TOOLS} <= set(ssh_install.TOOLS_APT.packages)
     assert {by_name[t].package for t in ("ip", "nft", "iptables")} <= set(ssh_install.ROUTER_APT.packages)
     assert ssh_install.TOOLS_APT.packages == (
         "iproute2",

@@ -303,7 +303,7 @@ def test_ssh_host_api_and_host_key_checking(ssh_env: SshFixture, tmp_path):
 import signal, time
 from pathlib import Path
 from tunnelbench.lab.inventory import load_inventory
-from tunnelbench.lab.ssh import SshHost
+from tunnelbench.lab.ssh_host import SshHost
 from tunnelbench.lab.host import CommandError
 inv = load_inventory({str(tmp_path / "inv.yaml")!r})
 h = SshHost("h1", inv.peers()[0], Path("/var/tmp/tunnelbench/t/h1"), None)
@@ -337,7 +337,7 @@ assert h.binary("tbprobe", (probe,)) == "/var/tmp/tunnelbench/t/libexec/tbprobe"
 h.run(["rm", "-rf", "/var/tmp/tunnelbench/t"])
 # a host that cannot be reached, or refuses the key, raises SshError naming the host and what went wrong
 import dataclasses
-from tunnelbench.lab.ssh import SshError
+from tunnelbench.lab.ssh_transport import SshError
 for bad, why in ((dataclasses.replace(inv.peers()[0], port=2), "cannot connect"),
                  (dataclasses.replace(inv.peers()[0], key_file={str(tmp_path / "wrong_key")!r}), "authentication failed")):
     try:

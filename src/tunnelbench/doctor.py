@@ -22,7 +22,7 @@ from tunnelbench.lab.tools import DOCTOR_TOOLS
 if TYPE_CHECKING:
     from tunnelbench.lab.inventory import Inventory, InvHost
     from tunnelbench.lab.kernel import Runner
-    from tunnelbench.lab.ssh import SshHost
+    from tunnelbench.lab.ssh_host import SshHost
 
 
 @dataclass
@@ -285,7 +285,8 @@ def run_doctor() -> list[Check]:
 def doctor_host(inv: InvHost) -> list[Check]:
     """The local doctor's checks, run on one inventory host over SSH, plus clock, CPU and NICs."""
     from tunnelbench.lab.host import CommandError
-    from tunnelbench.lab.ssh import SshError, SshHost
+    from tunnelbench.lab.ssh_host import SshHost
+    from tunnelbench.lab.ssh_transport import SshError
 
     h = SshHost(inv.name, inv, None, None)
     checks: list[Check] = []

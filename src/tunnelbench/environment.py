@@ -101,7 +101,7 @@ def _offloads(pre: list[str]) -> str:
 
 
 def collect_remote(host: Host) -> dict[str, object]:
-    """The same record for a host reached over SSH (lab/ssh.py): everything is read on that host."""
+    """The same record for a host reached over SSH (lab/ssh_host.py): everything is read on that host."""
 
     def out(*argv: str) -> str:
         try:

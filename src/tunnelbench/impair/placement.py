@@ -19,7 +19,7 @@ from tunnelbench.impair.backend import Backend, EgressNetemBackend, ImpairError,
 
 if TYPE_CHECKING:
     from tunnelbench.lab.base import Lab
-    from tunnelbench.lab.ssh import SshLab
+    from tunnelbench.lab.ssh_lab import SshLab
 
 
 def _on_ssh_hosts(lab: Lab) -> bool:

@@ -2,7 +2,7 @@
 
 The lab's own kinds (processes, namespaces, files, links) are undone here; kinds other rooms journal are
 undone by the handler they registered (lab/journal.py `register_undo`), on this machine or in the entry's
-namespace. Entries made on SSH hosts are undone there (lab/ssh.py), through the same registry."""
+namespace. Entries made on SSH hosts are undone there (lab/ssh_undo.py), through the same registry."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _kill(entry: dict[str, Any]) -> str | None:
 def clean_run(run: Leftovers, inventory: Inventory | None = None) -> CleanReport:
     rep = CleanReport()
     remote = [e for e in run.entries if e.get("backend") == "ssh"]
-    if remote:  # entries on SSH hosts are undone there, never on this machine (lab/ssh.py)
+    if remote:  # entries on SSH hosts are undone there, never on this machine (lab/ssh_undo.py)
         if inventory is None:
             hosts = sorted({e["host"] for e in remote})
             rep.skipped.append(
@@ -65,7 +65,7 @@ def clean_run(run: Leftovers, inventory: Inventory | None = None) -> CleanReport
                 "run `tunnelbench clean --inventory FILE`"
             )
         else:
-            from tunnelbench.lab.ssh import clean_ssh_entries
+            from tunnelbench.lab.ssh_undo import clean_ssh_entries
 
             undone = clean_ssh_entries(remote, inventory)
             rep.removed += undone.removed

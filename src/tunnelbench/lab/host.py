@@ -1,4 +1,4 @@
-"""Hosts: where commands run and daemons live. The namespace lab (lab/netns.py) and the SSH lab (lab/ssh.py)
+"""Hosts: where commands run and daemons live. The namespace lab (lab/netns.py) and the SSH lab (lab/ssh_lab.py, its hosts in lab/ssh_host.py)
 implement the same API."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class _MemInfo(Protocol):
     def rss(self) -> int: ...
 
 
-class PsProcess(Protocol):  # the part of psutil.Process the monitor uses: psutil's, or lab.ssh.RemoteProc
+class PsProcess(Protocol):  # the part of psutil.Process the monitor uses: psutil's, or lab.ssh_host.RemoteProc
     @property
     def pid(self) -> int: ...
     def cpu_times(self) -> _CpuTimes: ...

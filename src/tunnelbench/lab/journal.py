@@ -10,12 +10,12 @@ Entries:
   {"kind": "process", "pid": ..., "start": ..., "argv": [...]} a process we started (start = /proc start ticks)
   {"kind": "path", "path": ...}                               a file outside the run dir we created
   {"kind": "link", "netns": ..., "name": ...}                  an interface in a namespace we do not own
-  {"kind": ..., "backend": "ssh", "host": ..., "address": ...}  the same on an SSH host (see lab/ssh.py)
+  {"kind": ..., "backend": "ssh", "host": ..., "address": ...}  the same on an SSH host (see lab/ssh_undo.py)
   {"kind": "release", "ref": {...}}                           the entry was undone by normal teardown
   {"kind": "end"}                                             teardown completed
 
 Rooms above the lab journal kinds of their own (impair/: "qdisc", "iptables_chain") and register how to undo
-them with `register_undo`; `clean` (lab/clean.py) and the SSH undo (lab/ssh.py) look the handler up by kind,
+them with `register_undo`; `clean` (lab/clean.py) and the SSH undo (lab/ssh_undo.py) look the handler up by kind,
 as Mininet's cleanup does with its callbacks, so the lab never imports those rooms.
 """
 

@@ -1,5 +1,5 @@
 """`make_lab` is the one place that picks a backend: the namespace lab on this machine, or real hosts over SSH
-(lab/ssh.py, from an Ansible-style inventory)."""
+(lab/ssh_lab.py, from an Ansible-style inventory)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def make_lab(cfg: LabCfg, tag: str, run_dir: Path, journal: Journal) -> Lab:
         )
     if cfg.backend == "ssh":
         from tunnelbench.lab.inventory import load_inventory
-        from tunnelbench.lab.ssh import SshLab
+        from tunnelbench.lab.ssh_lab import SshLab
 
         if cfg.underlay_mtu is not None:
             raise ValueError(

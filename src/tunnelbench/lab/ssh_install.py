@@ -21,7 +21,8 @@ from pathlib import Path
 
 from tunnelbench.lab.host import CommandError
 from tunnelbench.lab.inventory import Inventory, InvHost
-from tunnelbench.lab.ssh import SshError, SshHost
+from tunnelbench.lab.ssh_host import SshHost
+from tunnelbench.lab.ssh_transport import SshError
 from tunnelbench.lab.tools import HOST_PACKAGES, ROUTER_PACKAGES
 
 
