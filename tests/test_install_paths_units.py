@@ -140,7 +140,8 @@ def test_dpkg_is_asked_once_per_question_and_again_after_an_apt_install(monkeypa
 
     monkeypatch.setattr(install.subprocess, "run", run)
     monkeypatch.setattr(install.shutil, "which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(install, "_DPKG", {})
+    install.debian_package_of.cache_clear()  # answers kept from earlier tests of this process
+    install._dpkg_version.cache_clear()
     dpkg = lambda: [c for c in calls if c[0] == "dpkg-query"]  # noqa: E731
     assert install.debian_version("foo") is None
     assert install.debian_version("foo") is None

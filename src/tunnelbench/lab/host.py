@@ -63,7 +63,9 @@ class _MemInfo(Protocol):
     def rss(self) -> int: ...
 
 
-class PsProcess(Protocol):  # the part of psutil.Process the monitor uses: psutil's, or lab.ssh_host.RemoteProc
+class PsProcess(
+    Protocol
+):  # the part of psutil.Process the monitor uses: psutil's, or lab.ssh_host.RemoteProc
     @property
     def pid(self) -> int: ...
     def cpu_times(self) -> _CpuTimes: ...

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar, TextIO, TypeGuard
@@ -191,23 +191,12 @@ def source_label(source: Source) -> str:
 
 
 # -- lookups -----------------------------------------------------------------------------------------
-# dpkg's answers per process: `dpkg-query -S` reads every package's file list, and under the kernel lane's TCG
-# one question took 1-2 s (16 drivers' versions: 38 s). Only an apt-get install here changes them (it clears).
-_DPKG: dict[tuple[str, str], str | None] = {}
-
-
-def _dpkg_cached(kind: str, arg: str, ask: Callable[[str], str | None]) -> str | None:
-    if (kind, arg) not in _DPKG:
-        _DPKG[kind, arg] = ask(arg)
-    return _DPKG[kind, arg]
-
-
+# dpkg's answers per process (functools.cache): `dpkg-query -S` reads every package's file list, and under the
+# kernel lane's TCG one question took 1-2 s (16 drivers' versions: 38 s). Only an apt-get install here changes
+# them: _apt_install clears both caches.
+@functools.cache
 def debian_package_of(path: str) -> str | None:
     """The Debian package that installed a file (also through the /bin -> /usr/bin merge), else None."""
-    return _dpkg_cached("owner", path, _debian_package_of)
-
-
-def _debian_package_of(path: str) -> str | None:
     if shutil.which("dpkg-query") is None:
         return None
     real = os.path.realpath(path)
@@ -226,11 +215,8 @@ def upstream_version(debian_version: str) -> str:
     return re.split(r"[+~](?:dfsg|ds|repack)", v)[0]
 
 
+@functools.cache
 def _dpkg_version(pkg: str) -> str | None:
-    return _dpkg_cached("version", pkg, _ask_dpkg_version)
-
-
-def _ask_dpkg_version(pkg: str) -> str | None:
     if shutil.which("dpkg-query") is None:
         return None
     p = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", pkg], capture_output=True, text=True)
@@ -283,7 +269,9 @@ def _apt_install(packages: tuple[str, ...], log: TextIO) -> None:
             _run([*apt, "update", "-qq"], env, log)
             _run([*apt, "install", "-y", "-qq", "--no-install-recommends", *need], env, log)
     finally:
-        _DPKG.clear()  # dpkg's answers are asked again after an install, whatever it did
+        # dpkg's answers are asked again after an install, whatever it did
+        debian_package_of.cache_clear()
+        _dpkg_version.cache_clear()
 
 
 def _go_proxy(s: GoModule) -> str:
