@@ -256,8 +256,12 @@ def test_ceiling_of_a_rate_limited_path_is_the_configured_rate(lab_factory):
     try:
         wl = UdpCeiling(UdpCeilingParams(step_s=1, start_mbit=20, resolution_pct=5, budget_s=60))
         m, out, took, search = case(wl, "full")
-        # two iperf3 pairs at once, each offered half the rate: the same path, the same ceiling
-        two = UdpCeiling(UdpCeilingParams(step_s=1, start_mbit=20, resolution_pct=5, budget_s=60, streams=2))
+        # two iperf3 pairs at once, each offered half the rate: the same path, the same ceiling (started where
+        # the single stream's search ended, as a later round starts: it must pass there and fail above)
+        start = m["udp_ceiling_mbps"]
+        two = UdpCeiling(
+            UdpCeilingParams(step_s=1, start_mbit=start, resolution_pct=5, budget_s=60, streams=2)
+        )
         m2, _, _, search2 = case(two, "two")
         # a 5 s budget: 20 Mbit/s x 3 (about 1.05 s each), one probe at 40, then no room for another
         short = UdpCeiling(UdpCeilingParams(step_s=1, start_mbit=20, budget_s=5))
