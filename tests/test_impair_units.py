@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from tunnelbench.impair.backend import engine_rule, netem_args
-from tunnelbench.impair.calibrate import analyse, wilson
+from tunnelbench.impair.calibrate import analyse, burst_check, wilson
 from tunnelbench.impair.profiles import PROFILES, FourState, GilbertElliott, Profile
 
 
@@ -41,6 +41,7 @@ def test_gilbert_elliott_closed_form():
     g = GilbertElliott(p_pct=1, r_pct=25)
     assert g.expected_loss() == pytest.approx(0.01 / 0.26)
     assert g.expected_burst() == pytest.approx(4.0)
+    assert g.burst_sd() == pytest.approx(0.75**0.5 / 0.25)  # geometric: sqrt(1 - r) / r
     # the 4-state model with only isolated losses (p14) loses p14 / (1 + p14)
     assert Profile(loss_state=FourState(p13=0, p14=5)).expected_loss() == pytest.approx(0.05 / 1.05)
 
@@ -95,3 +96,20 @@ def test_wilson_interval():
     lo, hi = wilson(50, 1000)
     assert lo < 0.05 < hi and hi - lo == pytest.approx(0.0273, abs=0.001)
     assert wilson(0, 100)[0] == 0.0
+
+
+def test_burst_check_flags_by_the_models_standard_error_not_the_samples():
+    # r = 25%: geometric run lengths, mean 4, sd sqrt(0.75) / 0.25 = 3.4641; 192 bursts: the model's s.e.
+    # 0.25000, flagged beyond 3.290527 of them: +-0.8226 (by hand)
+    ge = GilbertElliott(p_pct=1, r_pct=25)
+    # mean 3.25 with a small sample sd (0.856: its own s.e. 0.062): the old rule (3 sample s.e., at least 5% of
+    # the mean) flagged it, as it flagged kernel-lane run 2 of 2026-11-27 (3.28 against +-0.59); 0.75 from 4 is
+    # inside the model's +-0.82
+    c = burst_check([3] * 40 + [4] * 100 + [2] * 52, ge)  # (120 + 400 + 104) / 192 = 3.25
+    assert c.measured == pytest.approx(3.25) and c.ok and "±0.82" in c.detail, c
+    low = [1] + [2] * 95 + [4] * 96  # (1 + 190 + 384) / 192 = 2.9948: 1.005 below 4, beyond 0.8226
+    c = burst_check(low, ge)
+    assert c.measured == pytest.approx(2.9948, abs=1e-4) and c.ok is False, c
+    # no Gilbert-Elliott model in scope: the mean is reported, nothing is judged
+    c = burst_check([1, 2, 3], None)
+    assert c.configured is None and c.ok is None and c.measured == pytest.approx(2.0)

@@ -7,6 +7,7 @@ named hosts (one lossy edge site); `pairs` to packets between named host pairs."
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -36,6 +37,13 @@ class GilbertElliott(BaseModel):
         if self.bad_loss_pct == 100 and self.good_loss_pct == 0 and self.r_pct > 0:
             return 100 / self.r_pct
         return None
+
+    def burst_sd(self) -> float | None:
+        """Standard deviation of that run length: geometric with success probability r, sqrt(1 - r) / r."""
+        if self.expected_burst() is None:
+            return None
+        r = self.r_pct / 100
+        return math.sqrt(1 - r) / r
 
 
 class FourState(BaseModel):
