@@ -153,6 +153,14 @@ def real_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return res, run_dir
 
 
+def through_a_tunnel_long(fixture: str) -> pytest.MarkDecorator:
+    """Parametrize a mesh FIXTURE (indirect): the no-VPN path in CI, through wireguard-go in --long. For
+    workloads whose own semantics the no-VPN path checks; the e2e runs carry workloads over a tunnel in CI."""
+    return pytest.mark.parametrize(
+        fixture, ["internal", pytest.param("wireguard-go", marks=pytest.mark.long)], indirect=True
+    )
+
+
 def lab_missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root for network namespaces"

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import through_a_tunnel_long
 
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.instruments import crr_agent
@@ -228,10 +229,7 @@ def run(mesh, timeout: float = 90, **params) -> tuple[dict, object]:
     return {s.name: s.value for s in out.samples}, out
 
 
-# through wireguard-go (5-7 s more each; the e2e runs carry workloads over a tunnel in CI): --long runs it
-TUNNEL_LONG = pytest.mark.parametrize(
-    "mesh", ["internal", pytest.param("wireguard-go", marks=pytest.mark.long)], indirect=True
-)
+TUNNEL_LONG = through_a_tunnel_long("mesh")  # through wireguard-go: 5-7 s more each
 
 
 @pytest.mark.lab

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import through_a_tunnel_long
 
 from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.monitor import Monitor
@@ -51,14 +52,8 @@ def mesh4(request, lab_factory):
     assert m.leftovers() == []
 
 
-# the workload's own semantics, checked on the no-VPN path; through wireguard-go (7-13 s more, what the e2e
-# runs already carry over a tunnel) in --long
-TUNNEL_LONG = pytest.mark.parametrize(
-    "mesh", ["internal", pytest.param("wireguard-go", marks=pytest.mark.long)], indirect=True
-)
-TUNNEL_LONG4 = pytest.mark.parametrize(
-    "mesh4", ["internal", pytest.param("wireguard-go", marks=pytest.mark.long)], indirect=True
-)
+TUNNEL_LONG = through_a_tunnel_long("mesh")  # through wireguard-go: 7-13 s more each
+TUNNEL_LONG4 = through_a_tunnel_long("mesh4")
 
 
 def run(mesh, name: str, server: int = 1, timeout: float = 120, **params):
