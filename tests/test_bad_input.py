@@ -153,7 +153,7 @@ TRAVERSAL = (
         ("not-utf8", ["plan", "{f}"], "not UTF-8 text (byte 0 is 0xff)"),
         ("not-utf8", ["run", "{f}"], "not UTF-8 text (byte 0 is 0xff)"),
         ("results-root", ["report", "{d}"], "is a results folder, not a run"),
-        ("hosts-list", ["doctor", "--inventory", "{f}"], "group 'all': hosts must be a mapping"),
+        ("hosts-list", ["doctor", "--inventory", "{f}"], 'Invalid "hosts" entry for "all" group, requires a dictionary, found a list'),
         ("timeout", ["doctor", "--inventory", "{f}"], "tunnelbench_connect_timeout_s must be a number of seconds"),
         ("traversal", ["plan", "{f}"], "profile name '../../../tmp/x': use a plain name"),
     ],

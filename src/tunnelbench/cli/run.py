@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 @click.option(
     "--inventory",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="run on the real hosts of this Ansible-style YAML inventory over SSH (lab.backend = ssh)",
+    help="run on the real hosts of this Ansible inventory (INI or YAML) over SSH (lab.backend = ssh)",
 )
 @click.option(
     "--insecure-no-host-key-check",

@@ -1,26 +1,26 @@
-"""Ansible-style YAML inventory of real hosts for the SSH lab.
+"""The real hosts of the SSH lab, from an Ansible inventory read by Ansible itself (INI or YAML, host
+ranges such as edge-[1:3], group_vars/ and host_vars/ beside the file, templated values), so one file
+serves both tools:
 
-    all:
-      vars:
-        ansible_user: root
-        ansible_ssh_private_key_file: ~/.ssh/tunnelbench_ed25519
-      children:
-        peers:                       # VPN peers; the scenario's h1, h2, ... in this order
-          hosts:
-            edge-a: {ansible_host: 192.0.2.10}
-            edge-b: {ansible_host: 192.0.2.11, tunnelbench_underlay_ip: 10.0.0.11}
-        routers:                     # optional: the box every underlay packet crosses (impairment, policies)
-          hosts:
-            wan-box: {ansible_host: 192.0.2.1}
+    [peers]                       # VPN peers; the scenario's h1, h2, ... in this order
+    edge-[1:2] ansible_user=root
+    [routers]                     # optional: the box every underlay packet crosses (impairment, policies)
+    wan-box ansible_host=192.0.2.1
+    [all:vars]
+    ansible_ssh_private_key_file=~/.ssh/tunnelbench_ed25519
+    ansible_ssh_common_args='-o UserKnownHostsFile=~/.ssh/lab_known_hosts'
 
-Variables follow Ansible's precedence (host > child group > parent group > all). Understood:
-  ansible_host, ansible_port, ansible_user, ansible_ssh_private_key_file,
-  ansible_host_key_checking / ansible_ssh_host_key_checking (false = do not check host keys),
+Ansible's variables understood: ansible_host, ansible_port, ansible_user, ansible_ssh_private_key_file,
+ansible_host_key_checking (and ansible.cfg's host_key_checking as the default), ansible_ssh_timeout,
+ansible_connection (ssh only), and in ansible_ssh_common_args / ansible_ssh_extra_args the OpenSSH options
+Port, User, IdentityFile, UserKnownHostsFile, StrictHostKeyChecking and ConnectTimeout (a jump host or proxy
+is refused: it would send the connection where tunnelbench does not look). tunnelbench's own:
   tunnelbench_known_hosts (known_hosts file; default ~/.ssh/known_hosts),
   tunnelbench_underlay_ip (address VPN peers use to reach this host; default ansible_host),
   tunnelbench_workdir_root (default /var/tmp/tunnelbench), tunnelbench_connect_timeout_s (default 10),
   tunnelbench_impair (where impairment goes: "router" or "egress"),
-  tunnelbench_bin_dir (where `install --inventory` copies binaries, first on PATH; default /usr/local/bin).
+  tunnelbench_bin_dir (where `install --inventory` copies binaries, first on PATH; default /usr/local/bin),
+  tunnelbench_role (peer, router, relay, control: for a host outside the groups named below).
 Peers are named h1..hN for the scenario: inventory names already of that form keep their number, any
 other names are numbered in file order."""
 
@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,71 +114,12 @@ class Inventory:
             h.host_key_check = False
 
 
-def _walk(
-    name: str,
-    group: dict[str, Any] | None,
-    inherited: dict[str, Any],
-    ancestry: tuple[str, ...],
-    hostvars: dict[str, list[tuple[int, dict[str, Any]]]],
-    groups_of: dict[str, set[str]],
-    order: list[str],
-    where: str,
-) -> None:
-    group = group or {}
-    if not isinstance(group, dict):
-        raise InventoryError(f"{where}: group {name!r} must be a mapping with hosts/vars/children")
-    unknown = set(group) - {"hosts", "vars", "children"}
-    if unknown:
-        raise InventoryError(f"{where}: group {name!r} has unknown keys {sorted(unknown)}")
-    for key in ("hosts", "vars", "children"):  # Ansible's YAML inventory: each a mapping, never a list
-        if group.get(key) is not None and not isinstance(group[key], dict):
-            example = {
-                "hosts": "h1: {ansible_host: 192.0.2.1}",
-                "vars": "ansible_user: root",
-                "children": "peers: {hosts: ...}",
-            }
-            raise InventoryError(
-                f"{where}: group {name!r}: {key} must be a mapping ({key}:\n  {example[key]}), not a "
-                f"{type(group[key]).__name__}"
-            )
-    gvars = {**inherited, **(group.get("vars") or {})}
-    depth = len(ancestry)
-    path = (*ancestry, name)
-    for hname, hv in (group.get("hosts") or {}).items():
-        hname = str(hname)
-        if hv is not None and not isinstance(hv, dict):
-            raise InventoryError(f"{where}: host {hname!r} in group {name!r}: variables must be a mapping")
-        if hname not in hostvars:
-            hostvars[hname] = []
-            order.append(hname)
-        # group vars at this depth, then host vars on top
-        hostvars[hname].append((depth, gvars))
-        hostvars[hname].append((1000, hv or {}))
-        groups_of.setdefault(hname, set()).update(path)
-    for cname, child in (group.get("children") or {}).items():
-        _walk(str(cname), child, gvars, path, hostvars, groups_of, order, where)
-
-
 def parse_inventory(data: Any, where: str = "inventory") -> Inventory:
-    if not isinstance(data, dict) or "all" not in data:
-        raise InventoryError(f"{where}: expected a YAML inventory with a top-level 'all:' group")
-    hostvars: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-    groups_of: dict[str, set[str]] = {}
-    order: list[str] = []
-    _walk("all", data["all"], {}, (), hostvars, groups_of, order, where)
-    hosts: dict[str, InvHost] = {}
-    for hname in order:
-        merged: dict[str, Any] = {}
-        for _, v in sorted(hostvars[hname], key=lambda x: x[0]):
-            merged.update(v)
-        hosts[hname] = _make_host(hname, merged, groups_of[hname], where)
-    inv = Inventory(None, hosts, order)
-    if len(inv.peers()) < 2:
-        raise InventoryError(
-            f"{where}: needs at least two hosts in a 'peers' group (found {len(inv.peers())})"
-        )
-    inv.router()  # validates there is at most one
-    return inv
+    """An inventory given as data (YAML's shape), read by Ansible exactly as a file of it would be."""
+    with tempfile.TemporaryDirectory(prefix="tb-inventory-") as d:
+        f = Path(d) / "inventory.yml"
+        f.write_text(yaml.safe_dump(data), encoding="utf-8")
+        return _read(f, where)
 
 
 def _seconds(value: Any, at: str) -> float:
@@ -189,19 +132,105 @@ def _seconds(value: Any, at: str) -> float:
     return s
 
 
-def _make_host(name: str, v: dict[str, Any], groups: set[str], where: str) -> InvHost:
+def _read(path: Path, where: str) -> Inventory:
+    from tunnelbench.lab.ansible_inventory import AnsibleInventoryError, host_key_checking_default, read
+
+    try:
+        found, _ = read(path)
+    except AnsibleInventoryError as e:
+        raise InventoryError(f"{where}: {e}") from None
+    check_default = host_key_checking_default()
+    hosts = {h.name: _make_host(h.name, h.vars, h.groups, where, check_default) for h in found}
+    inv = Inventory(Path(where), hosts, [h.name for h in found])
+    if len(inv.peers()) < 2:
+        raise InventoryError(
+            f"{where}: needs at least two hosts in a 'peers' group (found {len(inv.peers())})"
+        )
+    inv.router()  # validates there is at most one
+    return inv
+
+
+# OpenSSH -o options in ansible_ssh_common_args / ansible_ssh_extra_args: the ones that say where and how to
+# connect are taken over; connection sharing and keep-alives (OpenSSH's own speed-ups) change nothing here
+_SSH_TAKEN = {"port", "user", "identityfile", "userknownhostsfile", "stricthostkeychecking", "connecttimeout"}
+_SSH_NO_EFFECT = {
+    "controlmaster", "controlpath", "controlpersist", "serveraliveinterval", "serveralivecountmax",
+    "compression", "loglevel", "tcpkeepalive", "forwardagent", "identitiesonly",
+}  # fmt: skip
+_SSH_FLAGS = {"-p": "port", "-l": "user", "-i": "identityfile"}
+
+
+def ssh_options(args: str, at: str) -> dict[str, str]:
+    """The OpenSSH options of Ansible's SSH-argument variables that tunnelbench's runtime (asyncssh) takes
+    over, keys lower-cased; the first value of an option wins, as in ssh. Anything that would send the
+    connection elsewhere or that asyncssh cannot apply is an error naming it."""
+    try:
+        words = shlex.split(args)
+    except ValueError as e:
+        raise InventoryError(f"{at}: cannot split {args!r}: {e}") from None
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in _SSH_FLAGS and i + 1 < len(words):
+            found.setdefault(_SSH_FLAGS[word], words[i + 1])
+            i += 2
+            continue
+        if word == "-o" and i + 1 < len(words):
+            option, i = words[i + 1], i + 2
+        elif word.startswith("-o") and len(word) > 2:
+            option, i = word[2:], i + 1
+        elif word in ("-C", "-q", "-v", "-4", "-6"):  # compression, quiet, verbose, address family
+            i += 1
+            continue
+        else:
+            raise InventoryError(
+                f"{at}: ssh argument {word!r} is not one tunnelbench can apply (it takes -o Port/User/"
+                "IdentityFile/UserKnownHostsFile/StrictHostKeyChecking/ConnectTimeout, -p, -l, -i); "
+                "remove it or set it for Ansible only"
+            )
+        key, _, value = option.replace("=", " ", 1).partition(" ")
+        key, value = key.strip().lower(), value.strip()
+        if key in _SSH_TAKEN:
+            found.setdefault(key, value)
+        elif key not in _SSH_NO_EFFECT:
+            raise InventoryError(
+                f"{at}: ssh option {option!r} is not one tunnelbench can apply (a jump host, proxy or "
+                "config file would send the connection where tunnelbench does not); remove it or set it "
+                "for Ansible only"
+            )
+    return found
+
+
+def _make_host(name: str, v: dict[str, Any], groups: set[str], where: str, check_default: bool) -> InvHost:
     at = f"{where}: host {name}"
+    connection = str(v.get("ansible_connection", "ssh"))
+    if connection not in ("ssh", "smart", "paramiko", "ansible.builtin.ssh", "ansible.builtin.paramiko"):
+        raise InventoryError(
+            f"{at}: ansible_connection is {connection!r}; tunnelbench reaches every host over SSH "
+            "(remove the variable or make it ssh)"
+        )
+    args = " ".join(str(v[k]) for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args") if v.get(k))
+    opts = ssh_options(args, at) if args else {}
     address = str(v.get("ansible_host", name))
     try:
-        port = int(v.get("ansible_port", v.get("ansible_ssh_port", 22)))
+        port = int(v.get("ansible_port", v.get("ansible_ssh_port", opts.get("port", 22))))
     except (TypeError, ValueError):
         raise InventoryError(f"{at}: ansible_port must be a number") from None
-    check = True
+    check = check_default
+    if "stricthostkeychecking" in opts:
+        strict = opts["stricthostkeychecking"].lower()
+        if strict not in ("yes", "no", "off", "ask", "true", "false"):
+            raise InventoryError(
+                f"{at}: StrictHostKeyChecking={strict} is not supported (tunnelbench never adds keys to "
+                "known_hosts): use yes, or no for lab networks you fully control"
+            )
+        check = strict in ("yes", "ask", "true")
     for k in ("ansible_host_key_checking", "ansible_ssh_host_key_checking", "tunnelbench_host_key_check"):
         if k in v:
             check = _bool(v[k], f"{at}: {k}")
-    key = v.get("ansible_ssh_private_key_file", v.get("ansible_private_key_file"))
-    known = v.get("tunnelbench_known_hosts")
+    key = v.get("ansible_ssh_private_key_file", v.get("ansible_private_key_file", opts.get("identityfile")))
+    known = v.get("tunnelbench_known_hosts", opts.get("userknownhostsfile"))
     roles = {role for role, names in ROLE_GROUPS.items() if groups & set(names)}
     if "tunnelbench_role" in v:
         role = str(v["tunnelbench_role"])
@@ -216,19 +245,22 @@ def _make_host(name: str, v: dict[str, Any], groups: set[str], where: str) -> In
     impair = v.get("tunnelbench_impair")
     if impair is not None and impair not in ("router", "egress"):
         raise InventoryError(f"{at}: tunnelbench_impair must be 'router' or 'egress'")
+    timeout_key = next(
+        (k for k in ("tunnelbench_connect_timeout_s", "ansible_ssh_timeout", "ansible_timeout") if k in v),
+        None,
+    )
+    timeout = v[timeout_key] if timeout_key else opts.get("connecttimeout", 10)
     return InvHost(
         name=name,
         address=address,
         port=port,
-        user=str(v.get("ansible_user", v.get("ansible_ssh_user", "root"))),
+        user=str(v.get("ansible_user", v.get("ansible_ssh_user", opts.get("user", "root")))),
         key_file=str(Path(str(key)).expanduser()) if key else None,
         known_hosts=str(Path(str(known)).expanduser()) if known else None,
         host_key_check=check,
         underlay_ip=underlay,
         workdir_root=str(v.get("tunnelbench_workdir_root", DEFAULT_WORKDIR_ROOT)).rstrip("/"),
-        connect_timeout_s=_seconds(
-            v.get("tunnelbench_connect_timeout_s", 10), f"{at}: tunnelbench_connect_timeout_s"
-        ),
+        connect_timeout_s=_seconds(timeout, f"{at}: {timeout_key or 'ConnectTimeout'}"),
         roles=roles,
         vars=dict(v),
     )
@@ -247,18 +279,18 @@ def _resolve(address: str, at: str) -> str:
 
 
 def load_inventory(path: Path | str) -> Inventory:
+    """Read an Ansible inventory (INI or YAML, host ranges, group_vars/ and host_vars/ beside it) with
+    Ansible's own inventory and variable managers, so one file serves both tools."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        path.read_bytes().decode("utf-8")
     except OSError as e:
         raise InventoryError(f"cannot read inventory {path}: {e}") from None
     except UnicodeDecodeError as e:
         raise InventoryError(
-            f"{path}: not UTF-8 text (byte {e.start}); an inventory is a YAML file"
+            f"{path}: not UTF-8 text (byte {e.start}); an inventory is an INI or YAML file"
         ) from None
-    except yaml.YAMLError as e:
-        raise InventoryError(f"{path}: not valid YAML: {e}") from None
-    inv = parse_inventory(data, str(path))
+    inv = _read(path, str(path))
     inv.path = path
     # relative key and known_hosts paths are relative to the inventory file, as a user would expect
     for h in inv.hosts.values():

@@ -1,5 +1,5 @@
 """`make_lab` is the one place that picks a backend: the namespace lab on this machine, or real hosts over SSH
-(lab/ssh_lab.py, from an Ansible-style inventory)."""
+(lab/ssh_lab.py, from an Ansible inventory)."""
 
 from __future__ import annotations
 

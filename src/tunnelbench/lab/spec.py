@@ -16,7 +16,9 @@ class LabCfg(Strict):
     backend: Literal["netns", "ssh"] = Field(
         "netns", description="netns = namespaces on this machine; ssh = real hosts from lab.inventory"
     )
-    inventory: str | None = Field(None, description="Ansible-style YAML inventory of the hosts (backend ssh)")
+    inventory: str | None = Field(
+        None, description="Ansible inventory (INI or YAML, read by Ansible) of the hosts (backend ssh)"
+    )
     insecure_no_host_key_check: bool = Field(
         False, description="ssh: do not verify host keys (only on a lab network you fully control)"
     )
