@@ -1,9 +1,10 @@
 """The SSH lab end to end against real sshd servers inside lab namespaces.
 
-Layout: a namespace lab with h1, h2 (SSH targets, each sshd in its own mount namespace with private /var/tmp
-and /run/wireguard, so "remote" files are really not on the controller's filesystem), the router (also an
-SSH target, the inventory's router host) and h3, the controller: the tunnelbench CLI under test runs inside
-h3 and reaches the targets only through the router. The lab has no path off the machine (the router's guard
+Layout: a namespace lab with h1, h2, h3 (SSH targets, the inventory's peers, each sshd in its own mount
+namespace with private /var/tmp and /run/wireguard, so "remote" files are really not on the controller's
+filesystem and a test can tell which machine a file reached), the router (also an SSH target, the inventory's
+router host) and h4, the controller: the tunnelbench CLI under test runs inside h4 and reaches the targets only
+through the router. The lab has no path off the machine (the router's guard
 drops anything not addressed to it). Every sshd this module starts is killed by PID at the end."""
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ def ssh_env(tmp_path_factory):
     tag = new_tag()
     run_dir = d / new_run_id(tag)
     journal = Journal(run_dir, run_dir.name)
-    lab = NetnsLab(tag, 3, run_dir, journal)  # h1, h2: targets; h3: the controller
-    fx = SshFixture(lab, lab.hosts[2].netns, d, d / "client_key", d / "known_hosts")
+    lab = NetnsLab(tag, 4, run_dir, journal)  # h1, h2, h3: targets (peers); h4: the controller
+    fx = SshFixture(lab, lab.hosts[3].netns, d, d / "client_key", d / "known_hosts")
     try:
         lab.build()
         lab.wait_links()
@@ -206,7 +207,8 @@ def ssh_env(tmp_path_factory):
         spec = [
             ("h1", lab.hosts[0].netns, lab.hosts[0].underlay_ip),
             ("h2", lab.hosts[1].netns, lab.hosts[1].underlay_ip),
-            ("wan", lab.router.netns, "10.100.3.1"),
+            ("h3", lab.hosts[2].netns, lab.hosts[2].underlay_ip),
+            ("wan", lab.router.netns, "10.100.4.1"),
         ]
         lines = []
         for name, ns, ip in spec:
@@ -283,7 +285,7 @@ def test_ssh_host_api_and_host_key_checking(ssh_env: SshFixture, tmp_path):
     from tunnelbench.lab.inventory import load_inventory
 
     inv = load_inventory(ssh_env.inventory(tmp_path / "inv.ini"))
-    # the controller lives in h3: do the host API checks from there too, in a child process
+    # the controller lives in h4: do the host API checks from there too, in a child process
     code = f"""
 import signal, time
 from pathlib import Path
@@ -369,12 +371,13 @@ print("OK")
         assert "reachable" in r.stdout and "host key not verified" not in r.stdout, r.stdout + r.stderr
     finally:
         ssh_env.known_hosts.with_suffix(".bak").replace(ssh_env.known_hosts)
-    # the inventory the tests above ran against is the targets' one: h1 and h2 as peers, in order, and wan
+    # the inventory the tests above ran against is the targets' one: h1, h2, h3 as peers, in order, and wan
     assert [(p.name, p.address, p.port) for p in inv.peers()] == [
         ("h1", ssh_env.targets[0].ip, 22),
         ("h2", ssh_env.targets[1].ip, 22),
+        ("h3", ssh_env.targets[2].ip, 22),
     ]
-    assert inv.router() is not None and inv.router().address == "10.100.3.1"
+    assert inv.router() is not None and inv.router().address == "10.100.4.1"
 
 
 RESILIENCE_SCENARIO = """
@@ -416,6 +419,65 @@ def test_resilience_over_ssh_reads_the_probe_where_ping_writes_it(ssh_env: SshFi
     assert 0 < got["reconnect_one_s"] < 30, got
     text = (adir / "probe-one.txt").read_text()  # the copy the probe's stop fetched from the host
     assert len(echo_replies(text)) >= 5, text[-2000:]
+
+
+REVOKE_SCENARIO = """
+name = "ssh-revoke"
+vpns = ["wireguard-go", "nebula"]
+[run]
+repetitions = 1
+retries = 0
+drift_check_s = 0
+[lab]
+hosts = 3
+[[workloads]]
+name = "revoke"
+cap_s = 10
+"""
+
+
+def test_revoke_over_ssh_cuts_the_third_peer_off(ssh_env: SshFixture, tmp_path):
+    """Revocation over SSH: h3 (a machine of its own) is cut off h2 by each VPN's operator action, h1 -> h2
+    keeps answering; the probe runs on h3 and writes its replies there, and the workload reads them while
+    it watches (the same fix as the resilience probe's). The reference is ping's own log, copied back."""
+    scen = tmp_path / "s.toml"
+    scen.write_text(REVOKE_SCENARIO)
+    # the pinned builds on each target first: a host's own older nebula (Debian's 1.6.1) keeps a tunnel to a
+    # blocklisted certificate open, where the pinned release closes it at its next tunnel check
+    bin_dir = "/var/tmp/tbbin"
+    inv = ssh_env.inventory(tmp_path / "inv.ini", bin_dir=bin_dir)
+    try:
+        r = ssh_env.tb("install", "--inventory", str(inv), "wireguard-go", "nebula", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = ssh_env.tb("run", str(scen), "--inventory", str(inv), "--results", str(tmp_path / "r"), "--no-html",
+                       timeout=600)  # fmt: skip
+    finally:
+        for t in ssh_env.targets:
+            ssh_env.in_target(t, f"rm -rf {bin_dir}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "nebula 1.6.1" not in r.stdout, r.stdout  # the copies ran, not the hosts' own
+    (run_dir,) = (tmp_path / "r").iterdir()
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    rows = db.execute(
+        'SELECT c.vpn, c.status, c.artifact_dir, m.name, m.value FROM "case" c JOIN metric m ON m.case_id = c.id'
+        " WHERE c.workload = 'revoke'"
+    ).fetchall()
+    db.close()
+    got: dict[str, dict[str, float]] = {}
+    for vpn, status, adir, name, value in rows:
+        assert status == "ok", (vpn, status)
+        got.setdefault(vpn, {})[name] = value
+        got[vpn]["adir"] = adir
+    assert set(got) == {"wireguard-go", "nebula"}, got
+    for vpn, m in got.items():
+        assert 0 <= m["revocation_s"] < 10 and m["others_ok"] == 1 and m["cut_off_all"] == 1, (vpn, m)
+        record = json.loads((Path(m["adir"]) / "revoke.json").read_text())
+        replies = echo_replies((Path(m["adir"]) / "revoke-probe.txt").read_text())
+        assert record["revoked"] == "h3" and len(replies) >= 5, (vpn, record)
+        # the workload's last reply is the last one ping logged on h3 (none came after the cut)
+        last_logged = max(ts for ts, _, _ in replies)
+        assert record["last_reply"] is None or last_logged == pytest.approx(record["last_reply"], abs=1e-3)
+        assert last_logged < record["t_return"] + m["revocation_s"] + 1e-3, (vpn, record)
 
 
 def test_doctor_inventory_reports_per_host(ssh_env: SshFixture, tmp_path):
@@ -697,7 +759,7 @@ def test_install_inventory_copies_cached_builds_and_doctor_sees_them(ssh_env: Ss
         assert "missing boringtun-cli" in r.stdout, r.stdout
         r = ssh_env.tb("install", "--inventory", str(inv), "boringtun", timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert r.stdout.count("copied") == 2 and "present" in r.stdout, r.stdout  # h1, h2; not the router
+        assert r.stdout.count("copied") == 3 and "present" in r.stdout, r.stdout  # h1, h2, h3; not the router
         for t in ssh_env.targets:
             got = ssh_env.in_target(t, f"{bin_dir}/boringtun-cli --version").stdout
             assert ("boringtun" in got) == (t.name != "wan"), (t.name, got)
