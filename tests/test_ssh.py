@@ -105,6 +105,7 @@ class SshFixture:
     key: Path
     known_hosts: Path
     targets: list[Target] = field(default_factory=list)
+    authorized: Path = Path()
 
     def inventory(
         self,
@@ -155,6 +156,32 @@ class SshFixture:
             self.tb_argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env()
         )
 
+    def wait_listening(self, t: Target) -> None:
+        end = time.monotonic() + 10
+        while "LISTEN" not in self.in_target(t, "ss -Hltn 'sport = :22' | sed 's/^/LISTEN /'").stdout:
+            assert t.sshd.poll() is None, (self.dir / f"sshd-{t.name}.log").read_text()
+            assert time.monotonic() < end, f"sshd {t.name} not listening"
+            time.sleep(0.05)
+
+    def drop_connections(self, t: Target, *, and_listener: bool = False) -> list[int]:
+        """SIGKILL the per-connection sshd processes our sshd forked (every SSH connection to the host ends
+        at once, as on a reset link), and with and_listener the sshd itself (the host stays unreachable).
+        Only processes this fixture started or its sshd forked, by PID; returns the PIDs killed."""
+        pids = _children(t.sshd.pid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if and_listener:
+            t.sshd.kill()
+            t.sshd.wait(5)
+            pids.append(t.sshd.pid)
+        return pids
+
+    def restart_sshd(self, t: Target) -> None:
+        assert t.sshd.poll() is not None, "restart only a stopped sshd"
+        t.sshd = _start_sshd(self.dir, t.name, t.netns, t.ip, self.authorized)
+        self.wait_listening(t)
+
     def in_target(self, t: Target, script: str) -> subprocess.CompletedProcess:
         """Run a command in a target's network and mount namespaces (as its sshd sees the machine)."""
         return subprocess.run(["nsenter", "-t", str(t.sshd.pid), "-n", "-m", "sh", "-c", script],
@@ -169,20 +196,32 @@ def _keygen(path: Path) -> str:
 
 def _start_sshd(d: Path, name: str, netns: str, ip: str, authorized: Path) -> subprocess.Popen:
     hostkey = d / f"hostkey-{name}"
-    _keygen(hostkey)
+    if not hostkey.exists():  # a restarted sshd keeps its host key, as a rebooted machine does
+        _keygen(hostkey)
     conf = d / f"sshd-{name}.conf"
     conf.write_text(SSHD_CONFIG.format(ip=ip, hostkey=hostkey, authorized=authorized))
     # own mount namespace: private /var/tmp (remote workdirs) and /run/wireguard (UAPI sockets), like a
-    # separate machine; `exec` keeps the PID we hold the sshd's
+    # separate machine, each a folder of this test's own bound over the path (a restarted sshd finds the same
+    # files, as a machine keeps its disk); `exec` keeps the PID we hold the sshd's
+    fs = d / f"fs-{name}"
     script = (
-        "mount -t tmpfs tbssh /var/tmp && mkdir -p /run/wireguard /run/sshd && "
-        f"mount -t tmpfs tbssh /run/wireguard && exec {SSHD} -D -e -f {conf}"
+        f"mkdir -p {fs}/var-tmp {fs}/run-wireguard /run/wireguard /run/sshd && chmod 1777 {fs}/var-tmp && "
+        f"mount --bind {fs}/var-tmp /var/tmp && mount --bind {fs}/run-wireguard /run/wireguard && "
+        f"exec {SSHD} -D -e -f {conf}"
     )
     log = open(d / f"sshd-{name}.log", "ab")  # noqa: SIM115
     p = subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "--mount", "--propagation", "private",
                           "sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
     log.close()
     return p
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
 
 
 @pytest.fixture(scope="module")
@@ -215,12 +254,9 @@ def ssh_env(tmp_path_factory):
             fx.targets.append(Target(name, ns, ip, _start_sshd(d, name, ns, ip, authorized)))
             lines.append(f"{ip} {(d / f'hostkey-{name}.pub').read_text().strip()}")
         fx.known_hosts.write_text("\n".join(lines) + "\n")
-        for t in fx.targets:  # wait until each sshd listens
-            end = time.monotonic() + 10
-            while "LISTEN" not in fx.in_target(t, "ss -Hltn 'sport = :22' | sed 's/^/LISTEN /'").stdout:
-                assert t.sshd.poll() is None, (d / f"sshd-{t.name}.log").read_text()
-                assert time.monotonic() < end, f"sshd {t.name} not listening"
-                time.sleep(0.05)
+        fx.authorized = authorized
+        for t in fx.targets:
+            fx.wait_listening(t)
         yield fx
     finally:
         for t in fx.targets:  # only the sshd processes we started, by PID
@@ -603,6 +639,110 @@ def test_sigkill_mid_case_then_clean_inventory_leaves_targets_clean(ssh_env: Ssh
     assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='ok'").fetchone()[0] >= 1
     # the kill landed inside a case: one was still marked running, and the finished ones were kept
     assert db.execute("SELECT COUNT(*) FROM \"case\" WHERE status='running'").fetchone()[0] == 1
+
+
+def _wait_running(run_dir: Path, label: str, rep: int, then_s: float) -> None:
+    """Wait until case `label` repetition `rep` is running, then `then_s` into it."""
+    db_path, end = run_dir / "results.sqlite", time.monotonic() + 60
+    while time.monotonic() < end:
+        with contextlib.suppress(sqlite3.Error):
+            c = sqlite3.connect(db_path, timeout=5)
+            q = "SELECT COUNT(*) FROM \"case\" WHERE status='running' AND label=? AND repetition=?"
+            running = c.execute(q, (label, rep)).fetchone()[0]
+            c.close()
+            if running:
+                time.sleep(then_s)
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"case {label} rep {rep} never ran")
+
+
+def _cases(run_dir: Path) -> list[tuple]:
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    rows = db.execute(
+        "SELECT vpn, label, repetition, attempt, status, COALESCE(error, '') FROM \"case\" ORDER BY id"
+    ).fetchall()
+    db.close()
+    return rows
+
+
+def test_a_dropped_connection_fails_its_case_then_the_run_reconnects(ssh_env: SshFixture, tmp_path):
+    """h1's sshd (the client's) is killed 1 s into a TCP case, every connection with it, and is back 1 s
+    later, as after a restart: that attempt fails naming h1, the run reconnects, the retry and every later
+    case are measured, and nothing is left on any host."""
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(vpns='["wireguard-go"]', reps=3, dur=3))
+    inv = ssh_env.inventory(tmp_path / "inv.ini")
+    results = tmp_path / "results"
+    h1 = next(t for t in ssh_env.targets if t.name == "h1")
+    p = subprocess.Popen(ssh_env.tb_argv("run", str(scen), "--inventory", str(inv), "--results", str(results),
+                                         "--no-html"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ssh_env.env())  # fmt: skip
+    try:
+        run_dir = _wait_for_ok_case(results, 1)
+        _wait_running(run_dir, "tcp", 2, 1.0)
+        assert len(ssh_env.drop_connections(h1, and_listener=True)) > 1, "no SSH connection to h1 to cut"
+        time.sleep(1)
+        ssh_env.restart_sshd(h1)
+        out, _ = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if h1.sshd.poll() is not None:
+            ssh_env.restart_sshd(h1)
+    cases = _cases(run_dir)
+    failed = [c for c in cases if c[4] != "ok"]
+    assert len(failed) == 1 and failed[0][1:4] == ("tcp", 2, 0), (cases, out)
+    assert "h1" in failed[0][5], (failed, out)
+    assert ("wireguard-go", "tcp", 2, 1, "ok", "") in cases, (cases, out)  # the retry, reconnected
+    assert {(c[1], c[2]) for c in cases if c[4] == "ok"} == {
+        (w, r) for w in ("tcp", "ping") for r in (1, 2, 3)
+    }
+    assert p.returncode == 0, out  # every planned case measured (the retry counts)
+    tag = run_dir.name.split("-")[-1]
+    for t in ssh_env.targets:
+        assert _target_state(ssh_env, t, tag) == {"links": "", "files": "", "nft": "", "procs": ""}, t.name
+
+
+def test_a_host_that_stays_unreachable_ends_the_run_and_clean_undoes_it(ssh_env: SshFixture, tmp_path):
+    """h2's sshd is killed 1 s into a TCP case and stays down: the run ends (not hangs) with the cases it
+    measured stored and its exit code; after h2 is back, clean --inventory leaves nothing on any host."""
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(vpns='["wireguard-go"]', reps=3, dur=3))
+    inv = ssh_env.inventory(tmp_path / "inv.ini")
+    results = tmp_path / "results"
+    h2 = next(t for t in ssh_env.targets if t.name == "h2")
+    p = subprocess.Popen(ssh_env.tb_argv("run", str(scen), "--inventory", str(inv), "--results", str(results),
+                                         "--no-html"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ssh_env.env())  # fmt: skip
+    try:
+        run_dir = _wait_for_ok_case(results, 1)
+        _wait_running(run_dir, "tcp", 2, 1.0)
+        ssh_env.drop_connections(h2, and_listener=True)
+        t0 = time.monotonic()
+        out, _ = p.communicate(timeout=400)
+        ended_s = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if h2.sshd.poll() is not None:
+            ssh_env.restart_sshd(h2)
+    cases = _cases(run_dir)
+    ok = [c for c in cases if c[4] == "ok"]
+    assert ok and ("wireguard-go", "tcp", 1, 0, "ok", "") in cases, (cases, out)
+    assert p.returncode == 1, (p.returncode, out, ended_s)
+    assert "h2 (root@10.100.2.2:22)): cannot connect" in out, out
+    assert f"stay journaled: `tunnelbench clean --inventory {inv}` removes them" in " ".join(out.split()), out
+    tag = run_dir.name.split("-")[-1]
+    before = {t.name: _target_state(ssh_env, t, tag) for t in ssh_env.targets}
+    assert before["h2"]["procs"] or before["h2"]["files"], before  # what the run could not undo on h2
+    r = ssh_env.tb("clean", "--inventory", str(inv), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for t in ssh_env.targets:
+        assert _target_state(ssh_env, t, tag) == {"links": "", "files": "", "nft": "", "procs": ""}, (
+            t.name, out, r.stdout)
 
 
 def _wait_for_ok_case(results: Path, n_ok: int, timeout: float = 180) -> Path:

@@ -128,13 +128,16 @@ class Monitor:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._sample()
-            if self.health is not None and self.unhealthy is None:
-                why = self.health()
-                if why:
-                    self.unhealthy = why
-                    if self.on_unhealthy:
-                        self.on_unhealthy(why)
+            try:
+                self._sample()
+                if self.health is not None and self.unhealthy is None:
+                    why = self.health()
+                    if why:
+                        self.unhealthy = why
+                        if self.on_unhealthy:
+                            self.on_unhealthy(why)
+            except Exception:  # a lost sample is not a failed case: the case meets a host that stopped
+                continue  # answering (SSH) and says so, and this thread must live to its stop
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()

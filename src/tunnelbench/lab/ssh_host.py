@@ -21,7 +21,9 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import asyncssh
 
 from tunnelbench.lab import host as _hostmod
 from tunnelbench.lab.host import BinarySource, CommandError, Host, Process, Result
@@ -40,10 +42,8 @@ from tunnelbench.lab.ssh_transport import (
 )
 from tunnelbench.lab.tools import HOST_TOOLS
 
-if TYPE_CHECKING:
-    from asyncssh import SSHClientConnection
-
 REMOTE_TOOLS = HOST_TOOLS
+RECONNECT_S = 8.0  # how long a dropped connection is retried before the host counts as unreachable
 DEFAULT_BIN_DIR = "/usr/local/bin"
 
 
@@ -138,8 +138,8 @@ class HostJournal:
     def release(self, entry: dict[str, Any]) -> None:
         self.journal.release(self._tag(entry))
 
-    def end(self) -> None:
-        self.journal.end()
+    def end(self) -> list[dict[str, Any]]:
+        return self.journal.end()
 
 
 # -- the host --------------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ class SshHost(Host):
         tags = {"backend": "ssh", "host": name, "address": inv.address, "port": inv.port}
         self.journal: HostJournal | None = HostJournal(journal, tags) if journal is not None else None
         self.preexisting_links: frozenset[str] = frozenset()
-        self._conn: SSHClientConnection | None = None
+        self._conn: asyncssh.SSHClientConnection | None = None
         self._alock: asyncio.Lock | None = None
         self._starts: dict[int, int | None] = {}
         self._sysconf: dict[str, int] | None = None
@@ -235,18 +235,27 @@ class SshHost(Host):
             kw["known_hosts"] = inv.known_hosts
         return kw
 
-    async def _aconn(self) -> SSHClientConnection:
-        import asyncssh
-
+    async def _aconn(self) -> asyncssh.SSHClientConnection:
         if self._alock is None:
             self._alock = asyncio.Lock()
         async with self._alock:
             if self._conn is not None and not self._conn.is_closed():
                 return self._conn
+            # a connection that dropped (its command servers went with it) is retried for RECONNECT_S: a
+            # restarting sshd or a short link blip; a host that stays away fails the first command after
+            until = time.monotonic() + (RECONNECT_S if self._conn is not None else 0)
+            self._conn, self._idle, self._nchan = None, [], 0
             try:
-                self._conn = await asyncio.wait_for(
-                    asyncssh.connect(**self._connect_kwargs()), self.inv.connect_timeout_s + 5
-                )
+                while True:
+                    try:
+                        self._conn = await asyncio.wait_for(
+                            asyncssh.connect(**self._connect_kwargs()), self.inv.connect_timeout_s + 5
+                        )
+                        break
+                    except (TimeoutError, OSError):
+                        if time.monotonic() + 1 > until:
+                            raise
+                        await asyncio.sleep(1)
             except asyncssh.HostKeyNotVerifiable as e:
                 raise SshError(
                     f"{self.name} ({self.inv.describe()}): host key not verified ({e}). Add the host's key "
@@ -267,6 +276,10 @@ class SshHost(Host):
 
     def connect(self) -> None:
         EventLoop.get().call(self._aconn(), self.inv.connect_timeout_s + 10)
+
+    def lost(self, e: BaseException) -> SshError:
+        """The error for a command the connection dropped under (the next command reconnects)."""
+        return SshError(f"{self.name} ({self.inv.describe()}): connection lost: {type(e).__name__}: {e}")
 
     def close(self) -> None:
         async def _close() -> None:
@@ -422,6 +435,9 @@ class SshHost(Host):
             raise CommandError(self.name, argv, None, "") from None
         except SshError:
             raise
+        except (OSError, asyncssh.Error) as e:  # the connection dropped under the command
+            fut.cancel()
+            raise self.lost(e) from None
         except BaseException:  # Ctrl-C or an abort: never leave the command running on the host
             fut.cancel()
             with contextlib.suppress(Exception):
@@ -489,7 +505,10 @@ class SshHost(Host):
         inner = f'echo $$ $({starttime_sh("$$")}); exec "$@" >>{log} 2>&1 </dev/null'
         mk = f"mkdir -p {quote(remote_log.parent)} && " if remote_log else ""
         cmd = f"{self._path()}{mk}cd / && exec setsid sh -c {shlex.quote(inner)} tb {shlex.join(env_argv(argv, env))}"
-        pid, start = EventLoop.get().call(self._aspawn(cmd), 40)
+        try:
+            pid, start = EventLoop.get().call(self._aspawn(cmd), 40)
+        except (OSError, asyncssh.Error) as e:
+            raise self.lost(e) from None
         self._starts[pid] = start
         entry = self.journal.process(pid, list(argv), self.name, start) if self.journal else None
         return SshProcess(
