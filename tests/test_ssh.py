@@ -742,7 +742,10 @@ def test_a_host_that_stays_unreachable_ends_the_run_and_clean_undoes_it(ssh_env:
     assert r.returncode == 0, r.stdout + r.stderr
     for t in ssh_env.targets:
         assert _target_state(ssh_env, t, tag) == {"links": "", "files": "", "nft": "", "procs": ""}, (
-            t.name, out, r.stdout)
+            t.name,
+            out,
+            r.stdout,
+        )
 
 
 def _wait_for_ok_case(results: Path, n_ok: int, timeout: float = 180) -> Path:
