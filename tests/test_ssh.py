@@ -921,3 +921,53 @@ def test_install_inventory_copies_cached_builds_and_doctor_sees_them(ssh_env: Ss
     finally:
         for t in ssh_env.targets:
             ssh_env.in_target(t, f"rm -rf {bin_dir}")
+
+
+SECURITY_OVER_SSH = {
+    "leak": ('vpns = ["internal", "wireguard-go", "nebula"]\n[lab]\nhosts = 3\n[[workloads]]\nname = "leak"\n',
+             {("internal", "leak_pass"): 0, ("wireguard-go", "leak_pass"): 1, ("nebula", "leak_pass"): 1}),
+    "acl": ('vpns = ["nebula"]\n[lab]\nhosts = 3\n[vpn_options.nebula]\nacl = "isolate"\n'
+            '[[workloads]]\nname = "acl"\n',
+            {("nebula", "acl_enforced"): 1, ("nebula", "acl_allowed_ok"): 1, ("nebula", "acl_denied_blocked"): 1}),
+    "control_loss": ('vpns = ["nebula"]\n[lab]\nhosts = 3\nclient = "h2"\nserver = "h3"\n[[workloads]]\n'
+                     'name = "resilience"\nevents = ["control_loss"]\ncontrol_watch_s = 5\n'
+                     'control_join_timeout_s = 20\ncontrol_restore_timeout_s = 30\nbefore_s = 1\nafter_s = 1\n',
+                     {("nebula", "control_loss_join_ok"): 1}),
+}  # fmt: skip
+
+
+# the plaintext-leak check runs in CI (its positive control, the unencrypted internal path, proves the router
+# host's capture sees the wire); ACL isolation (5 s) and control loss (10 s) over SSH in --long
+@pytest.mark.parametrize(
+    "check", [c if c == "leak" else pytest.param(c, marks=pytest.mark.long) for c in SECURITY_OVER_SSH]
+)
+def test_security_checks_and_control_loss_over_ssh(ssh_env: SshFixture, tmp_path, check):
+    """The leak, ACL and control-loss workloads on separate machines: the same verdicts as in the namespace
+    lab, from the pinned builds install --inventory put on each host."""
+    body, want = SECURITY_OVER_SSH[check]
+    scen = tmp_path / "s.toml"
+    vpns, rest = body.split("\n", 1)  # top-level keys before the first table
+    scen.write_text(
+        f'name = "ssh-{check}"\n{vpns}\n[run]\nrepetitions = 1\nretries = 0\ndrift_check_s = 0\n{rest}'
+    )
+    bin_dir = "/var/tmp/tbbin"
+    inv = ssh_env.inventory(tmp_path / "inv.ini", bin_dir=bin_dir)
+    try:
+        r = ssh_env.tb("install", "--inventory", str(inv), "wireguard-go", "nebula", timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = ssh_env.tb("run", str(scen), "--inventory", str(inv), "--results", str(tmp_path / "r"), "--no-html",
+                       timeout=600)  # fmt: skip
+    finally:
+        for t in ssh_env.targets:
+            ssh_env.in_target(t, f"rm -rf {bin_dir}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (run_dir,) = (tmp_path / "r").iterdir()
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    got = {
+        (vpn, name): value
+        for vpn, name, value in db.execute(
+            "SELECT c.vpn, m.name, m.value FROM \"case\" c JOIN metric m ON m.case_id = c.id WHERE c.status = 'ok'"
+        )
+    }
+    db.close()
+    assert {k: got.get(k) for k in want} == want, got
