@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -112,29 +113,45 @@ class SshLab:
         raise self._no_policies("counting a relay's bytes")
 
     # -- build -----------------------------------------------------------------------------------------
+    def _check(self, h: SshHost) -> str | None:
+        """Connect and look for the tools: what is missing on the host, or None."""
+        h.connect()
+        need = REMOTE_TOOLS if h in self.hosts else ("ip",)
+        missing = [t for t, p in h.which(need).items() if p is None]
+        return f"{h.name} ({h.inv.describe()}) is missing {', '.join(missing)}" if missing else None
+
+    def _prepare(self, h: SshHost) -> None:
+        assert h.journal is not None
+        ents = self._entries[h.name]
+        # journal first: clean finds half-made ones
+        ents.append(h.journal.add({"kind": "remote_dir", "path": str(h.workdir)}))
+        h.make_workdir()
+        ents.append(h.journal.add({"kind": "link_prefix", "prefix": self.tag}))
+        links = h.run(["ip", "-o", "link", "show"]).stdout
+        h.preexisting_links = frozenset(
+            line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ":" in line
+        )
+
     def build(self) -> None:
-        problems: list[str] = []
-        for h in self.all_hosts():
-            h.connect()
-            need = REMOTE_TOOLS if h in self.hosts else ("ip",)
-            missing = [t for t, p in h.which(need).items() if p is None]
-            if missing:
-                problems.append(f"{h.name} ({h.inv.describe()}) is missing {', '.join(missing)}")
-        if problems:
-            raise RuntimeError(
-                "hosts not ready: " + "; ".join(problems) + " (see `tunnelbench doctor --inventory`)"
-            )
-        for h in self.all_hosts():
-            assert h.journal is not None
-            ents = self._entries.setdefault(h.name, [])
-            # journal first: clean finds half-made ones
-            ents.append(h.journal.add({"kind": "remote_dir", "path": str(h.workdir)}))
-            h.make_workdir()
-            ents.append(h.journal.add({"kind": "link_prefix", "prefix": self.tag}))
-            links = h.run(["ip", "-o", "link", "show"]).stdout
-            h.preexisting_links = frozenset(
-                line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ":" in line
-            )
+        self.build_hosts()
+        self._routes_and_guard()
+
+    def build_hosts(self) -> None:
+        """Connect, check and prepare every host (its run folder, its links before the run)."""
+        hosts = self.all_hosts()
+        for h in hosts:
+            self._entries.setdefault(h.name, [])
+        # every host at once: the connections and checks are round trips, the hosts independent
+        with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+            problems = [p for p in pool.map(self._check, hosts) if p]
+            if problems:
+                raise RuntimeError(
+                    "hosts not ready: " + "; ".join(problems) + " (see `tunnelbench doctor --inventory`)"
+                )
+            list(pool.map(self._prepare, hosts))
+
+    def _routes_and_guard(self) -> None:
+        """Each peer's egress interface towards the next, and the router's counting table."""
         for i, h in enumerate(self.hosts):
             peer = self.hosts[(i + 1) % len(self.hosts)]
             with contextlib.suppress(CommandError, ValueError, IndexError, KeyError):
