@@ -108,7 +108,7 @@ def test_every_list_of_lab_tools_derives_from_the_one_list():
     from conftest import LAB_TOOLS as TEST_TOOLS
 
     from tunnelbench import doctor, runner
-    from tunnelbench.lab import ssh_install
+    from tunnelbench.lab import provision
 
     names = [t.name for t in tools.TOOLS]
     assert len(names) == len(set(names))
@@ -118,9 +118,9 @@ def test_every_list_of_lab_tools_derives_from_the_one_list():
     assert list(doctor.TOOLS) == ["ip", "nft", "iptables", "tc", "iperf3", "ping", "fping", "ss", "ethtool"]
     by_name = {t.name: t for t in tools.TOOLS}
     # every tool an SSH host is checked for comes from a package `install --inventory` puts there
-    assert {by_name[t].package for t in ssh_host.REMOTE_TOOLS} <= set(ssh_install.TOOLS_APT.packages)
-    assert {by_name[t].package for t in ("ip", "nft", "iptables")} <= set(ssh_install.ROUTER_APT.packages)
-    assert ssh_install.TOOLS_APT.packages == (
+    assert {by_name[t].package for t in ssh_host.REMOTE_TOOLS} <= set(provision.TOOLS_APT.packages)
+    assert {by_name[t].package for t in ("ip", "nft", "iptables")} <= set(provision.ROUTER_APT.packages)
+    assert provision.TOOLS_APT.packages == (
         "iproute2",
         "iperf3",
         "iputils-ping",
@@ -128,7 +128,7 @@ def test_every_list_of_lab_tools_derives_from_the_one_list():
         "procps",
         "python3-minimal",
     )
-    assert ssh_install.ROUTER_APT.packages == ("iproute2", "nftables", "iptables")
+    assert provision.ROUTER_APT.packages == ("iproute2", "nftables", "iptables")
 
 
 def _dpkg_owner(tool: str) -> str | None:

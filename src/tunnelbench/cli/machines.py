@@ -167,16 +167,22 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
     inv = load_inventory(path, insecure)
     err.print(f"installing {', '.join(names) or 'the lab tools'} on {', '.join(inv.order)} ...")
     t = Table(title=f"tunnelbench install --inventory {path}", title_justify="left")
-    for c in ("host", "for", "source", "status", "seconds", "where / why"):
+    for c in ("host", "for", "source", "status", "where / why"):
         t.add_column(c)
     failed = False
     colour = {"present": "green", "installed": "green", "copied": "green", "failed": "red"}
-    for r in install_inventory(inv, {n: DRIVERS[n].installs for n in names}):
+    try:
+        results, changed = install_inventory(inv, {n: DRIVERS[n].installs for n in names}, insecure)
+    except RuntimeError as e:  # Ansible itself could not run the play
+        err.print(Text(str(e), style="red"))
+        return 1
+    for r in results:
         failed |= r.status == "failed"
-        t.add_row(
-            r.host, r.what, r.source, f"[{colour[r.status]}]{r.status}[/]", f"{r.seconds:.0f}", r.detail
-        )
+        t.add_row(r.host, r.what, r.source, f"[{colour[r.status]}]{r.status}[/]", r.detail)
     console.print(t)
+    console.print(
+        "Ansible, per host: " + ", ".join(f"{h} {n} changed in {s:.1f} s" for h, (n, s) in changed.items())
+    )
     return 1 if failed else 0
 
 

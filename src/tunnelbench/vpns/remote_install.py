@@ -2,22 +2,23 @@
 
 What goes where: the lab's tools on every host (and the router's on the router host), each named VPN's
 install sources on every peer (a host that is only a router gets no VPN). How it gets there is the lab's
-transport (lab/ssh_install.py): Debian packages with apt-get on the host, registry builds (Go modules, Rust
-crates) copied from the local cache (`tunnelbench install NAME` fills it), never built on the targets."""
+provisioning (lab/provision.py, one Ansible play): Debian packages with apt-get on the host, registry builds
+(Go modules, Rust crates) copied from the local cache (`tunnelbench install NAME` fills it), never built on
+the targets."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from tunnelbench.lab.inventory import Inventory, InvHost
-from tunnelbench.lab.ssh_install import (
+from tunnelbench.lab.provision import (
     ROUTER_APT,
     TOOLS_APT,
+    AptStep,
+    CopyStep,
     DebianPackages,
     RemoteResult,
     Step,
-    apt_install,
-    copy_binaries,
     install_hosts,
 )
 from tunnelbench.vpns.install import Apt, Source
@@ -26,10 +27,8 @@ from tunnelbench.vpns.install import Apt, Source
 def step(what: str, s: Source | DebianPackages) -> Step:
     """One install source as a step on a host: apt-get for Debian packages, a copy for a registry build."""
     if isinstance(s, (Apt, DebianPackages)):
-        packages = s.packages
-        return what, s.label, lambda h, arch: apt_install(h, packages)
-    local = s.bin_dir() if s.cached() else None
-    return what, s.label, lambda h, arch: copy_binaries(h, s.binaries, local, s.label, arch)
+        return AptStep(what, s.label, tuple(s.packages))
+    return CopyStep(what, s.label, tuple(s.binaries), s.bin_dir() if s.cached() else None)
 
 
 def host_steps(vpns: dict[str, Sequence[Source]], router: bool) -> list[Step]:
@@ -42,12 +41,15 @@ def host_steps(vpns: dict[str, Sequence[Source]], router: bool) -> list[Step]:
     return steps
 
 
-def install_inventory(inventory: Inventory, vpns: dict[str, Sequence[Source]]) -> list[RemoteResult]:
-    """Every host at once; results in inventory order, one per host and thing installed."""
+def install_inventory(
+    inventory: Inventory, vpns: dict[str, Sequence[Source]], insecure: bool = False
+) -> tuple[list[RemoteResult], dict[str, tuple[int, float]]]:
+    """Every host at once; results in inventory order, one per host and thing installed, and per host the
+    number of changes Ansible made (0 everywhere on a second run) and its seconds there."""
     router = inventory.router()
 
     def steps_for(h: InvHost) -> list[Step]:
         only_router = "router" in h.roles and "peer" not in h.roles
         return host_steps({} if only_router else vpns, router is not None and h.name == router.name)
 
-    return install_hosts(inventory, steps_for)
+    return install_hosts(inventory, steps_for, insecure)

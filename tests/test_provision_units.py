@@ -1,0 +1,114 @@
+"""The install play's results as the table reads them, from events in ansible-runner's format written by hand
+(the shapes Ansible's ok/failed/skipped/unreachable callbacks emit), no Ansible run: what was installed,
+copied, replaced, already there, the host's own, missing, or never reached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunnelbench.lab.provision import AptStep, CopyStep, _Item, _read_events, plan_of
+
+ARCH = "architecture and the builds already there"
+
+
+def ev(kind: str, host: str, task: str, res: dict | None = None, duration: float | None = None) -> dict:
+    data = {"host": host, "task": task, "res": res or {}}
+    if duration is not None:
+        data["duration"] = duration
+    return {"event": kind, "event_data": data}
+
+
+def test_plan_lists_each_package_once_and_each_build_with_its_checksum(tmp_path):
+    (tmp_path / "nebula").write_bytes(b"nebula build")
+    steps = [
+        AptStep("tools", "apt iproute2 iperf3", ("iproute2", "iperf3")),
+        AptStep("wireguard-go", "apt wireguard-tools iperf3", ("wireguard-tools", "iperf3")),
+        CopyStep("nebula", "go nebula", ("nebula",), tmp_path),
+        CopyStep("boringtun", "cargo boringtun", ("boringtun-cli",), None),
+    ]
+    host = type("H", (), {"vars": {"tunnelbench_bin_dir": "/opt/tb"}})()
+    plan = plan_of(host, steps)
+    assert plan["packages"] == ["iproute2", "iperf3", "wireguard-tools"]
+    sha = "262f4950416616e3ada666be5291ac90a6a9cefce3e79e8648180691af8c5cce"  # printf "nebula build" | sha256sum
+    assert plan["builds"] == [
+        {"i": 2, "bin": "nebula", "bin_dir": "/opt/tb", "src": str(tmp_path / "nebula"), "dest": "/opt/tb/nebula",
+         "sha256": sha}
+    ]  # fmt: skip
+    assert plan["own"] == [{"i": 3, "bin": "boringtun-cli", "bin_dir": "/opt/tb"}]
+
+
+def test_events_become_one_row_per_step_and_host():
+    local = Path("/cache/go")
+    steps = [
+        AptStep("tools", "apt iproute2 iperf3", ("iproute2", "iperf3")),
+        CopyStep("nebula", "go nebula", ("nebula", "nebula-cert"), local),
+        CopyStep("boringtun", "cargo boringtun", ("boringtun-cli",), None),
+    ]
+    items = {h: [_Item(h, s) for s in steps] for h in ("h1", "h2", "h3")}
+    nebula = {"i": 1, "bin": "nebula", "dest": "/usr/local/bin/nebula"}
+    cert = {"i": 1, "bin": "nebula-cert", "dest": "/usr/local/bin/nebula-cert"}
+    events = [
+        # h1: iperf3 installed, nebula replaced (a different file was there), nebula-cert equal (skipped)
+        ev("runner_on_ok", "h1", ARCH, {"stdout": "x86_64\nabc  /usr/local/bin/nebula"}, 0.5),
+        ev("runner_on_ok", "h1", "debian packages", {"changed": True, "stdout": "TB-INSTALLED iperf3"}, 2.0),
+        ev("runner_item_on_ok", "h1", "registry builds", {"changed": True, "item": nebula}),
+        ev("runner_item_on_skipped", "h1", "registry builds", {"item": cert}),
+        ev("runner_on_ok", "h1", "registry builds", {"results": [{}, {}]}, 1.5),
+        ev(
+            "runner_on_ok",
+            "h1",
+            "the host's own builds",
+            {"stdout": "TB 2 boringtun-cli /usr/bin/boringtun-cli"},
+            0.3,
+        ),  # fmt: skip
+        # h2: apt fails, the copy fails, boringtun is nowhere
+        ev("runner_on_ok", "h2", ARCH, {"stdout": "x86_64"}),
+        ev("runner_on_failed", "h2", "debian packages", {"stderr": "E: Unable to locate package iperf3\n"}),
+        ev(
+            "runner_item_on_failed",
+            "h2",
+            "registry builds",
+            {"item": nebula, "msg": "Destination not writable"},
+        ),
+        ev("runner_item_on_ok", "h2", "registry builds", {"changed": False, "item": cert}),
+        ev("runner_on_ok", "h2", "the host's own builds", {"stdout": "TB 2 boringtun-cli -"}),
+        # h3: its python is broken: the first task fails and nothing else runs there
+        ev("runner_on_failed", "h3", ARCH, {"module_stdout": "pyenv: python3.13: command not found\r\n"}),
+    ]
+    unreachable: dict[str, str] = {}
+    seconds = dict.fromkeys(items, 0.0)
+    host_error: dict[str, str] = {}
+    _read_events(events, items, unreachable, seconds, host_error)
+    rows = {
+        (h, it.step.what): it.result("/usr/local/bin", host_error.get(h)) for h in items for it in items[h]
+    }
+    assert (rows["h1", "tools"].status, rows["h1", "tools"].detail) == ("installed", "apt iperf3")
+    assert rows["h1", "nebula"].status == "copied"
+    assert rows["h1", "nebula"].detail == "nebula -> /usr/local/bin (replaced a different build: nebula)"
+    assert (rows["h1", "boringtun"].status, rows["h1", "boringtun"].detail) == (
+        "present", "/usr/bin/boringtun-cli (the host's own: not compared)")  # fmt: skip
+    assert seconds["h1"] == pytest.approx(
+        4.3
+    )  # the tasks' durations on h1 (a loop's items counted in its summary)
+    assert (rows["h2", "tools"].status, rows["h2", "tools"].detail) == (
+        "failed", "E: Unable to locate package iperf3")  # fmt: skip
+    assert rows["h2", "nebula"].detail == "nebula: Destination not writable"
+    assert (
+        rows["h2", "boringtun"].status == "failed"
+        and "not in the local cache" in rows["h2", "boringtun"].detail
+    )
+    assert {r.status for (h, _), r in rows.items() if h == "h3"} == {"failed"}
+    assert rows["h3", "tools"].detail == f"{ARCH}: pyenv: python3.13: command not found"
+
+
+def test_an_unreachable_host_is_named_with_ansibles_reason():
+    items = {"h1": [_Item("h1", AptStep("tools", "apt iproute2", ("iproute2",)))]}
+    unreachable: dict[str, str] = {}
+    _read_events(
+        [ev("runner_on_unreachable", "h1", ARCH, {"msg": "Failed to connect to the host via ssh: refused"})],
+        items, unreachable, {"h1": 0.0}, {},
+    )  # fmt: skip
+    assert unreachable == {"h1": "Failed to connect to the host via ssh: refused"}
+    assert items["h1"][0].result("/usr/local/bin", None).status == "failed"  # never reported: not "present"
