@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelbench.lab.provision import AptStep, CopyStep, _Item, _read_events, plan_of
+from tunnelbench.lab.provision import AptStep, CopyStep, KernelStep, _Item, _read_events, clock_row, plan_of
 
 ARCH = "architecture and the builds already there"
 
@@ -112,3 +112,33 @@ def test_an_unreachable_host_is_named_with_ansibles_reason():
     )  # fmt: skip
     assert unreachable == {"h1": "Failed to connect to the host via ssh: refused"}
     assert items["h1"][0].result("/usr/local/bin", None).status == "failed"  # never reported: not "present"
+
+
+def test_kernel_features_and_the_clock():
+    """The probe's own line format (lab/kernel.py: feature TAB ok, or the kernel's error), written by hand."""
+    wg = KernelStep("wireguard", "kernel wireguard", ("wireguard",))
+    gen = KernelStep("geneve", "kernel geneve", ("geneve",))
+    items = {
+        "h1": [_Item("h1", wg), _Item("h1", gen)],
+        "h2": [_Item("h2", KernelStep("nebula", "kernel tun", ("tun",)))],
+    }
+    clocks: dict[str, list[str]] = {}
+    probe_h1 = "TB-LOADED wireguard\ntun\tok\nwireguard\tok\ngeneve\tError: Unknown device type.\n"
+    events = [
+        ev("runner_on_ok", "h1", "kernel features", {"changed": True, "stdout": probe_h1}),
+        ev("runner_on_ok", "h1", "clock", {"stdout": "no"}),
+        ev("runner_on_ok", "h2", "kernel features", {"changed": False, "stdout": "tun\tok\n"}),
+        ev("runner_on_ok", "h2", "clock", {"stdout": "chrony Normal"}),
+    ]  # fmt: skip
+    _read_events(events, items, {}, {"h1": 0.0, "h2": 0.0}, {}, clocks)
+    got = [it.result("/usr/local/bin", None) for it in items["h1"]]
+    assert (got[0].status, got[0].detail) == ("loaded", "wireguard work (loaded wireguard)")
+    assert (got[1].status, got[1].detail) == ("failed", "GENEVE (module geneve): Error: Unknown device type.")
+    h2 = items["h2"][0].result("/usr/local/bin", None)
+    assert (h2.status, h2.detail) == (
+        "present",
+        "tun work",
+    )  # built in here: no module loaded, the feature works
+    assert clocks == {"h1": ["no"], "h2": ["chrony Normal"]}
+    assert clock_row("h1", "no").status == "unsynced" and clock_row("h2", "chrony Normal").status == "present"
+    assert clock_row("h3", "unknown").status == "present"  # nothing to say it is off: not a warning

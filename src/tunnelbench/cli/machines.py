@@ -170,9 +170,10 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
     for c in ("host", "for", "source", "status", "where / why"):
         t.add_column(c)
     failed = False
-    colour = {"present": "green", "installed": "green", "copied": "green", "failed": "red"}
+    colour = {"present": "green", "installed": "green", "copied": "green", "loaded": "green", "failed": "red",
+              "unsynced": "yellow"}  # fmt: skip
     try:
-        results, changed = install_inventory(inv, {n: DRIVERS[n].installs for n in names}, insecure)
+        results, changed = install_inventory(inv, {n: DRIVERS[n] for n in names}, insecure)
     except RuntimeError as e:  # Ansible itself could not run the play
         err.print(Text(str(e), style="red"))
         return 1

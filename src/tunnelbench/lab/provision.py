@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import secrets
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tunnelbench.lab.inventory import Inventory, InvHost
+from tunnelbench.lab.kernel import FEATURES, parse, probe_script
 from tunnelbench.lab.ssh_host import DEFAULT_BIN_DIR
+from tunnelbench.lab.tags import TAG_PREFIX
 from tunnelbench.lab.tools import HOST_PACKAGES, ROUTER_PACKAGES
 
 PLAYBOOK = Path(__file__).with_name("install.yml")
@@ -60,7 +63,14 @@ class CopyStep:
     local_dir: Path | None  # the local cache's build; None: not built here
 
 
-Step = AptStep | CopyStep
+@dataclass(frozen=True)
+class KernelStep:
+    what: str
+    label: str
+    features: tuple[str, ...]  # lab/kernel.py's FEATURES names
+
+
+Step = AptStep | CopyStep | KernelStep
 
 
 @dataclass
@@ -68,7 +78,7 @@ class RemoteResult:
     host: str
     what: str  # vpn name or "tools"
     source: str
-    status: str  # present | installed | copied | failed
+    status: str  # present | installed | copied | loaded | failed | unsynced (a clock: a warning)
     detail: str = ""
 
 
@@ -94,6 +104,13 @@ class _Item:
         elif isinstance(s, AptStep):
             if self.changed:
                 status, detail = "installed", "apt " + " ".join(self.changed)
+        elif isinstance(s, KernelStep):
+            status = "loaded" if self.changed else "present"
+            detail = (
+                ", ".join(s.features)
+                + " work"
+                + (f" (loaded {', '.join(self.changed)})" if self.changed else "")
+            )
         elif self.found:
             detail = ", ".join(self.found) + " (the host's own: not compared)"
         elif self.changed:
@@ -110,13 +127,17 @@ def bin_dir(h: InvHost) -> str:
     return str(h.vars.get("tunnelbench_bin_dir") or DEFAULT_BIN_DIR)
 
 
-def plan_of(h: InvHost, steps: Sequence[Step]) -> dict[str, list[Any]]:
+def plan_of(h: InvHost, steps: Sequence[Step]) -> dict[str, Any]:
     """The play's tb_plan entry for one host (a build's i is the index of its step)."""
-    plan: dict[str, list[Any]] = {"packages": [], "builds": [], "own": []}
+    plan: dict[str, Any] = {"packages": [], "builds": [], "own": [], "features": [], "modules": []}
     where = bin_dir(h)
     for i, s in enumerate(steps):
         if isinstance(s, AptStep):
             plan["packages"] += [p for p in s.packages if p not in plan["packages"]]
+            continue
+        if isinstance(s, KernelStep):
+            plan["features"] += [f for f in s.features if f not in plan["features"]]
+            plan["modules"] += [FEATURES[f][1] for f in s.features if FEATURES[f][1] not in plan["modules"]]
             continue
         for b in s.binaries:
             item = {"i": i, "bin": b, "bin_dir": where}
@@ -147,7 +168,9 @@ def _own_missing(it: _Item, binary: str) -> str:
     return f"{binary}: not on the host's PATH ({why}; {it.step.label})"
 
 
-def _read_host_task(kind: str, task: str, res: dict[str, Any], items: list[_Item], before: list[str]) -> None:
+def _read_host_task(
+    kind: str, task: str, res: dict[str, Any], items: list[_Item], before: list[str], clock: list[str]
+) -> None:
     """A task's result on one host (not a loop item): the packages step and the host's own builds."""
     if task == "debian packages":
         apt = [it for it in items if isinstance(it.step, AptStep)]
@@ -161,6 +184,21 @@ def _read_host_task(kind: str, task: str, res: dict[str, Any], items: list[_Item
                 it.failed.append(_first_line(res))
             else:
                 it.changed += [p for p in it.step.packages if p in installed]
+    elif task == "kernel features":
+        out = str(res.get("stdout", ""))
+        loaded = [
+            f[1] for f in (line.split() for line in out.splitlines()) if len(f) == 2 and f[0] == "TB-LOADED"
+        ]
+        verdict = parse(out) if kind == "runner_on_ok" else {}
+        for it in items:
+            if isinstance(it.step, KernelStep):
+                it.seen = True
+                it.changed += [FEATURES[f][1] for f in it.step.features if FEATURES[f][1] in loaded]
+                it.failed += [
+                    f"{FEATURES[f][0]} (module {FEATURES[f][1]}): {verdict.get(f, _first_line(res))}"
+                    for f in it.step.features
+                    if verdict.get(f, "failed") is not None
+                ]
     elif task == "the host's own builds" and kind == "runner_on_ok":
         for line in str(res.get("stdout", "")).splitlines():
             f = line.split()
@@ -171,6 +209,8 @@ def _read_host_task(kind: str, task: str, res: dict[str, Any], items: list[_Item
                     it.failed.append(_own_missing(it, f[2]))
                 else:
                     it.found.append(f[3])
+    elif task == "clock":
+        clock.append(str(res.get("stdout", "")).strip() or _first_line(res))
     elif task == "architecture and the builds already there" and kind == "runner_on_ok":
         before += [line.split()[-1] for line in str(res.get("stdout", "")).splitlines()[1:] if " " in line]
 
@@ -181,8 +221,10 @@ def _read_events(
     unreachable: dict[str, str],
     seconds: dict[str, float],
     host_error: dict[str, str],
+    clocks: dict[str, list[str]] | None = None,
 ) -> None:
     before: dict[str, list[str]] = {h: [] for h in items}  # builds' paths that existed before the copies
+    clocks = clocks if clocks is not None else {}
     for ev in events:
         kind, data = ev.get("event", ""), ev.get("event_data") or {}
         host, res, task = str(data.get("host", "")), data.get("res") or {}, str(data.get("task", ""))
@@ -194,7 +236,7 @@ def _read_events(
         if kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped"):
             seconds[host] += float(data.get("duration") or 0)  # a task's time on the host, its items in it
             if "results" not in res:  # a loop's summary repeats its items
-                _read_host_task(kind, task, res, items[host], before[host])
+                _read_host_task(kind, task, res, items[host], before[host], clocks.setdefault(host, []))
             if kind == "runner_on_failed" and task == "architecture and the builds already there":
                 host_error.setdefault(host, f"{task}: {_first_line(res)}")  # the host stops there
             continue
@@ -223,6 +265,8 @@ def install_hosts(
     steps = {n: steps_for(inventory.hosts[n]) for n in inventory.order}
     items = {n: [_Item(n, s) for s in steps[n]] for n in inventory.order}
     plan = {n: plan_of(inventory.hosts[n], steps[n]) for n in inventory.order}
+    for n in inventory.order:  # a scratch namespace per host (hosts may share a kernel), with the run prefix:
+        plan[n]["probe"] = probe_script(f"{TAG_PREFIX}kp{secrets.token_hex(3)}")  # `clean` finds a killed one
     env = {"ANSIBLE_HOST_KEY_CHECKING": "False"} if insecure else {}
     # ansible-playbook from this Python's environment (a venv's bin may not be on PATH)
     env["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
@@ -231,7 +275,10 @@ def install_hosts(
             private_data_dir=private,
             playbook=str(PLAYBOOK),
             inventory=str(inventory.path.resolve()),
-            extravars={"tb_plan": plan, "tb_local_arch": platform.machine()},
+            extravars={
+                "tb_plan": plan,
+                "tb_local_arch": platform.machine(),
+            },
             # pipelining: a module runs over the open connection, no temp file copied first (fewer round trips)
             envvars={
                 **env,
@@ -246,7 +293,8 @@ def install_hosts(
         unreachable: dict[str, str] = {}
         seconds = dict.fromkeys(inventory.order, 0.0)
         host_error: dict[str, str] = {}
-        _read_events(run.events, items, unreachable, seconds, host_error)
+        clocks: dict[str, list[str]] = {}
+        _read_events(run.events, items, unreachable, seconds, host_error, clocks)
         stats = run.stats or {}
         if run.rc not in (0, 2, 4) and not any(seconds.values()) and not unreachable:
             why = (run.stdout.read() if run.stdout else "").strip().splitlines()[-3:]
@@ -257,5 +305,19 @@ def install_hosts(
             out.append(RemoteResult(n, "ssh", "", "failed", f"unreachable: {unreachable[n]}"))
             continue
         out += [it.result(bin_dir(inventory.hosts[n]), host_error.get(n)) for it in items[n]]
+        if clocks.get(n):
+            out.append(clock_row(n, clocks[n][0]))
     changed = {n: int((stats.get("changed") or {}).get(n, 0)) for n in inventory.order}
     return out, {n: (changed[n], seconds[n]) for n in inventory.order}
+
+
+def clock_row(host: str, said: str) -> RemoteResult:
+    """The clock task's answer (timedatectl's NTPSynchronized, chrony's leap status): a warning when it is
+    known to be unsynchronised."""
+    synced = said in ("yes", "chrony Normal")
+    known = said not in ("unknown", "")
+    status = "present" if synced or not known else "unsynced"
+    detail = f"{said}" + ("" if synced else ": one-way delays and timestamps across hosts cannot be compared")
+    return RemoteResult(
+        host, "clock", "time sync", status, detail if known else "unknown (no timedatectl or chronyc)"
+    )

@@ -8,8 +8,6 @@ the targets."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.provision import (
     ROUTER_APT,
@@ -17,10 +15,12 @@ from tunnelbench.lab.provision import (
     AptStep,
     CopyStep,
     DebianPackages,
+    KernelStep,
     RemoteResult,
     Step,
     install_hosts,
 )
+from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.vpns.install import Apt, Source
 
 
@@ -31,18 +31,26 @@ def step(what: str, s: Source | DebianPackages) -> Step:
     return CopyStep(what, s.label, tuple(s.binaries), s.bin_dir() if s.cached() else None)
 
 
-def host_steps(vpns: dict[str, Sequence[Source]], router: bool) -> list[Step]:
-    """The lab's tools (and the router's, on the router host), then each VPN's install sources (by name)."""
+def kernel_features(cls: type[VpnDriver]) -> tuple[str, ...]:
+    """What a VPN's data path needs of the kernel: its tunnel types, or TUN for a userspace daemon."""
+    return cls.kernel_features or ("tun",)
+
+
+def host_steps(vpns: dict[str, type[VpnDriver]], router: bool) -> list[Step]:
+    """The lab's tools (and the router's, on the router host), then each VPN's install sources and kernel
+    features (by name)."""
     steps = [step("tools", TOOLS_APT)]
     if router:
         steps.append(step("router tools", ROUTER_APT))
-    for n, installs in vpns.items():
-        steps += [step(n, s) for s in installs]
+    for n, cls in vpns.items():
+        steps += [step(n, s) for s in cls.installs]
+        feats = kernel_features(cls)
+        steps.append(KernelStep(n, "kernel " + " ".join(feats), feats))
     return steps
 
 
 def install_inventory(
-    inventory: Inventory, vpns: dict[str, Sequence[Source]], insecure: bool = False
+    inventory: Inventory, vpns: dict[str, type[VpnDriver]], insecure: bool = False
 ) -> tuple[list[RemoteResult], dict[str, tuple[int, float]]]:
     """Every host at once; results in inventory order, one per host and thing installed, and per host the
     number of changes Ansible made (0 everywhere on a second run) and its seconds there."""
