@@ -473,11 +473,9 @@ def test_resilience_over_ssh_reads_the_probe_where_ping_writes_it(ssh_env: SshFi
     assert len(echo_replies(text)) >= 5, text[-2000:]
 
 
-# nebula: its revocation is a file on every other host and a SIGHUP, all over SSH (wireguard-go's, one UAPI
-# command on the revoking peer, is tested in the namespace lab: tests/test_revoke.py)
 REVOKE_SCENARIO = """
 name = "ssh-revoke"
-vpns = ["nebula"]
+vpns = ["{vpn}"]
 [run]
 repetitions = 1
 retries = 0
@@ -490,22 +488,27 @@ cap_s = 10
 """
 
 
-def test_revoke_over_ssh_cuts_the_third_peer_off(ssh_env: SshFixture, pinned_builds: str, tmp_path):
+# wireguard-go (the hosts' own build: one UAPI command on each other peer) in CI; nebula (a blocklist file on
+# every other host and a SIGHUP, with the pinned build copied there first) in --long
+@pytest.mark.parametrize("vpn", ["wireguard-go", pytest.param("nebula", marks=pytest.mark.long)])
+def test_revoke_over_ssh_cuts_the_third_peer_off(ssh_env: SshFixture, request, tmp_path, vpn):
     """Revocation over SSH: h3 (a machine of its own) is cut off h2 by the VPN's operator action, h1 -> h2
     keeps answering; the probe runs on h3 and writes its replies there, and the workload reads them while
     it watches (the same fix as the resilience probe's). The reference is ping's own log, copied back."""
     scen = tmp_path / "s.toml"
-    scen.write_text(REVOKE_SCENARIO)
-    # the pinned builds: a host's own older nebula (Debian's 1.6.1) kept answering past the 10-s cap here,
+    scen.write_text(REVOKE_SCENARIO.format(vpn=vpn))
+    # nebula's pinned build: the hosts' own older one (Debian's 1.6.1) kept answering past the 10-s cap here,
     # where the pinned release closes the tunnel to a blocklisted certificate at its next tunnel check
-    inv = ssh_env.inventory(tmp_path / "inv.ini", bin_dir=pinned_builds)
+    pinned = request.getfixturevalue("pinned_builds") if vpn == "nebula" else None
+    inv = ssh_env.inventory(tmp_path / "inv.ini", bin_dir=pinned)
     r = ssh_env.tb("run", str(scen), "--inventory", str(inv), "--results", str(tmp_path / "r"), "--no-html",
                    timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    from tunnelbench.catalog import DRIVERS
+    if vpn == "nebula":
+        from tunnelbench.catalog import DRIVERS
 
-    pinned = next(s.version for s in DRIVERS["nebula"].installs if hasattr(s, "version")).lstrip("v")
-    assert f"nebula {pinned} (on h1)" in r.stdout + r.stderr, r.stdout  # the copies ran, not the hosts' own
+        want = next(s.version for s in DRIVERS["nebula"].installs if hasattr(s, "version")).lstrip("v")
+        assert f"nebula {want} (on h1)" in r.stdout + r.stderr, r.stdout  # the copies ran, not the hosts' own
     (run_dir,) = (tmp_path / "r").iterdir()
     db = sqlite3.connect(run_dir / "results.sqlite")
     rows = db.execute(
@@ -518,7 +521,7 @@ def test_revoke_over_ssh_cuts_the_third_peer_off(ssh_env: SshFixture, pinned_bui
         assert status == "ok", (vpn, status)
         got.setdefault(vpn, {})[name] = value
         got[vpn]["adir"] = adir
-    assert set(got) == {"nebula"}, got
+    assert set(got) == {vpn}, got
     for vpn, m in got.items():
         assert 0 <= m["revocation_s"] < 10 and m["others_ok"] == 1 and m["cut_off_all"] == 1, (vpn, m)
         record = json.loads((Path(m["adir"]) / "revoke.json").read_text())
@@ -940,8 +943,8 @@ def test_install_inventory_copies_cached_builds_and_doctor_sees_them(ssh_env: Ss
 
 
 SECURITY_OVER_SSH = {
-    "leak": ('vpns = ["internal", "nebula"]\n[lab]\nhosts = 3\n[[workloads]]\nname = "leak"\n',
-             {("internal", "leak_pass"): 0, ("nebula", "leak_pass"): 1}),
+    "leak": ('vpns = ["internal", "wireguard-go"]\n[lab]\nhosts = 3\n[[workloads]]\nname = "leak"\n',
+             {("internal", "leak_pass"): 0, ("wireguard-go", "leak_pass"): 1}),
     "acl": ('vpns = ["nebula"]\n[lab]\nhosts = 3\n[vpn_options.nebula]\nacl = "isolate"\n'
             '[[workloads]]\nname = "acl"\n',
             {("nebula", "acl_enforced"): 1, ("nebula", "acl_allowed_ok"): 1, ("nebula", "acl_denied_blocked"): 1}),
@@ -957,16 +960,17 @@ SECURITY_OVER_SSH = {
 @pytest.mark.parametrize(
     "check", [c if c == "leak" else pytest.param(c, marks=pytest.mark.long) for c in SECURITY_OVER_SSH]
 )
-def test_security_checks_and_control_loss_over_ssh(ssh_env: SshFixture, pinned_builds: str, tmp_path, check):
+def test_security_checks_and_control_loss_over_ssh(ssh_env: SshFixture, request, tmp_path, check):
     """The leak, ACL and control-loss workloads on separate machines: the same verdicts as in the namespace
-    lab, from the pinned builds install --inventory put on each host."""
+    lab (nebula from the pinned build install --inventory put on each host)."""
     body, want = SECURITY_OVER_SSH[check]
     scen = tmp_path / "s.toml"
     vpns, rest = body.split("\n", 1)  # top-level keys before the first table
     scen.write_text(
         f'name = "ssh-{check}"\n{vpns}\n[run]\nrepetitions = 1\nretries = 0\ndrift_check_s = 0\n{rest}'
     )
-    inv = ssh_env.inventory(tmp_path / "inv.ini", bin_dir=pinned_builds)
+    pinned = request.getfixturevalue("pinned_builds") if "nebula" in vpns else None
+    inv = ssh_env.inventory(tmp_path / "inv.ini", bin_dir=pinned)
     r = ssh_env.tb("run", str(scen), "--inventory", str(inv), "--results", str(tmp_path / "r"), "--no-html",
                    timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr

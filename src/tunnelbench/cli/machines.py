@@ -82,7 +82,7 @@ def _doctor_inventory(path: Path, insecure: bool) -> int:
 @click.option(
     "--inventory",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="install on every host of this inventory over SSH (apt there, or copies of the local cache)",
+    help="install on every host of this Ansible inventory (one Ansible play: apt there, copies of the local cache)",
 )
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
 def install(
@@ -98,8 +98,10 @@ def install(
     release from the driver's Go module or crate, built into the cache), e.g. `install nebula@1.9.0`.
     Registry builds go to a cache keyed by name and version ($TUNNELBENCH_CACHE, default
     /var/cache/tunnelbench): a second install, or CI with the cache restored, does not rebuild.
-    With --inventory: on each host, Debian packages with apt-get, registry builds copied from the local
-    cache when the architecture matches (install them here first), plus the lab's tools."""
+    With --inventory: one Ansible play over the inventory, every host at once: Debian packages with
+    apt-get, registry builds copied from the local cache when the architecture matches (install them here
+    first) and replaced when they differ, the VPNs' kernel features loaded and tried, the lab's tools, the
+    clock looked at; a second run changes nothing."""
     from tunnelbench.catalog import DRIVERS, resolve
     from tunnelbench.vpns.install import cache_root, install_source
 
