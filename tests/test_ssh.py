@@ -749,6 +749,10 @@ def test_a_host_that_stays_unreachable_ends_the_run_and_clean_undoes_it(ssh_env:
     cases = _cases(run_dir)
     ok = [c for c in cases if c[4] == "ok"]
     assert ok and ("wireguard-go", "tcp", 1, 0, "ok", "") in cases, (cases, out)
+    # the case h2 dropped out of failed with the reason (not left "running"); nothing after it started
+    (cut,) = [c for c in cases if c[1:4] == ("tcp", 2, 0)]
+    assert cut[4] == "failed" and "h2 (h2 (root@10.100.2.2:22))" in cut[5], (cases, out)
+    assert not [c for c in cases if c[4] == "running"], cases
     assert p.returncode == 1, (p.returncode, out, ended_s)
     assert "h2 (root@10.100.2.2:22)): cannot connect" in out, out
     assert f"stay journaled: `tunnelbench clean --inventory {inv}` removes them" in " ".join(out.split()), out

@@ -38,7 +38,7 @@ from tunnelbench.impair.load import engine_load
 from tunnelbench.impair.tcpcheck import goodput_mbps, iperf3_tcp
 from tunnelbench.lab import counters, cpus, hostfw, pathcheck, sysctl
 from tunnelbench.lab.base import Lab
-from tunnelbench.lab.host import Host, abort_running
+from tunnelbench.lab.host import CommandError, Host, abort_running
 from tunnelbench.lab.journal import Journal, run_leftovers
 from tunnelbench.lab.make import make_lab
 from tunnelbench.lab.tags import new_run_id, new_tag
@@ -1335,8 +1335,7 @@ class Runner:
                 return "n/a"
             except CASE_ERRORS as e:
                 (adir / "error.txt").write_text(traceback.format_exc())
-                diag.finish(failed=True)
-                self._keep_logs(mesh.driver, adir / "daemon-logs")
+                # the verdict first: a host that stopped answering (SSH) must not leave the case "running";
                 # a case on the wrong path keeps the path share it saw (failed cases never count as results)
                 self.store.finish_case(
                     cid, "failed", getattr(e, "outcome", None), error=f"{type(e).__name__}: {e}"[:2000]
@@ -1345,6 +1344,11 @@ class Runner:
                 self._say(
                     f"{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400], "red"
                 )
+                try:
+                    diag.finish(failed=True)
+                    self._keep_logs(mesh.driver, adir / "daemon-logs")
+                except (CommandError, OSError, TimeoutError, RuntimeError) as why:  # RuntimeError: SshError
+                    self._say(f"{mesh.vpn} · {wl.label()}: its logs were not all kept: {why}"[:400], "yellow")
                 self._heal(mesh)
         return "failed"
 
