@@ -683,31 +683,41 @@ def _cases(run_dir: Path) -> list[tuple]:
     return rows
 
 
-def test_a_dropped_connection_fails_its_case_then_the_run_reconnects(ssh_env: SshFixture, tmp_path):
-    """h1's sshd (the client's) is killed 1 s into a TCP case, every connection with it, and is back 1 s
-    later, as after a restart: that attempt fails naming h1, the run reconnects, the retry and every later
-    case are measured, and nothing is left on any host."""
+def _run_and_cut(
+    fx: SshFixture, tmp_path: Path, name: str, back_after_s: float | None
+) -> tuple[Path, str, int]:
+    """A 3-round wireguard-go run in which host `name`'s sshd is killed, every connection with it, 1 s into
+    round 2's TCP case; back after `back_after_s` (None: only after the run). (run folder, output, exit)."""
     scen = tmp_path / "s.toml"
     scen.write_text(SCENARIO.format(vpns='["wireguard-go"]', reps=3, dur=3))
-    inv = ssh_env.inventory(tmp_path / "inv.ini")
+    inv = fx.inventory(tmp_path / "inv.ini")
     results = tmp_path / "results"
-    h1 = next(t for t in ssh_env.targets if t.name == "h1")
-    p = subprocess.Popen(ssh_env.tb_argv("run", str(scen), "--inventory", str(inv), "--results", str(results),
-                                         "--no-html"),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ssh_env.env())  # fmt: skip
+    t = next(t for t in fx.targets if t.name == name)
+    p = subprocess.Popen(fx.tb_argv("run", str(scen), "--inventory", str(inv), "--results", str(results),
+                                    "--no-html"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=fx.env())  # fmt: skip
     try:
         run_dir = _wait_for_ok_case(results, 1)
         _wait_running(run_dir, "tcp", 2, 1.0)
-        assert len(ssh_env.drop_connections(h1, and_listener=True)) > 1, "no SSH connection to h1 to cut"
-        time.sleep(1)
-        ssh_env.restart_sshd(h1)
-        out, _ = p.communicate(timeout=300)
+        assert len(fx.drop_connections(t, and_listener=True)) > 1, f"no SSH connection to {name} to cut"
+        if back_after_s is not None:
+            time.sleep(back_after_s)
+            fx.restart_sshd(t)
+        out, _ = p.communicate(timeout=400)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-        if h1.sshd.poll() is not None:
-            ssh_env.restart_sshd(h1)
+        if t.sshd.poll() is not None:
+            fx.restart_sshd(t)
+    return run_dir, out, p.returncode
+
+
+def test_a_dropped_connection_fails_its_case_then_the_run_reconnects(ssh_env: SshFixture, tmp_path):
+    """h1's sshd (the client's) is killed 1 s into a TCP case, every connection with it, and is back 1 s
+    later, as after a restart: that attempt fails naming h1, the run reconnects, the retry and every later
+    case are measured, and nothing is left on any host."""
+    run_dir, out, rc = _run_and_cut(ssh_env, tmp_path, "h1", back_after_s=1)
     cases = _cases(run_dir)
     failed = [c for c in cases if c[4] != "ok"]
     assert len(failed) == 1 and failed[0][1:4] == ("tcp", 2, 0), (cases, out)
@@ -716,7 +726,7 @@ def test_a_dropped_connection_fails_its_case_then_the_run_reconnects(ssh_env: Ss
     assert {(c[1], c[2]) for c in cases if c[4] == "ok"} == {
         (w, r) for w in ("tcp", "ping") for r in (1, 2, 3)
     }
-    assert p.returncode == 0, out  # every planned case measured (the retry counts)
+    assert rc == 0, out  # every planned case measured (the retry counts)
     tag = run_dir.name.split("-")[-1]
     for t in ssh_env.targets:
         assert _target_state(ssh_env, t, tag) == {"links": "", "files": "", "nft": "", "procs": ""}, t.name
@@ -725,27 +735,8 @@ def test_a_dropped_connection_fails_its_case_then_the_run_reconnects(ssh_env: Ss
 def test_a_host_that_stays_unreachable_ends_the_run_and_clean_undoes_it(ssh_env: SshFixture, tmp_path):
     """h2's sshd is killed 1 s into a TCP case and stays down: the run ends (not hangs) with the cases it
     measured stored and its exit code; after h2 is back, clean --inventory leaves nothing on any host."""
-    scen = tmp_path / "s.toml"
-    scen.write_text(SCENARIO.format(vpns='["wireguard-go"]', reps=3, dur=3))
-    inv = ssh_env.inventory(tmp_path / "inv.ini")
-    results = tmp_path / "results"
-    h2 = next(t for t in ssh_env.targets if t.name == "h2")
-    p = subprocess.Popen(ssh_env.tb_argv("run", str(scen), "--inventory", str(inv), "--results", str(results),
-                                         "--no-html"),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ssh_env.env())  # fmt: skip
-    try:
-        run_dir = _wait_for_ok_case(results, 1)
-        _wait_running(run_dir, "tcp", 2, 1.0)
-        ssh_env.drop_connections(h2, and_listener=True)
-        t0 = time.monotonic()
-        out, _ = p.communicate(timeout=400)
-        ended_s = time.monotonic() - t0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if h2.sshd.poll() is not None:
-            ssh_env.restart_sshd(h2)
+    run_dir, out, rc = _run_and_cut(ssh_env, tmp_path, "h2", back_after_s=None)
+    inv = tmp_path / "inv.ini"
     cases = _cases(run_dir)
     ok = [c for c in cases if c[4] == "ok"]
     assert ok and ("wireguard-go", "tcp", 1, 0, "ok", "") in cases, (cases, out)
@@ -753,7 +744,7 @@ def test_a_host_that_stays_unreachable_ends_the_run_and_clean_undoes_it(ssh_env:
     (cut,) = [c for c in cases if c[1:4] == ("tcp", 2, 0)]
     assert cut[4] == "failed" and "h2 (h2 (root@10.100.2.2:22))" in cut[5], (cases, out)
     assert not [c for c in cases if c[4] == "running"], cases
-    assert p.returncode == 1, (p.returncode, out, ended_s)
+    assert rc == 1, (rc, out)
     assert "h2 (root@10.100.2.2:22)): cannot connect" in out, out
     assert f"stay journaled: `tunnelbench clean --inventory {inv}` removes them" in " ".join(out.split()), out
     tag = run_dir.name.split("-")[-1]
