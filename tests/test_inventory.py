@@ -143,3 +143,14 @@ def test_ansible_cfg_host_key_checking_is_the_default(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "hosts")], capture_output=True, text=True,
                          env=env, cwd=tmp_path, timeout=120, check=True).stdout  # fmt: skip
     assert out.strip() == "[('a', False), ('b', False), ('b2', True)]"
+
+
+@pytest.mark.parametrize("workload", ["many_clients", "http_download"])
+def test_a_namespace_lab_only_workload_is_refused_for_ssh_hosts_before_the_run(workload):
+    from tunnelbench.scenario import ScenarioError, parse_scenario
+
+    data = {"name": "t", "vpns": ["wireguard-go"], "workloads": [{"name": "ping"}, {"name": workload}]}
+    parse_scenario(data, "t")  # the namespace lab takes it
+    with pytest.raises(ScenarioError, match=f"workloads: {workload} runs in the namespace lab only") as e:
+        parse_scenario({**data, "lab": {"backend": "ssh", "inventory": "hosts"}}, "t")
+    assert "run it without --inventory" in str(e.value)

@@ -472,6 +472,7 @@ class Runner:
 
     def _teardown(self) -> None:
         t0 = time.monotonic()
+        problems: list[str] = []
         if self.mesh is not None:
             with contextlib.suppress(Exception):
                 self.mesh.stop()
@@ -488,15 +489,14 @@ class Runner:
             for p in problems:
                 self._say(f"teardown problem: {p}", "red")
             self._record("the router's drop totals", lambda: self.store.set_env(self.run_id, totals))
-        left = self.journal.end()
-        if left:  # kept registered: the next `clean` (with the inventory, for SSH hosts) undoes them
-            hosts = sorted({str(e.get("host") or "this machine") for e in left})
+        if problems:  # kept registered: the next `clean` (with the inventory, for SSH hosts) undoes the rest
             flag = f" --inventory {self.sc.lab.inventory}" if self.sc.lab.backend == "ssh" else ""
             self._say(
-                f"{len(left)} thing(s) the teardown could not undo on {', '.join(hosts)} stay journaled: "
-                f"`tunnelbench clean{flag}` removes them",
+                f"what the teardown could not undo stays journaled: `tunnelbench clean{flag}` removes it",
                 "yellow",
             )
+        else:
+            self.journal.end()
         if self.journal.run_dir_error:  # the teardown went on; its record in the results folder did not
             self._say(
                 f"the results folder's journal.jsonl is incomplete ({self.journal.run_dir_error}): the lab "

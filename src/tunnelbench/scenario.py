@@ -418,6 +418,18 @@ class Scenario(Strict):
         return caps.get(vpn) or caps.get(vpn.partition("@")[0]) or self.lab.hosts
 
     @model_validator(mode="after")
+    def _ssh_workloads(self) -> Scenario:
+        if self.lab.backend == "ssh":
+            for w in self.workloads:
+                why = WORKLOADS[w.name].namespace_lab_only
+                if why:
+                    raise ValueError(
+                        f"workloads: {w.name} runs in the namespace lab only ({why}); remove it from this "
+                        "scenario or run it without --inventory"
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _firewall(self) -> Scenario:
         if self.hosts.firewall != "none" and self.lab.backend != "netns":
             raise ValueError(

@@ -130,17 +130,12 @@ class Journal:
     def release(self, entry: dict[str, Any]) -> None:
         self._append({"kind": "release", "ref": {k: v for k, v in entry.items() if k != "argv"}})
 
-    def end(self) -> list[dict[str, Any]]:
-        """Close the run's journal. Entries still open (a teardown that could not reach a host, or whose undo
-        failed) keep the run registered, so `tunnelbench clean` finds and retries them once this process is
-        gone; returns them."""
-        left = read_open_entries(self.copy_path)
-        if left:  # no "end" line: it says everything was undone
-            return left
+    def end(self) -> None:
+        """Close the run's journal: everything was undone. A teardown that met problems does not call it, so
+        the run stays registered and `tunnelbench clean` retries what is left once this process is gone."""
         self._append({"kind": "end"})
         self.registry_file.unlink(missing_ok=True)
         self.copy_path.unlink(missing_ok=True)
-        return []
 
 
 @dataclass

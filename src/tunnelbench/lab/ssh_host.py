@@ -138,8 +138,8 @@ class HostJournal:
     def release(self, entry: dict[str, Any]) -> None:
         self.journal.release(self._tag(entry))
 
-    def end(self) -> list[dict[str, Any]]:
-        return self.journal.end()
+    def end(self) -> None:
+        self.journal.end()
 
 
 # -- the host --------------------------------------------------------------------------------------------

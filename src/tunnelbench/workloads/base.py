@@ -63,6 +63,8 @@ class Workload(ABC):
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
     headline: tuple[str, ...] = ()  # the metrics the terminal summary shows (a workload may set its own)
     restarts_mesh: ClassVar[bool] = False  # the runner lets the tunnel settle again afterwards
+    # why the workload runs in the namespace lab only (a scenario with lab.backend = "ssh" is refused with it)
+    namespace_lab_only: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

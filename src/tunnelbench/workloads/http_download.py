@@ -59,6 +59,8 @@ class HttpDownload(Workload):
     summary = "curl --parallel fetches a binary-cache-like file set from nginx over the tunnel"
     tools = ("nginx", "curl")
     headline = ("download_s", "goodput_mbps")
+    # seen over SSH: curl fetched nothing (issue 29's sweep); the fix is the host API for both files
+    namespace_lab_only = "it writes its file set and curl's config on this machine, not on the SSH hosts yet"
     Params = HttpDownloadParams
     params: HttpDownloadParams
     metrics = (

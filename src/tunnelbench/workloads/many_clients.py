@@ -51,6 +51,9 @@ class ManyClients(Workload):
     summary = "N client hosts call a REST service every 250 ms (Goethals et al. scalability)"
     tools = ("nginx",)
     headline = ("response_p50_ms", "response_p99_ms", "failure_rate_pct")
+    namespace_lab_only = (
+        "its clients open sockets in each client host's namespace via setns, from this process"
+    )
     Params = ManyClientsParams
     params: ManyClientsParams
     metrics = (
@@ -95,7 +98,7 @@ class ManyClients(Workload):
                 f"{len(clients)} (set lab.hosts >= {p.clients + 1})"
             )
         if not all(hasattr(h, "netns") for h in clients):
-            raise WorkloadError("many_clients needs the namespace lab (clients open sockets via setns)")
+            raise WorkloadError(f"many_clients needs the namespace lab ({self.namespace_lab_only})")
         ndir = ctx.artifact_dir / "nginx"
         nginx = start_nginx(ctx.server, ctx.server_ip, REST_PORT, ndir, workers=p.server_workers)
         procs = []
