@@ -173,7 +173,7 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
         t.add_column(c)
     failed = False
     colour = {"present": "green", "installed": "green", "copied": "green", "loaded": "green", "failed": "red",
-              "unsynced": "yellow"}  # fmt: skip
+              "unsynced": "yellow", "differs": "yellow"}  # fmt: skip
     try:
         results, changed = install_inventory(inv, {n: DRIVERS[n] for n in names}, insecure)
     except RuntimeError as e:  # Ansible itself could not run the play

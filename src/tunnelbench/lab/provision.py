@@ -12,6 +12,7 @@ in any run journal); a second run changes nothing."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -30,6 +31,13 @@ from tunnelbench.lab.tags import TAG_PREFIX
 from tunnelbench.lab.tools import HOST_PACKAGES, ROUTER_PACKAGES
 
 PLAYBOOK = Path(__file__).with_name("install.yml")
+# the play's task names, as its results are read (tests/test_provision_units.py checks each against install.yml)
+T_ARCH = "architecture and the builds already there"
+T_APT = "debian packages"
+T_COPY = "registry builds"
+T_OWN = "the host's own builds"
+T_KERNEL = "kernel features"
+T_CLOCK = "clock"
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,12 @@ class AptStep:
     what: str  # vpn name or "tools"
     label: str
     packages: tuple[str, ...]
+    # per package, the version this machine has installed (the one its namespace lab measures), "" if none:
+    # a host that lacks the package gets that version when its sources have it
+    pins: tuple[str, ...] = ()
+
+    def pin(self, package: str) -> str:
+        return dict(zip(self.packages, self.pins, strict=False)).get(package, "")
 
 
 @dataclass(frozen=True)
@@ -78,7 +92,9 @@ class RemoteResult:
     host: str
     what: str  # vpn name or "tools"
     source: str
-    status: str  # present | installed | copied | loaded | failed | unsynced (a clock: a warning)
+    # present | installed | copied | loaded | failed; warnings: unsynced (a clock), differs (a Debian package at
+    # another version than this machine's, left as it is)
+    status: str
     detail: str = ""
 
 
@@ -92,6 +108,8 @@ class _Item:
     replaced: list[str] = field(default_factory=list)  # binaries whose earlier copy differed
     failed: list[str] = field(default_factory=list)
     found: list[str] = field(default_factory=list)  # the host's own binaries (another architecture)
+    # Debian package -> the host's version after the play
+    versions: dict[str, str] = field(default_factory=dict)
     seen: bool = False  # Ansible reported on this step: a step it never reached is not "present"
 
     def result(self, bin_dir: str, host_error: str | None) -> RemoteResult:
@@ -102,8 +120,7 @@ class _Item:
         elif self.failed:
             status, detail = "failed", "; ".join(self.failed)[-300:]
         elif isinstance(s, AptStep):
-            if self.changed:
-                status, detail = "installed", "apt " + " ".join(self.changed)
+            status, detail = self._apt(s)
         elif isinstance(s, KernelStep):
             status = "loaded" if self.changed else "present"
             detail = (
@@ -122,6 +139,26 @@ class _Item:
             detail = f"{', '.join(f'{bin_dir}/{b}' for b in s.binaries)} (the pinned build: checksum equal)"
         return RemoteResult(self.host, s.what, s.label, status, detail)
 
+    def _apt(self, s: AptStep) -> tuple[str, str]:
+        """Installed (with the versions), or present; a package at another version than this machine's is
+        said, and a present one is left as it is (a system package other software on the host may need)."""
+        other = [
+            f"{p} {self.versions[p]} here, {s.pin(p)} on this machine"
+            for p in s.packages
+            if s.pin(p) and self.versions.get(p, s.pin(p)) != s.pin(p)
+        ]
+        if self.changed:
+            detail = "apt " + " ".join(
+                f"{p}={self.versions[p]}" if p in self.versions else p for p in self.changed
+            )
+            return "installed", detail + (
+                f" (not this machine's version: {'; '.join(other)})" if other else ""
+            )
+        if other:
+            return "differs", "; ".join(other) + ": left as it is (`apt-get install PACKAGE=VERSION` pins it)"
+        pinned = all(s.pin(p) for p in s.packages)
+        return "present", "debian" + (", this machine's versions" if pinned and self.versions else "")
+
 
 def bin_dir(h: InvHost) -> str:
     return str(h.vars.get("tunnelbench_bin_dir") or DEFAULT_BIN_DIR)
@@ -133,7 +170,8 @@ def plan_of(h: InvHost, steps: Sequence[Step]) -> dict[str, Any]:
     where = bin_dir(h)
     for i, s in enumerate(steps):
         if isinstance(s, AptStep):
-            plan["packages"] += [p for p in s.packages if p not in plan["packages"]]
+            have = {e.split("=", 1)[0] for e in plan["packages"]}
+            plan["packages"] += [f"{p}={s.pin(p)}" if s.pin(p) else p for p in s.packages if p not in have]
             continue
         if isinstance(s, KernelStep):
             plan["features"] += [f for f in s.features if f not in plan["features"]]
@@ -145,9 +183,20 @@ def plan_of(h: InvHost, steps: Sequence[Step]) -> dict[str, Any]:
                 plan["own"].append(item)
             else:
                 src = s.local_dir / b
-                sha = hashlib.sha256(src.read_bytes()).hexdigest()
-                plan["builds"].append({**item, "src": str(src), "dest": f"{where}/{b}", "sha256": sha})
+                plan["builds"].append(
+                    {**item, "src": str(src), "dest": f"{where}/{b}", "sha256": _sha256(src)}
+                )
     return plan
+
+
+@functools.cache
+def _sha256(path: Path) -> str:
+    """A local build's checksum, read once per process (not once per host: a Go build is tens of MB)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _first_line(res: dict[str, Any]) -> str:
@@ -172,11 +221,13 @@ def _read_host_task(
     kind: str, task: str, res: dict[str, Any], items: list[_Item], before: list[str], clock: list[str]
 ) -> None:
     """A task's result on one host (not a loop item): the packages step and the host's own builds."""
-    if task == "debian packages":
+    if task == T_APT:
         apt = [it for it in items if isinstance(it.step, AptStep)]
-        installed = (
-            str(res.get("stdout", "")).split("TB-INSTALLED", 1)[-1].split() if res.get("changed") else []
-        )
+        out = str(res.get("stdout", ""))
+        installed = next((ln.split()[1:] for ln in out.splitlines() if ln.startswith("TB-INSTALLED")), [])
+        versions = {
+            f[1]: f[2] for f in (ln.split() for ln in out.splitlines()) if len(f) == 4 and f[0] == "TB-PKG"
+        }
         for it in apt:
             it.seen = True
             assert isinstance(it.step, AptStep)
@@ -184,7 +235,8 @@ def _read_host_task(
                 it.failed.append(_first_line(res))
             else:
                 it.changed += [p for p in it.step.packages if p in installed]
-    elif task == "kernel features":
+                it.versions.update({p: versions[p] for p in it.step.packages if versions.get(p, "-") != "-"})
+    elif task == T_KERNEL:
         out = str(res.get("stdout", ""))
         loaded = [
             f[1] for f in (line.split() for line in out.splitlines()) if len(f) == 2 and f[0] == "TB-LOADED"
@@ -199,7 +251,7 @@ def _read_host_task(
                     for f in it.step.features
                     if verdict.get(f, "failed") is not None
                 ]
-    elif task == "the host's own builds" and kind == "runner_on_ok":
+    elif task == T_OWN and kind == "runner_on_ok":
         for line in str(res.get("stdout", "")).splitlines():
             f = line.split()
             if len(f) == 4 and f[0] == "TB":
@@ -209,9 +261,9 @@ def _read_host_task(
                     it.failed.append(_own_missing(it, f[2]))
                 else:
                     it.found.append(f[3])
-    elif task == "clock":
+    elif task == T_CLOCK:
         clock.append(str(res.get("stdout", "")).strip() or _first_line(res))
-    elif task == "architecture and the builds already there" and kind == "runner_on_ok":
+    elif task == T_ARCH and kind == "runner_on_ok":
         before += [line.split()[-1] for line in str(res.get("stdout", "")).splitlines()[1:] if " " in line]
 
 
@@ -237,11 +289,11 @@ def _read_events(
             seconds[host] += float(data.get("duration") or 0)  # a task's time on the host, its items in it
             if "results" not in res:  # a loop's summary repeats its items
                 _read_host_task(kind, task, res, items[host], before[host], clocks.setdefault(host, []))
-            if kind == "runner_on_failed" and task == "architecture and the builds already there":
+            if kind == "runner_on_failed" and task == T_ARCH:
                 host_error.setdefault(host, f"{task}: {_first_line(res)}")  # the host stops there
             continue
         item = res.get("item")
-        if task != "registry builds" or not isinstance(item, dict):
+        if task != T_COPY or not isinstance(item, dict):
             continue
         it = items[host][int(item["i"])]
         it.seen = True

@@ -21,13 +21,15 @@ from tunnelbench.lab.provision import (
     install_hosts,
 )
 from tunnelbench.vpns.base import VpnDriver
-from tunnelbench.vpns.install import Apt, Source
+from tunnelbench.vpns.install import Apt, Source, debian_version
 
 
 def step(what: str, s: Source | DebianPackages) -> Step:
-    """One install source as a step on a host: apt-get for Debian packages, a copy for a registry build."""
+    """One install source as a step on a host: apt-get for Debian packages (pinned to this machine's versions,
+    the ones its own runs measure), a copy for a registry build."""
     if isinstance(s, (Apt, DebianPackages)):
-        return AptStep(what, s.label, tuple(s.packages))
+        pins = tuple(debian_version(p) or "" for p in s.packages)
+        return AptStep(what, s.label, tuple(s.packages), pins)
     return CopyStep(what, s.label, tuple(s.binaries), s.bin_dir() if s.cached() else None)
 
 
