@@ -145,7 +145,7 @@ def test_ansible_cfg_host_key_checking_is_the_default(tmp_path):
     assert out.strip() == "[('a', False), ('b', False), ('b2', True)]"
 
 
-@pytest.mark.parametrize("workload", ["many_clients", "http_download"])
+@pytest.mark.parametrize("workload", ["many_clients"])
 def test_a_namespace_lab_only_workload_is_refused_for_ssh_hosts_before_the_run(workload):
     from tunnelbench.scenario import ScenarioError, parse_scenario
 

@@ -1,8 +1,9 @@
 """The SSH lab end to end against real sshd servers inside lab namespaces.
 
 Layout: a namespace lab with h1, h2, h3 (SSH targets, the inventory's peers, each sshd in its own mount
-namespace with private /var/tmp and /run/wireguard, so "remote" files are really not on the controller's
-filesystem and a test can tell which machine a file reached), the router (also an SSH target, the inventory's
+namespace with private /var/tmp, /run/wireguard, /usr/local/bin and /var/cache/tunnelbench, and pytest's temp
+root hidden, so "remote" files are really not on the controller's filesystem, a run that wrote a file here for
+a host to read fails as on a real machine, and a test can tell which machine a file reached), the router (also an SSH target, the inventory's
 router host) and h4, the controller: the tunnelbench CLI under test runs inside h4 and reaches the targets only
 through the router. The lab has no path off the machine (the router's guard
 drops anything not addressed to it). Every sshd this module starts is killed by PID at the end."""
@@ -36,6 +37,7 @@ from tunnelbench.lab.tags import new_run_id, new_tag
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 SSHD = "/usr/sbin/sshd"
+CACHE = "/var/cache/tunnelbench"  # this machine's builds: not on the targets (a private empty folder there)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,6 +70,22 @@ omit_s = 0
 name = "ping"
 count = 20
 interval_s = 0.02
+"""
+
+# the HTTP workloads (nginx's folder and the file set on the server host, curl's request list and hey on the
+# client: none of it may be a path of the controller's)
+HTTP_WORKLOADS = """
+[[workloads]]
+name = "http_download"
+small_files = 20
+small_kib = 8
+large_files = 1
+large_mib = 2
+connections = 4
+[[workloads]]
+name = "http_api"
+count = 100
+rate_per_s = 500
 """
 
 SSHD_CONFIG = """
@@ -203,13 +221,22 @@ def _start_sshd(d: Path, name: str, netns: str, ip: str, authorized: Path) -> su
         _keygen(hostkey)
     conf = d / f"sshd-{name}.conf"
     conf.write_text(SSHD_CONFIG.format(ip=ip, hostkey=hostkey, authorized=authorized))
-    # own mount namespace: private /var/tmp (remote workdirs) and /run/wireguard (UAPI sockets), like a
+    # own mount namespace: private /var/tmp (remote workdirs), /run/wireguard (UAPI sockets), /usr/local/bin
+    # (install's default bin dir) and this machine's build cache (hey, quicperf, the VPN builds), like a
     # separate machine, each a folder of this test's own bound over the path (a restarted sshd finds the same
     # files, as a machine keeps its disk); `exec` keeps the PID we hold the sshd's
     fs = d / f"fs-{name}"
+    # and the controller's files are not there: pytest's temp root (every test's run folder, inventory and
+    # results) is an empty tmpfs, with only this fixture's folder (sshd's config, keys, the bound folders) bound
+    # back through /mnt; a file the run wrote here and the host reads would not be found, as on a real machine
+    base = d.parent
     script = (
-        f"mkdir -p {fs}/var-tmp {fs}/run-wireguard /run/wireguard /run/sshd && chmod 1777 {fs}/var-tmp && "
+        f"mkdir -p {fs}/var-tmp {fs}/run-wireguard {fs}/usr-local-bin {fs}/var-cache-tb /run/wireguard /run/sshd "
+        f"{CACHE} && chmod 1777 {fs}/var-tmp && "
         f"mount --bind {fs}/var-tmp /var/tmp && mount --bind {fs}/run-wireguard /run/wireguard && "
+        f"mount --bind {fs}/usr-local-bin /usr/local/bin && mount --bind {fs}/var-cache-tb {CACHE} && "
+        f"mount --bind {d} /mnt && mount -t tmpfs -o size=1m,mode=0755 tb-hidden {base} && mkdir -p {d} && "
+        f"mount --bind /mnt {d} && umount /mnt && "
         f"exec {SSHD} -D -e -f {conf}"
     )
     log = open(d / f"sshd-{name}.log", "ab")  # noqa: SIM115
@@ -260,6 +287,12 @@ def ssh_env(tmp_path_factory):
         fx.authorized = authorized
         for t in fx.targets:
             fx.wait_listening(t)
+        # the controller's temp files are not on the targets (what a test writes in tmp_path stays here)
+        probe = d.parent / "controller-only"
+        probe.write_text("x")
+        seen = {t.name: fx.in_target(t, f"test -e {probe}; echo $?; test -e {authorized}; echo $?").stdout.split()
+                for t in fx.targets}  # fmt: skip
+        assert all(v == ["1", "0"] for v in seen.values()), seen  # the probe hidden, sshd's own files there
         yield fx
     finally:
         for t in fx.targets:  # only the sshd processes we started, by PID
@@ -556,7 +589,7 @@ def test_scenario_runs_over_ssh_with_the_same_shape_as_netns(ssh_env: SshFixture
     assert other, "no VPN besides WireGuard is installed (scripts/setup.sh installs nebula, tinc, openvpn)"
     vpns = ["internal", "wireguard-go", other[0]]
     scen = tmp_path / "s.toml"
-    scen.write_text(SCENARIO.format(vpns=json.dumps(vpns), reps=1, dur=1))
+    scen.write_text(SCENARIO.format(vpns=json.dumps(vpns), reps=1, dur=1) + HTTP_WORKLOADS)
     inv = ssh_env.inventory(tmp_path / "inv.ini")
     res_ssh, res_ns = tmp_path / "ssh-results", tmp_path / "ns-results"
     r = ssh_env.tb("run", str(scen), "--inventory", str(inv), "--results", str(res_ssh), "--no-html")
@@ -580,6 +613,11 @@ def test_scenario_runs_over_ssh_with_the_same_shape_as_netns(ssh_env: SshFixture
         "WHERE m.name = 'goodput_mbps'"
     ).fetchall()
     assert {v for v, _ in gp} == set(vpns) and all(x > 0 for _, x in gp)
+    http = db.execute(
+        'SELECT c.vpn, c.workload, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+        "WHERE m.name IN ('http_errors', 'error_rate_pct')"
+    ).fetchall()
+    assert len(http) == 2 * len(vpns) and all(x == 0 for *_, x in http), http
     env = dict(db.execute("SELECT key, value FROM environment").fetchall())
     assert env["lab.backend"] == "ssh" and "h1=h1" in env["lab.mapping"]
     assert env["kernel"] and "iperf 3" in env["tool.iperf3"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import platform
+import shlex
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +28,35 @@ def tool(name: str) -> str:
         if (d / name).exists():
             return str(d / name)
     raise WorkloadError(f"{name} not found; run scripts/setup.sh")
+
+
+def tool_on(host: Host, name: str) -> str:
+    """A built tool (hey, quicperf: built here, not a Debian package) as `host` runs it: this machine's build
+    in the namespace lab; on a remote host the same build copied into its work folder, once per run and host,
+    when the architectures are equal (as the impairment engine is), else the host's own on its PATH."""
+    if not host.remote:
+        return tool(name)
+    key = f"_tb_tool_{name}"
+    if key in host.__dict__:
+        return str(host.__dict__[key])
+    try:
+        local: str | None = tool(name)
+    except WorkloadError:
+        local = None
+    arch = host.run(["uname", "-m"]).stdout.strip()
+    if local is not None and arch == platform.machine():
+        dest = host.workdir / "tools" / name
+        host.write_file(dest, Path(local).read_bytes(), 0o755)
+        host.__dict__[key] = str(dest)
+        return str(dest)
+    found = host.run(["sh", "-c", f"command -v {shlex.quote(name)}"], check=False).stdout.strip()
+    if not found.startswith("/"):
+        why = (
+            f"this machine's build is for {platform.machine()}, the host is {arch}" if local else "none here"
+        )
+        raise WorkloadError(f"{name} is not on {host.name} ({why}): put a {name} for {arch} on its PATH")
+    host.__dict__[key] = found
+    return found
 
 
 def add_percentiles(

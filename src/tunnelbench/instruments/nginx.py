@@ -1,5 +1,6 @@
 """Shared nginx plumbing: a private nginx (Debian's binary) on one host with its config, pid file, logs and
-temp paths all in the run folder, started as a journaled process with host.spawn and stopped after.
+temp paths all in one folder on that host (CaseContext.folder_on: the run folder here, the host's work folder
+over SSH), started as a journaled process with host.spawn and stopped after.
 Serves a document root (file sets) and `/api`, a REST-style endpoint answering `200 OK`."""
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def make_certificate(host: Host, workdir: Path) -> tuple[Path, Path]:
     """A self-signed ECDSA P-256 certificate for one case's TLS endpoint (openssl; the key 0600, removed with
     the nginx folder's tmp by stop_nginx). hey does not verify certificates, as a benchmark client need not."""
     cert, key = workdir / "api-cert.pem", workdir / "api-key.pem"
+    host.mkdir(workdir)
     host.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
               "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=tunnelbench-api"])  # fmt: skip
     host.run(["chmod", "600", str(key)])
@@ -72,13 +74,13 @@ def start_nginx(
     tls: tuple[Path, Path] | None = None,
     api_json: bool = False,
 ) -> Process:
-    """Start nginx on `host` listening on ip:port; everything it writes stays under `workdir`. `tls` =
-    (certificate, key) serves HTTPS; `api_json` serves `<root>/api.json` at /api instead of "OK"."""
+    """Start nginx on `host` listening on ip:port; everything it writes stays under `workdir`, a folder on
+    `host`. `tls` = (certificate, key) serves HTTPS; `api_json` serves `<root>/api.json` at /api instead of
+    "OK"."""
     d = workdir
-    for sub in ("tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi"):
-        (d / sub).mkdir(parents=True, exist_ok=True)
     root = root or d / "www"
-    root.mkdir(parents=True, exist_ok=True)
+    subs = ("tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi")
+    host.run(["mkdir", "-p", "--", *(str(d / sub) for sub in subs), str(root)])  # one round trip over SSH
     conf = d / "nginx.conf"
     tls_conf = TLS.format(cert=tls[0], key=tls[1]) if tls else ""
     host.write_file(
@@ -103,9 +105,9 @@ def start_nginx(
         wait_listening(host, port, timeout=5, what="nginx")
     except WorkloadError:
         stop_nginx(proc, d)
-        raise WorkloadError(
-            f"nginx did not start: {(d / 'error.log').read_text(errors='replace')[-400:]}"
-        ) from None
+        log = d / "error.log"
+        said = host.read_file(log).decode(errors="replace")[-400:] if host.exists(log) else "no error.log"
+        raise WorkloadError(f"nginx did not start: {said}") from None
     return proc
 
 
@@ -114,5 +116,5 @@ def stop_nginx(proc: Process, workdir: Path) -> None:
     proc.stop(grace=5)
     pid_file = workdir / "nginx.pid"
     end = time.monotonic() + 5
-    while pid_file.exists() and time.monotonic() < end:
+    while proc.host.exists(pid_file) and time.monotonic() < end:
         time.sleep(0.05)

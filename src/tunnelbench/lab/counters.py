@@ -30,12 +30,11 @@ Per machine:
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tunnelbench.lab.host import Host
+from tunnelbench.lab.host import CommandError, Host
 
 SNMP, SNMP6, DEV, SOFTNET = "/proc/net/snmp", "/proc/net/snmp6", "/proc/net/dev", "/proc/net/softnet_stat"
 UDP4, UDP6 = "/proc/net/udp", "/proc/net/udp6"
@@ -50,6 +49,18 @@ UDP_FIELDS = {
 }
 HOST_COUNTERS = (*UDP_FIELDS.values(), "if_rx_dropped", "if_tx_dropped", "udp_tool_drops", "udp_daemon_drops")
 MACHINE_COUNTERS = ("softnet_dropped", "softnet_squeezed")
+
+
+def nft_counter(router: Host, table: str, counter: str) -> int:
+    """Packets a named nft counter of the lab's router table counted (the guard's drops); -1: unreadable."""
+    try:
+        out = router.run(["nft", "-j", "list", "counter", "inet", table, counter]).stdout
+    except CommandError:
+        return -1
+    for item in json.loads(out)["nftables"]:
+        if "counter" in item:
+            return int(item["counter"]["packets"])
+    return -1
 
 
 def parse_snmp(text: str) -> dict[str, int]:

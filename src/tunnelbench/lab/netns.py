@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from tunnelbench.lab.addressing import LAB_PREFIX, TUNNEL_RANGES_V4, TUNNEL_RANGES_V6, host_ip, router_ip
+from tunnelbench.lab.counters import nft_counter
 from tunnelbench.lab.host import CommandError, Host
 from tunnelbench.lab.journal import Journal
 
@@ -403,14 +404,7 @@ table inet {self.nft_table} {{
     def offlab_drops(self, counter: str = "offlab") -> int:
         """Packets the router dropped: `offlab` = addressed outside the lab (a VPN probing the internet),
         `tunnel_leak` = addressed to a tunnel range but sent unencapsulated (tunnel not up yet)."""
-        try:
-            out = self.router.run(["nft", "-j", "list", "counter", "inet", self.nft_table, counter]).stdout
-        except CommandError:
-            return -1
-        for item in json.loads(out)["nftables"]:
-            if "counter" in item:
-                return int(item["counter"]["packets"])
-        return -1
+        return nft_counter(self.router, self.nft_table, counter)
 
     def offlab_destinations(self) -> dict[str, int]:
         """Packets per off-lab destination address the router dropped (the `offlab` counter, split by where

@@ -14,6 +14,7 @@ from typing import Any
 
 from tunnelbench.lab.addressing import TUNNEL_RANGES_V4, TUNNEL_RANGES_V6
 from tunnelbench.lab.base import LabError
+from tunnelbench.lab.counters import nft_counter
 from tunnelbench.lab.host import CommandError, Host
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.journal import Journal, read_open_entries
@@ -186,14 +187,7 @@ class SshLab:
         is not defined (hosts have other traffic): only `tunnel_leak` is counted."""
         if not self._guard or self.router is None or counter == "offlab":
             return -1
-        try:
-            out = self.router.run(["nft", "-j", "list", "counter", "inet", self.nft_table, counter]).stdout
-        except CommandError:
-            return -1
-        for item in json.loads(out)["nftables"]:
-            if "counter" in item:
-                return int(item["counter"]["packets"])
-        return -1
+        return nft_counter(self.router, self.nft_table, counter)
 
     def router_ifnames(self) -> dict[str, str]:
         """The router host's interface toward each peer, from its routing table."""

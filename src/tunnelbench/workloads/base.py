@@ -46,6 +46,15 @@ class CaseContext:
     def remaining(self, floor: float = 1.0) -> float:
         return max(floor, self.deadline - time.monotonic())
 
+    def folder_on(self, host: Host, name: str) -> Path:
+        """A folder for this case's files on `host` (a server's config, a client's request list): in the
+        case's artifact folder on this machine, below the host's work folder on a remote one (a path of this
+        machine means nothing there; the run's teardown removes the work folder)."""
+        if not host.remote:
+            return self.artifact_dir / name
+        # the artifact folder's last parts (vpn/profile/workload/attempt) name the case within the run
+        return host.workdir / "cases" / "-".join(self.artifact_dir.parts[-4:]) / name
+
     @property
     def server_ip(self) -> str:
         return self.mesh.tunnel_ip(self.server)

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
-from tunnelbench.instruments.common import add_percentiles, tool
+from tunnelbench.instruments.common import add_percentiles, tool_on
 from tunnelbench.instruments.nginx import make_certificate, start_nginx, stop_nginx
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
@@ -127,9 +127,8 @@ class HttpApi(Workload):
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params
-        ndir = ctx.artifact_dir / "nginx"
+        ndir = ctx.folder_on(ctx.server, "nginx")
         root = ndir / "www"
-        root.mkdir(parents=True, exist_ok=True)
         body = pod_list(p.objects) if p.objects else b"OK\n"
         if p.objects:
             ctx.server.write_file(root / "api.json", body)
@@ -142,7 +141,7 @@ class HttpApi(Workload):
             _drop_key(ctx, tls)
             raise
         try:
-            argv = [tool("hey"), "-n", str(p.count), "-c", str(p.concurrency), "-q", f"{p.rate_per_s / p.concurrency:g}",
+            argv = [tool_on(ctx.client, "hey"), "-n", str(p.count), "-c", str(p.concurrency), "-q", f"{p.rate_per_s / p.concurrency:g}",
                     "-t", str(p.timeout_s), "-o", "csv"] + ([] if p.keepalive else ["-disable-keepalive"])  # fmt: skip
             argv.append(f"{'https' if p.tls else 'http'}://{ctx.server_ip}:{API_PORT}/api")
             t0 = time.monotonic()

@@ -1,13 +1,18 @@
 """HTTP bulk download (the ten-VPN thesis's Nix binary-cache download): nginx on the server host serves a file set
 shaped like a binary cache (many small files plus a few large ones), generated deterministically into the
-run folder; curl fetches all of it over the tunnel with several parallel connections (`curl --parallel`).
-Total time and goodput; per-file times of the small files show the per-request cost."""
+server's work folder (over SSH: made here once per run and host, sent as one tar file); curl fetches all
+of it over the tunnel with several parallel connections (`curl --parallel`). Total time and goodput;
+per-file times of the small files show the per-request cost."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import shlex
 import subprocess
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +23,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments.common import add_percentiles
 from tunnelbench.instruments.nginx import start_nginx, stop_nginx
+from tunnelbench.lab.host import Host
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
 HTTP_PORT = 8080
@@ -32,12 +38,16 @@ class HttpDownloadParams(Params):
     seed: int = Field(3, description="file-set seed: same parameters + seed = same bytes")
 
 
-def make_fileset(root: Path, p: HttpDownloadParams) -> tuple[Path, list[tuple[str, int]]]:
-    """Write the file set once (cached by its parameters); returns its folder and (path, size) per file."""
+def fileset_name(p: HttpDownloadParams) -> str:
     key = hashlib.sha256(
         json.dumps([p.small_files, p.small_kib, p.large_files, p.large_mib, p.seed]).encode()
     )
-    d = root / f"cache-{key.hexdigest()[:12]}"
+    return f"cache-{key.hexdigest()[:12]}"
+
+
+def make_fileset(root: Path, p: HttpDownloadParams) -> tuple[Path, list[tuple[str, int]]]:
+    """Write the file set once (cached by its parameters); returns its folder and (path, size) per file."""
+    d = root / fileset_name(p)
     manifest = d / "manifest.json"
     if manifest.exists():
         return d, [(rel, size) for rel, size in json.loads(manifest.read_text())]
@@ -54,13 +64,40 @@ def make_fileset(root: Path, p: HttpDownloadParams) -> tuple[Path, list[tuple[st
     return d, files
 
 
+def q(path: Path) -> str:
+    return shlex.quote(str(path))
+
+
+def fileset_on(host: Host, p: HttpDownloadParams) -> tuple[Path, list[tuple[str, int]]]:
+    """The file set in the host's work folder: written in place on this machine; on a remote host made here
+    in a scratch folder and sent as one tar file, unpacked beside and moved into place whole (a set cut off
+    midway is never taken for a cached one), then found there by the next case."""
+    root = host.workdir / "filesets"
+    if not host.remote:
+        return make_fileset(root, p)
+    d = root / fileset_name(p)
+    if host.exists(d / "manifest.json"):
+        return d, [(rel, size) for rel, size in json.loads(host.read_file(d / "manifest.json"))]
+    with tempfile.TemporaryDirectory(prefix="tb-fileset-") as tmp:
+        local, files = make_fileset(Path(tmp), p)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(local, arcname=d.name)
+        part, tar_file = root / f".part-{d.name}", root / f".part-{d.name}.tar"
+        host.write_file(tar_file, buf.getvalue(), 0o600)
+        host.run(
+            ["sh", "-c", f"rm -rf {q(part)} && mkdir -p {q(part)} && tar -x -C {q(part)} -f {q(tar_file)} "
+                         f"&& mv {q(part / d.name)} {q(d)} && rmdir {q(part)} && rm -f {q(tar_file)}"],
+            timeout=600,
+        )  # fmt: skip
+    return d, files
+
+
 class HttpDownload(Workload):
     name = "http_download"
     summary = "curl --parallel fetches a binary-cache-like file set from nginx over the tunnel"
     tools = ("nginx", "curl")
     headline = ("download_s", "goodput_mbps")
-    # seen over SSH: curl fetched nothing (issue 29's sweep); the fix is the host API for both files
-    namespace_lab_only = "it writes its file set and curl's config on this machine, not on the SSH hosts yet"
     Params = HttpDownloadParams
     params: HttpDownloadParams
     metrics = (
@@ -84,18 +121,19 @@ class HttpDownload(Workload):
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params
-        root, files = make_fileset(ctx.server.workdir / "filesets", p)
+        root, files = fileset_on(ctx.server, p)
         if not files:
             raise WorkloadError("empty file set: set small_files or large_files")
-        ndir = ctx.artifact_dir / "nginx"
+        ndir = ctx.folder_on(ctx.server, "nginx")
         nginx = start_nginx(ctx.server, ctx.server_ip, HTTP_PORT, ndir, root=root)
         try:
-            cfg = ctx.artifact_dir / "curl.cfg"
-            cfg.write_text(
+            cfg = ctx.folder_on(ctx.client, "curl") / "curl.cfg"
+            ctx.client.write_file(
+                cfg,
                 "".join(
                     f'url = "http://{ctx.server_ip}:{HTTP_PORT}/{rel}"\noutput = "/dev/null"\n'
                     for rel, _ in files
-                )
+                ),
             )
             argv = ["curl", "--parallel", "--parallel-max", str(p.connections), "--no-progress-meter",
                     "--max-time", f"{max(10.0, ctx.remaining() - 5):.0f}",

@@ -99,7 +99,7 @@ class ManyClients(Workload):
             )
         if not all(hasattr(h, "netns") for h in clients):
             raise WorkloadError(f"many_clients needs the namespace lab ({self.namespace_lab_only})")
-        ndir = ctx.artifact_dir / "nginx"
+        ndir = ctx.folder_on(ctx.server, "nginx")
         nginx = start_nginx(ctx.server, ctx.server_ip, REST_PORT, ndir, workers=p.server_workers)
         procs = []
         try:

@@ -35,7 +35,7 @@ from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
-from tunnelbench.instruments.common import add_percentiles, tool
+from tunnelbench.instruments.common import add_percentiles, tool_on
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
@@ -153,8 +153,8 @@ def hostport(ip: str, port: int) -> str:
 
 
 def quicperf(host: Host) -> str:
-    """quicperf's path, checked once per host to be the version this tunnelbench expects."""
-    exe = tool("quicperf")
+    """quicperf's path on the host, checked once per host to be the version this tunnelbench expects."""
+    exe = tool_on(host, "quicperf")
     if host.__dict__.get("_tb_quicperf") == exe:
         return exe
     r = host.run([exe, "version"], check=False, timeout=10)
