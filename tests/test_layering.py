@@ -277,3 +277,32 @@ def test_both_labs_declare_every_member_of_the_lab_protocol_and_the_runner_duck_
     runner = (SRC / "tunnelbench" / "runner.py").read_text()
     duck = re.findall(r"(?:getattr|hasattr)\((?:self\.lab|lab|driver|mesh\.driver)\b", runner)
     assert not duck, duck
+
+
+def lab_constructions(src: Path = SRC) -> list[str]:
+    """Where a lab is made: every call of NetnsLab(...) or SshLab(...) in the source, as `module:line`."""
+    found = []
+    for mod, path in modules(src).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                if name in ("NetnsLab", "SshLab"):
+                    found.append(f"{mod}:{node.lineno}")
+    return found
+
+
+def test_one_place_makes_a_lab(tmp_path):
+    """Every lab is made by lab/make.py's make_lab (the run, up/down, and lab_session for sweeps, calibrate and
+    bench-engine); a module that builds a NetnsLab of its own is named. Checked on a planted tree too."""
+    assert {x.split(":")[0] for x in lab_constructions()} == {"tunnelbench.lab.make"}, lab_constructions()
+    src = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "lab/__init__.py": "",
+            "lab/make.py": "def make_lab():\n    return NetnsLab(1)\n",
+            "natmatrix.py": "from tunnelbench.lab import netns\n\nlab = netns.NetnsLab('t', 3)\n",
+        },
+    )
+    assert lab_constructions(src) == ["tunnelbench.lab.make:2", "tunnelbench.natmatrix:3"]

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from tunnelbench.catalog import DRIVERS
-from tunnelbench.lab.point import fresh_lab
+from tunnelbench.lab.make import lab_session
 from tunnelbench.lab.procstat import read_stat
+from tunnelbench.lab.spec import LabCfg
 from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.mesh import Mesh
 
@@ -126,7 +127,7 @@ def point(vpn: str, n: int, workdir: Path, idle_s: float = IDLE_S) -> dict[str, 
     """One mesh of n hosts for one VPN, in its own lab (built and destroyed here)."""
     out: dict[str, Any] = {"n": n, "pairs": n * (n - 1)}
     try:
-        with fresh_lab(n, workdir, out) as pt:
+        with lab_session(LabCfg(hosts=n), workdir, out) as pt:
             driver = DRIVERS[vpn](MeshSpec(hosts=list(pt.lab.hosts), tag=pt.tag, workdir=pt.run_dir))
             driver.configure()
             mesh = pt.mesh = Mesh(driver)

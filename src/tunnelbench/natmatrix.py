@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from tunnelbench.catalog import DRIVERS
+from tunnelbench.lab.make import lab_session
 from tunnelbench.lab.netns import NAT_TYPES, NetnsLab
 from tunnelbench.lab.pathcheck import DIRECT_MIN_PCT, RELAY_MAX_PCT, PathWatch, share
-from tunnelbench.lab.point import fresh_lab
+from tunnelbench.lab.spec import LabCfg
 from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.features import save_probe
 from tunnelbench.vpns.mesh import Mesh
@@ -69,8 +70,10 @@ def cell(vpn: str, t1: str, t2: str, workdir: Path) -> dict[str, Any]:
     """One NAT pair for one VPN, in its own lab (built and destroyed here)."""
     out: dict[str, Any] = {"pair": pair_key(t1, t2), "h1": t1, "h2": t2}
     try:
-        with fresh_lab(3, workdir, out, path="nat", nat_types={"h1": t1, "h2": t2}) as pt:
+        cfg = LabCfg(hosts=3, path="nat", nat_types={"h1": t1, "h2": t2})
+        with lab_session(cfg, workdir, out) as pt:
             lab = pt.lab
+            assert isinstance(lab, NetnsLab)  # LabCfg's default backend: the NAT types are namespaces
             h1, h2 = lab.hosts[0], lab.hosts[1]
             driver = DRIVERS[vpn](
                 MeshSpec(hosts=list(lab.hosts), tag=pt.tag, workdir=pt.run_dir, path="nat", relay=lab.relay)

@@ -40,7 +40,7 @@ from tunnelbench.lab import counters, cpus, hostfw, pathcheck, sysctl
 from tunnelbench.lab.base import Lab
 from tunnelbench.lab.host import CommandError, Host, abort_running
 from tunnelbench.lab.journal import Journal, run_leftovers
-from tunnelbench.lab.make import make_lab
+from tunnelbench.lab.make import end_lab, make_lab
 from tunnelbench.lab.tags import new_run_id, new_tag
 from tunnelbench.lab.tools import LAB_TOOLS  # the one list of the lab's tools
 from tunnelbench.monitor import Monitor
@@ -485,18 +485,19 @@ class Runner:
             totals: dict[str, Any] = {}
             with contextlib.suppress(Exception):  # read before the router goes
                 totals = {f"router.{key}": self._router_total(c) for c, key in DROP_COUNTERS.items()}
-            problems = self.lab.destroy()  # first: nothing the store says (a full disk) may keep the lab up
+            # first: nothing the store says (a full disk) may keep the lab up
+            problems = end_lab(self.lab, self.journal)
             for p in problems:
                 self._say(f"teardown problem: {p}", "red")
             self._record("the router's drop totals", lambda: self.store.set_env(self.run_id, totals))
+        else:
+            self.journal.end()
         if problems:  # kept registered: the next `clean` (with the inventory, for SSH hosts) undoes the rest
             flag = f" --inventory {self.sc.lab.inventory}" if self.sc.lab.backend == "ssh" else ""
             self._say(
                 f"what the teardown could not undo stays journaled: `tunnelbench clean{flag}` removes it",
                 "yellow",
             )
-        else:
-            self.journal.end()
         if self.journal.run_dir_error:  # the teardown went on; its record in the results folder did not
             self._say(
                 f"the results folder's journal.jsonl is incomplete ({self.journal.run_dir_error}): the lab "
