@@ -12,7 +12,6 @@ import pytest
 from rich.console import Console
 
 from tunnelbench.analysis.analyze import analyze, load_run
-from tunnelbench.analysis.summary import summarize
 from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report.headline import build
 from tunnelbench.report.terminal import print_summary
@@ -156,7 +155,7 @@ def test_terminal_headline_fits_120_columns_and_keeps_brackets(tmp_path):
         buf = io.StringIO()
         console = Console(file=buf, width=120, record=True, color_system=None)
         store = Store.open_run_dir(run_dir)
-        print_summary(store, RUN, summarize(store, RUN), console)
+        print_summary(store, RUN, console)
         store.close()
         out = buf.getvalue()
         lines = out.splitlines()
@@ -174,7 +173,7 @@ def test_full_adds_the_per_metric_table(tmp_path):
     run_dir = make_store(tmp_path)
     buf = io.StringIO()
     store = Store.open_run_dir(run_dir)
-    print_summary(store, RUN, summarize(store, RUN), Console(file=buf, width=200), full=True)
+    print_summary(store, RUN, Console(file=buf, width=200), full=True)
     store.close()
     assert "min–max" in buf.getvalue()
 

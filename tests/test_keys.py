@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from synthetic_runs import make_run
 
-from tunnelbench.analysis.summary import summarize
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.report.html import write_html
 from tunnelbench.security import keys
@@ -41,7 +40,7 @@ def _report_run(root: Path) -> Path:
     """A stored run with its real report.html/report.md (synthetic samples: no VPN needed for the outputs)."""
     run_dir = make_run(root, "20260101-000000-tbkeys", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=3)
     st = Store(run_dir / DB_NAME)
-    write_html(st, run_dir.name, summarize(st, run_dir.name), run_dir / "report.html")
+    write_html(st, run_dir.name, run_dir / "report.html")
     st.close()
     return run_dir
 

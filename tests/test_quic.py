@@ -179,6 +179,7 @@ class FakeHost:
     """Just enough of a Host for quicperf(): run() on this machine."""
 
     name = "fake"
+    remote = False
 
     def run(self, argv, check=True, timeout=None):
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -188,7 +189,7 @@ def test_a_wrong_or_missing_quicperf_is_reported(monkeypatch, tmp_path):
     fake = tmp_path / "quicperf"
     fake.write_text('#!/bin/sh\necho \'{"quicperf": "0", "quinn": "0.10.0"}\'\n')
     fake.chmod(0o755)
-    monkeypatch.setattr("tunnelbench.workloads.quic.tool", lambda name: str(fake))
+    monkeypatch.setattr("tunnelbench.workloads.quic.tool_on", lambda host, name: str(fake))
     with pytest.raises(
         WorkloadError, match=r"is quicperf 0 on quinn 0\.10\.0, expected 1 on quinn .*build-quicperf\.sh"
     ):

@@ -38,7 +38,8 @@ class FakeRemote:
 def local_hey(tmp_path, monkeypatch) -> Path:
     exe = tmp_path / "hey"
     exe.write_bytes(b"\x7fELF hey build")
-    monkeypatch.setattr(common, "tool", lambda name: str(exe) if name == "hey" else common.tool(name))
+    real = common.tool
+    monkeypatch.setattr(common, "tool", lambda name: str(exe) if name == "hey" else real(name))
     return exe
 
 

@@ -310,7 +310,6 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
     from conftest import lab_missing
     from rich.console import Console
 
-    from tunnelbench.analysis.summary import summarize
     from tunnelbench.report.terminal import print_summary
     from tunnelbench.runner import Runner
     from tunnelbench.scenario import parse_scenario
@@ -340,7 +339,7 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
         shares = [int(env[f"{key}.{vpn}"]) for vpn in ("internal", "vxlan")]
         assert sum(shares) == int(env[f"router.{key}"]), (key, shares)
     console = Console(record=True, width=300, file=io.StringIO())
-    print_summary(store, runner.run_id, summarize(store, runner.run_id), console)
+    print_summary(store, runner.run_id, console)
     out = console.export_text()
     assert f"router dropped {env['router.offlab_drops']} packet(s)" in out
     assert "per VPN: internal 8" in out

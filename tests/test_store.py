@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import sqlite3
 
-import pytest
-
-from tunnelbench.analysis.summary import Stat, summarize
+import tunnelbench.catalog  # noqa: F401 - declares every workload's metrics, which the store checks
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.store import Store
 
@@ -53,21 +51,41 @@ def test_finished_cases_survive_without_clean_close(tmp_path):
     assert other.execute("SELECT COUNT(*) FROM series").fetchone()[0] == 12
 
 
-def test_summary_medians_ratios_cpu_and_failures(tmp_path):
+def test_the_per_metric_table_medians_ratios_cpu_and_failures(tmp_path):
+    """`report --full`'s table, from the run's one analysis: the numbers fill() stored by hand."""
+    import io
+
+    from rich.console import Console
+
+    from tunnelbench.analysis.analyze import analyze, load_run
+    from tunnelbench.report.terminal import summary_table
+
     s = Store(tmp_path / "results.sqlite")
     fill(s)
-    summ = summarize(s, "r1")
-    rows = {(r.vpn, r.metric): r for r in summ.rows}
-    wg = rows[("wireguard-go", "goodput_mbps")]
-    assert wg.stat.median == 450 and wg.stat.n == 3 and (wg.stat.lo, wg.stat.hi) == (400, 500)
-    assert wg.ratio == pytest.approx(450 / 1000)
-    assert rows[("internal", "goodput_mbps")].ratio is None
-    assert wg.cpu_client.median == 52 and wg.cpu_server.median == 40
-    assert wg.rss_max_mb == 23
-    assert summ.failures == {("wireguard-go", "baseline", "tcp"): 1}
-
-
-def test_stat_of_values():
-    st = Stat.of([1.0, 2.0, 3.0, 4.0])
-    assert st.median == 2.5 and st.mean == 2.5 and st.sd == pytest.approx(1.2909944)
-    assert st.cv == pytest.approx(1.2909944 / 2.5)
+    s.close()
+    run = load_run(tmp_path, "r1")
+    a = analyze([run])
+    assert run.failures() == {("wireguard-go", "baseline", "tcp"): 1}
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(summary_table(a, run))
+    rows = [
+        [c.strip() for c in line.split("│")[1:-1]]
+        for line in buf.getvalue().splitlines()
+        if "goodput" in line
+    ]
+    # VPN, workload, metric, median, min–max, n, × internal, CPU% cli/srv (medians of 51-53 and 40), RSS MiB (max)
+    assert rows == [
+        ["internal 1.0", "tcp", "goodput_mbps", "1,000", "900–1,100", "3", "", "–", "–"],
+        [
+            "wireguard-go 1.0",
+            "tcp (1 failed)",
+            "goodput_mbps",
+            "450",
+            "400–500",
+            "3",
+            "0.450",
+            "52.0/40.0",
+            "23.0",
+        ],
+    ], buf.getvalue()
+    run.store.close()

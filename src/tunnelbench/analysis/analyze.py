@@ -107,6 +107,14 @@ class RunData:
     def series(self, case_ids: list[int], name: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self.store.series(case_ids) if r["name"] == name]
 
+    def failures(self) -> dict[tuple[str, str, str], int]:
+        """(vpn, profile, label) -> cases that failed, were interrupted or errored (retries counted)."""
+        out: dict[tuple[str, str, str], int] = defaultdict(int)
+        for c in self.cases:
+            if c.status in FAILED:
+                out[(c.vpn, c.profile, c.label)] += 1
+        return dict(out)
+
 
 def load_run(run_dir: Path, run_id: str | None = None) -> RunData:
     store = Store.open_run_dir(run_dir)

@@ -37,7 +37,6 @@ def report(
 ) -> None:
     """Print the headline of stored run(s) and write the self-contained HTML report and a Markdown summary
     (newest run when none is given). Several runs are combined into one report, e.g. two releases of a VPN."""
-    from tunnelbench.analysis.summary import summarize
     from tunnelbench.report.full import write_report
     from tunnelbench.report.terminal import print_summary
     from tunnelbench.store import Store
@@ -46,7 +45,7 @@ def report(
     for run_dir in run_dirs:
         store = Store.open_run_dir(run_dir)
         run_id = store.run_row()["id"]
-        print_summary(store, run_id, summarize(store, run_id), console, full=full)
+        print_summary(store, run_id, console, full=full)
         store.close()
     default = run_dirs[-1] / ("report.html" if len(run_dirs) == 1 else "report-combined.html")
     path = out or default

@@ -180,7 +180,6 @@ def _execute(
         need_root()
         if first_use:
             _build_first_use(sc)
-    from tunnelbench.analysis.summary import summarize
     from tunnelbench.report.html import write_html
     from tunnelbench.report.terminal import print_summary
     from tunnelbench.runner import Interrupted, Runner
@@ -221,11 +220,10 @@ def _execute(
             err.print(Text(f"run failed: {type(e).__name__}: {e} (traceback in {where})", style="red"))
         code = 1
     store = Store(runner.run_dir / DB_NAME)
-    summary = summarize(store, runner.run_id)
-    print_summary(store, runner.run_id, summary, console)
+    print_summary(store, runner.run_id, console)
     if not no_html:
         try:
-            path = write_html(store, runner.run_id, summary, runner.run_dir / "report.html")
+            path = write_html(store, runner.run_id, runner.run_dir / "report.html")
             err.print(f"report: {path}")
         except OSError as e:
             err.print(Text(f"report not written: {e}", style="red"))

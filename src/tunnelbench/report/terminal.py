@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
+from tunnelbench.analysis.analyze import Analysis, RunData, analyze, is_headline, load_run
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
-from tunnelbench.analysis.summary import Summary, headline_rows
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.report.fmt import num, spread
 from tunnelbench.report.headline import CAPTION, Headline
@@ -26,9 +27,11 @@ def vpn_order(store: Store, run_id: str) -> list[str]:
     return [v["name"] for v in store.vpns(run_id)]
 
 
-def summary_table(summary: Summary, order: list[str], versions: dict[str, str]) -> Table:
+def summary_table(a: Analysis, run: RunData) -> Table:
+    """Every headline metric of one run per VPN and workload: median, min-max, n, the ratio to the baseline and
+    the daemons' CPU and memory, from the run's one analysis (the headline's own)."""
     t = Table(
-        title=f"tunnelbench run {summary.run_id}: median over repetitions",
+        title=f"tunnelbench run {run.run_id}: median over repetitions",
         title_justify="left",
         caption="× internal: median / median of the no-VPN baseline (throughput, latency, time metrics)",
         caption_justify="left",
@@ -46,34 +49,41 @@ def summary_table(summary: Summary, order: list[str], versions: dict[str, str]) 
     ]
     for col, just in cols:
         t.add_column(col, justify=just)
-    rank = {v: i for i, v in enumerate(order)}
-    rows = sorted(headline_rows(summary), key=lambda r: (r.profile, rank.get(r.vpn, 99), r.label, r.metric))
-    multi_profile = len({r.profile for r in rows}) > 1
+    rank = {v["name"]: i for i, v in enumerate(run.vpns)}
+    usage = {(u.variant, u.profile, u.label): u for u in a.usage}
+    failures = run.failures()
+    groups = sorted(
+        (g for g in a.groups.values() if g.run_id == run.run_id and is_headline(g.workload, g.metric)),
+        key=lambda g: (g.profile, rank.get(g.vpn, 99), g.label, g.metric),
+    )
+    multi_profile = len({g.profile for g in groups}) > 1
     last_vpn = None
-    for r in rows:
+    for g in groups:
+        u = usage.get((g.variant, g.profile, g.label))
         cpu = "–"
-        if r.cpu_client or r.cpu_server:
-            cpu = f"{num(r.cpu_client.median if r.cpu_client else None)}/{num(r.cpu_server.median if r.cpu_server else None)}"
+        if u and (u.cpu_client or u.cpu_server):
+            cpu = f"{num(u.cpu_client.median if u.cpu_client else None)}/{num(u.cpu_server.median if u.cpu_server else None)}"
+        rss = [x for x in (u.rss_client_mb, u.rss_server_mb) if x is not None] if u else []
         vpn_cell = ""
-        if (r.vpn, r.profile) != last_vpn:
-            vpn_cell = f"{r.vpn} {versions.get(r.vpn) or ''}".strip()
+        if (g.vpn, g.profile) != last_vpn:
+            vpn_cell = f"{g.vpn} {g.version or ''}".strip()
             if multi_profile:
-                vpn_cell += f" @ {r.profile}"
+                vpn_cell += f" @ {g.profile}"
             if last_vpn is not None:
                 t.add_section()
-        last_vpn = (r.vpn, r.profile)
-        fails = summary.failures.get((r.vpn, r.profile, r.label))
-        label = r.label + (f" [red]({fails} failed)[/]" if fails else "")
+        last_vpn = (g.vpn, g.profile)
+        fails = failures.get((g.vpn, g.profile, g.label))
+        label = g.label + (f" [red]({fails} failed)[/]" if fails else "")
         t.add_row(
             vpn_cell,
             label,
-            r.metric,
-            num(r.stat.median, r.unit),
-            spread(r.stat.lo, r.stat.hi, r.unit),
-            str(r.stat.n),
-            num(r.ratio) if r.ratio is not None else "",
+            g.metric,
+            num(float(np.median(g.values)), g.unit),
+            spread(min(g.values), max(g.values), g.unit),
+            str(len(g.values)),
+            num(g.ratio[0]) if g.ratio is not None else "",
             cpu,
-            num(r.rss_max_mb),
+            num(max(rss)) if rss else num(None),
         )
     return t
 
@@ -111,19 +121,19 @@ def print_headline(h: Headline, console: Console) -> None:
         console.print(Text(text, style={"ok": "green", "warn": "yellow", "bad": "bold red"}.get(tone, "")))
 
 
-def print_summary(store: Store, run_id: str, summary: Summary, console: Console, full: bool = False) -> None:
-    """The run's headline and findings; with `full`, every headline metric per VPN and workload as well."""
-    from tunnelbench.analysis.analyze import analyze, load_run
-
+def print_summary(store: Store, run_id: str, console: Console, full: bool = False) -> None:
+    """The run's headline and findings; with `full`, every headline metric per VPN and workload as well (both
+    from one analysis of the run)."""
     run = load_run(store.path.parent, run_id)
     try:
-        print_headline(build_headline(analyze([run])), console)
+        a = analyze([run])
+        print_headline(build_headline(a), console)
+        if full:
+            console.print(summary_table(a, run))
     finally:
         run.store.close()
     versions = {v["name"]: v["version"] for v in store.vpns(run_id)}
-    if full:
-        console.print(summary_table(summary, vpn_order(store, run_id), versions))
-    else:
+    if not full:
         console.print(
             Text(f"every headline metric per workload: tunnelbench report --full {run_id}", style="dim")
         )
