@@ -335,6 +335,14 @@ def test_unavailable_and_never_ready_vpns_are_skipped_and_the_run_goes_on(tmp_pa
     assert status == "ok", out
     db = sqlite3.connect(run_dir / "results.sqlite")
     vpn = {n: (s, r) for n, s, r in db.execute("SELECT name, status, reason FROM vpn")}
+    # the run stored the definitions it measured with: the probe's six metrics (none a headline) and the
+    # runner's own, as the class above declares them
+    specs = db.execute(
+        "SELECT workload, name, better, headline FROM metric_spec WHERE workload != ''"
+    ).fetchall()
+    assert sorted(specs) == sorted(("tbtest-probe", m.name, m.better, 0) for m in Probe.metrics), specs
+    assert db.execute("SELECT better FROM metric_spec WHERE workload = '' AND name = 'daemon_cpu_pct'").fetchall() == [
+        ("lower",)]  # fmt: skip
     db.close()
     assert vpn["tbtest-unavail"] == ("unavailable", "missing binaries: tbtest-no-such-binary"), vpn
     assert vpn["tbtest-never"][0] == "failed"

@@ -27,7 +27,9 @@ from rich.text import Text
 
 from tunnelbench import __version__, environment
 from tunnelbench.analysis.outcome import PLANNED_KEY
+from tunnelbench.case_metrics import CASE_METRICS
 from tunnelbench.catalog import resolve as resolve_driver
+from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.diagnostics.case import CaseDiagnostics
 from tunnelbench.impair import placement as impair_placement
@@ -403,6 +405,7 @@ class Runner:
         self.journal = Journal(self.run_dir, self.run_id)
         if self.resume is None:
             self.store.begin_run(self.run_id, self.tag, self.toml, __version__)
+            self.store.set_metric_specs(self.run_id, self._metric_specs())
             # what --resume checks and re-applies: the text as run, and the overrides parsed into it
             self.store.set_env(
                 self.run_id,
@@ -469,6 +472,16 @@ class Runner:
             sysctl.check(self.lab.hosts, {k for t in self.sc.tunings for k in self.sc.tuning(t)})
             sysctl.check_values(self.lab.hosts, {t: self.sc.tuning(t) for t in self.sc.tunings})
         self._phase(None, "lab_setup", time.monotonic() - t0)
+
+    def _metric_specs(self) -> list[tuple[str, MetricSpec, int]]:
+        """Every metric this run can store, as defined now: each workload's (with its place among the
+        workload's headline metrics, 1-based; 0 = not one) and the runner's own (workload "")."""
+        out = [
+            (wl.name, m, wl.headline.index(m.name) + 1 if m.name in wl.headline else 0)
+            for wl in self.workloads
+            for m in wl.metrics
+        ]
+        return out + [("", m, 0) for m in CASE_METRICS]
 
     def _teardown(self) -> None:
         t0 = time.monotonic()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 
 SCHEMA = """
@@ -37,6 +38,10 @@ CREATE TABLE IF NOT EXISTS series (
 );
 CREATE TABLE IF NOT EXISTS phase (
   run_id TEXT, vpn TEXT, phase TEXT, seconds REAL
+);
+CREATE TABLE IF NOT EXISTS metric_spec (
+  run_id TEXT, workload TEXT, name TEXT, unit TEXT, better TEXT, description TEXT, headline INTEGER,  -- place, 0 = not
+  PRIMARY KEY (run_id, workload, name)
 );
 CREATE INDEX IF NOT EXISTS metric_case ON metric(case_id);
 CREATE INDEX IF NOT EXISTS series_case ON series(case_id);
@@ -290,6 +295,24 @@ class Store:
                 (run_id,),
             )
         )
+
+    def set_metric_specs(self, run_id: str, specs: Iterable[tuple[str, MetricSpec, int]]) -> None:
+        """The definitions the run measured with, (workload, spec, place among the workload's headline
+        metrics: 1-based, 0 = not one) each ("" for the runner's own metrics), so a report of this run judges it by them, not by a later release's. A resumed
+        run keeps the ones it started with."""
+        with self.db:
+            self.db.executemany(
+                "INSERT OR IGNORE INTO metric_spec VALUES (?,?,?,?,?,?,?)",
+                [(run_id, w, m.name, m.unit, m.better, m.description, h) for w, m, h in specs],
+            )
+
+    def metric_specs(self, run_id: str) -> dict[tuple[str, str], tuple[MetricSpec, int]]:
+        """(workload, metric) -> (spec, headline place) as the run stored them; {} for a run from before."""
+        rows = self.db.execute(
+            "SELECT workload, name, unit, better, description, headline FROM metric_spec WHERE run_id=?",
+            (run_id,),
+        ).fetchall()
+        return {(w, n): (MetricSpec(n, u, b, d), int(h)) for w, n, u, b, d, h in rows}
 
     def env(self, run_id: str) -> dict[str, str]:
         return dict(

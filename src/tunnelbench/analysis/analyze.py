@@ -31,7 +31,7 @@ from tunnelbench.analysis.stats import (
 from tunnelbench.analysis.verdict import CaseFacts, Verdict, is_ceiling_metric, judge
 from tunnelbench.case_metrics import DAEMON_METRICS
 from tunnelbench.catalog import WORKLOADS
-from tunnelbench.core.metrics import declared
+from tunnelbench.core.metrics import MetricSpec, declared
 from tunnelbench.store import CaseRow, Store
 
 BASELINE = "internal"
@@ -53,8 +53,13 @@ FAILED = ("failed", "interrupted", "error")
 EFFICIENCY_GOODPUT = ("goodput_mbps", "aggregate_goodput_mbps")
 
 
-def metric_spec(workload: str, metric: str) -> tuple[Better, str]:
-    """(better, description) of a metric as its workload declares it; ("none", "") when undeclared."""
+def metric_spec(workload: str, metric: str, run: RunData | None = None) -> tuple[Better, str]:
+    """(better, description) of a metric: as `run` stored it when it did (the definitions it measured with),
+    else as its workload declares it now; ("none", "") when undeclared."""
+    if run is not None:
+        stored = run.specs.get((workload, metric)) or run.specs.get(("", metric))
+        if stored is not None:
+            return stored[0].better, stored[0].description
     wl = WORKLOADS.get(workload)
     if wl is not None:
         for m in wl.metrics:
@@ -67,7 +72,10 @@ def metric_spec(workload: str, metric: str) -> tuple[Better, str]:
     return m.better, m.description
 
 
-def is_headline(workload: str, metric: str) -> bool:
+def is_headline(workload: str, metric: str, run: RunData | None = None) -> bool:
+    """Whether the metric is one of its workload's headline metrics: as `run` stored it when it did."""
+    if run is not None:
+        return metric in run.headline(workload)
     wl = WORKLOADS.get(workload)
     return bool(wl and metric in wl.headline)
 
@@ -85,6 +93,9 @@ class RunData:
     metrics: list[dict[str, Any]]
     phases: dict[str, float]
     store: Store
+    # (workload, metric) -> (spec, place among the headline metrics, 0 = not one) as the run stored them
+    # ("" = the runner's own); {} for a run from before they were stored
+    specs: dict[tuple[str, str], tuple[MetricSpec, int]] = field(default_factory=dict)
 
     @property
     def short(self) -> str:
@@ -106,6 +117,15 @@ class RunData:
 
     def series(self, case_ids: list[int], name: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self.store.series(case_ids) if r["name"] == name]
+
+    def headline(self, workload: str) -> tuple[str, ...]:
+        """The workload's headline metrics in order, as this run stored them (as the code says, for a run from
+        before they were stored)."""
+        if not self.specs:
+            wl = WORKLOADS.get(workload)
+            return tuple(wl.headline) if wl else ()
+        ranked = sorted((h, m) for (w, m), (_, h) in self.specs.items() if w == workload and h > 0)
+        return tuple(m for _, m in ranked)
 
     def failures(self) -> dict[tuple[str, str, str], int]:
         """(vpn, profile, label) -> cases that failed, were interrupted or errored (retries counted)."""
@@ -130,6 +150,7 @@ def load_run(run_dir: Path, run_id: str | None = None) -> RunData:
         metrics=[dict(m) for m in store.metrics(rid)],
         phases=store.phases(rid),
         store=store,
+        specs=store.metric_specs(rid),
     )
 
 
@@ -233,7 +254,15 @@ class Analysis:
         return None
 
     def headline_families(self) -> list[Family]:
-        return [f for f in self.families if is_headline(f.workload, f.metric)]
+        return [f for f in self.families if self.is_headline(f)]
+
+    def headline(self, workload: str) -> tuple[str, ...]:
+        """A workload's headline metrics in order, as the newest run that measured it defined them."""
+        runs = [r for r in self.runs if any(c.workload == workload for c in r.cases)]
+        return runs[-1].headline(workload) if runs else ()
+
+    def is_headline(self, f: Family) -> bool:
+        return f.metric in self.headline(f.workload)
 
     def run_of(self, variant: str) -> RunData:
         for (rid, _), v in self.variant_of.items():
@@ -310,7 +339,7 @@ def analyze(runs: list[RunData]) -> Analysis:
             key = (var, c.profile, c.label, name)
             g = groups.get(key)
             if g is None:
-                better, _ = metric_spec(c.workload, name)
+                better, _ = metric_spec(c.workload, name, r)
                 g = groups[key] = Group(
                     var,
                     r.run_id,

@@ -112,9 +112,9 @@ def _samples(run: RunData) -> tuple[dict[tuple[str, str, str, str], list[float]]
     return out, info
 
 
-def default_gated(workload: str, metric: str, unit: str) -> bool:
-    better, _ = metric_spec(workload, metric)
-    return better != "none" and is_headline(workload, metric) and unit in RATIO_UNITS
+def default_gated(workload: str, metric: str, unit: str, run: RunData | None = None) -> bool:
+    better, _ = metric_spec(workload, metric, run)
+    return better != "none" and is_headline(workload, metric, run) and unit in RATIO_UNITS
 
 
 def compare_runs(
@@ -137,8 +137,10 @@ def compare_runs(
     for k in keys:
         vpn, profile, label, metric = k
         unit, workload = info[metric]
-        better, _ = metric_spec(workload, metric)
-        gated = (metric in metrics and better != "none") if metrics else default_gated(workload, metric, unit)
+        better, _ = metric_spec(workload, metric, b)  # the newer run's definitions
+        gated = (
+            (metric in metrics and better != "none") if metrics else default_gated(workload, metric, unit, b)
+        )
         xa, xb = np.asarray(sa[k], float), np.asarray(sb[k], float)
         _, p = mann_whitney(xa, xb)
         r, lo, hi = ratio_ci(xb, xa)

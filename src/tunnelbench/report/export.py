@@ -52,7 +52,7 @@ def metric_rows(run: RunData) -> list[dict[str, Any]]:
                 "metric": m["name"],
                 "value": m["value"],
                 "unit": m["unit"],
-                "better": metric_spec(c.workload, m["name"])[0],
+                "better": metric_spec(c.workload, m["name"], run)[0],
             }
         )
     return out

@@ -13,7 +13,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from tunnelbench.analysis.analyze import Analysis, Derived, Family, RunData, analyze, is_headline, load_run
+from tunnelbench.analysis.analyze import Analysis, Derived, Family, RunData, analyze, load_run
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.report import plots
@@ -531,7 +531,7 @@ def build_context(a: Analysis) -> dict[str, Any]:
                     "ci": ci(d.ci_lo, d.ci_hi, f.unit),
                     "mean_ci": ci(d.mean_ci_lo, d.mean_ci_hi, f.unit),
                     "ratio": ratio_txt(g.ratio),
-                    "headline": is_headline(f.workload, f.metric),
+                    "headline": a.is_headline(f),
                 }
             )
     usage = [

@@ -15,7 +15,6 @@ from typing import Any
 from tunnelbench.analysis.analyze import BASELINE, Analysis, Family, RunData
 from tunnelbench.analysis.stats import ALPHA, Better, Tiering, tiers
 from tunnelbench.analysis.verdict import SHORT, limited_lines
-from tunnelbench.catalog import WORKLOADS
 from tunnelbench.report.fmt import num
 
 MAX_COLUMNS = 5  # metric columns per table: 5 of ~17 characters plus the VPN column fit 120 columns
@@ -109,10 +108,8 @@ def _columns(a: Analysis, profile: str) -> list[Column]:
         fams = [f for f in a.families if f.profile == profile and f.label == label]
         if not fams:
             continue
-        wl = WORKLOADS.get(fams[0].workload)
-        if wl is None or not wl.headline:
-            continue
-        for metric in wl.headline:  # the first headline metric this label has values for
+        # the first headline metric this label has values for, as the run defined them
+        for metric in a.headline(fams[0].workload):
             f = next((x for x in fams if x.metric == metric), None)
             if f is not None:
                 out.append(Column(label, f.workload, metric, f.unit, f.better, f))

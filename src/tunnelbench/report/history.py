@@ -202,8 +202,8 @@ def close_runs(runs: list[RunData]) -> None:
             r.store.close()
 
 
-def _wanted(metric: str, workload: str, metrics: list[str] | None) -> bool:
-    return metric in metrics if metrics else is_headline(workload, metric)
+def _wanted(metric: str, workload: str, metrics: list[str] | None, run: RunData) -> bool:
+    return metric in metrics if metrics else is_headline(workload, metric, run)
 
 
 def build_history(
@@ -224,11 +224,11 @@ def build_history(
         s, info = samples[r.run_id]
         for (vpn, profile, label, metric), vals in s.items():
             unit, workload = info[metric]
-            if (vpns and vpn not in vpns) or not _wanted(metric, workload, metrics) or not vals:
+            if (vpns and vpn not in vpns) or not _wanted(metric, workload, metrics, r) or not vals:
                 continue
             t = trends.get((profile, label, metric))
             if t is None:
-                better, _ = metric_spec(workload, metric)
+                better, _ = metric_spec(workload, metric, r)
                 t = trends[(profile, label, metric)] = Trend(profile, label, workload, metric, unit, better)
             d = describe(vals)
             t.series.setdefault(vpn, []).append(

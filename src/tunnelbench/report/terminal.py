@@ -53,7 +53,7 @@ def summary_table(a: Analysis, run: RunData) -> Table:
     usage = {(u.variant, u.profile, u.label): u for u in a.usage}
     failures = run.failures()
     groups = sorted(
-        (g for g in a.groups.values() if g.run_id == run.run_id and is_headline(g.workload, g.metric)),
+        (g for g in a.groups.values() if g.run_id == run.run_id and is_headline(g.workload, g.metric, run)),
         key=lambda g: (g.profile, rank.get(g.vpn, 99), g.label, g.metric),
     )
     multi_profile = len({g.profile for g in groups}) > 1
