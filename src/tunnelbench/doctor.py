@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import secrets
 import shutil
 import subprocess
@@ -246,18 +247,42 @@ def vpn_and_workload_checks(
                 Check("vpns", name, False, f"impossible here: {imp.reason}", imp.summary, "impossible here")
             )
     found = where if where is not None else {t: shutil.which(t) for w in WORKLOADS.values() for t in w.tools}
+    copied = _copied_at_run_time(found, host) if host is not None else set()
     for name, wl in WORKLOADS.items():
-        missing = [t for t in wl.tools if found.get(t) is None]
+        missing = [t for t in wl.tools if found.get(t) is None and t not in copied]
+        here = [t for t in wl.tools if t in copied and found.get(t) is None]
+        ready = "ready" + (
+            f" ({', '.join(here)}: this machine's build, copied there by the run)" if here else ""
+        )
         checks.append(
             Check(
                 "workloads",
                 name,
                 not missing,
-                "ready" if not missing else f"missing {', '.join(missing)}",
+                ready if not missing else f"missing {', '.join(missing)}",
                 wl.summary,
             )
         )
     return checks
+
+
+def _copied_at_run_time(found: dict[str, str | None], host: SshHost) -> set[str]:
+    """The built tools (hey, quicperf) a host lacks that a run copies there from this machine's build
+    (instruments.common.tool_on): when this machine has the build and the host its architecture."""
+    from tunnelbench.core.results import WorkloadError
+    from tunnelbench.instruments.common import tool
+
+    lacking = [t for t in ("hey", "quicperf") if t in found and found[t] is None]
+    if not lacking or host.run(["uname", "-m"], check=False).stdout.strip() != platform.machine():
+        return set()
+    out: set[str] = set()
+    for t in lacking:
+        try:
+            tool(t)
+        except WorkloadError:
+            continue
+        out.add(t)
+    return out
 
 
 def run_doctor() -> list[Check]:

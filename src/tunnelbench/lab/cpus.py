@@ -56,7 +56,8 @@ class Placement:
 
     def summary(self) -> str:
         if self.mode == "off":
-            return f"CPU placement off ({self.reason}): VPNs, tools and engine share all {self.ncpu} CPUs"
+            share = f"all {self.ncpu} CPUs" if self.ncpu else "the hosts' CPUs"  # 0: not known (SSH hosts)
+            return f"CPU placement off ({self.reason}): VPNs, tools and engine share {share}"
         per_host = ", ".join(f"{h}: {c}" for h, c in self.hosts.items())
         engine = f"engine on CPU {self.engine}, " if self.engine else ""
         return f"CPU placement {self.mode} ({self.reason}): {engine}system under test on CPU {self.sut}" + (
