@@ -580,6 +580,8 @@ def test_doctor_inventory_reports_per_host(ssh_env: SshFixture, tmp_path):
                   "wireguard-go", "iperf3"):  # fmt: skip
         assert check in out, check
     assert "eth0" in out  # the NIC list of a peer
+    # hey is not on the targets (their /usr/local/bin is their own): the run copies this machine's build
+    assert "missing hey" not in out and "copied there" in out, out
 
 
 def test_scenario_runs_over_ssh_with_the_same_shape_as_netns(ssh_env: SshFixture, tmp_path):
