@@ -20,6 +20,7 @@ from skipguard import (  # noqa: F401
     pytest_terminal_summary,
 )
 
+import tunnelbench.catalog  # noqa: F401 - every workload declares its metrics, as the CLI has them (a test file run alone)
 from tunnelbench.lab import tools
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.netns import NetnsLab

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tunnelbench.core.results import Outcome
-from tunnelbench.instruments import iperf3
+from tunnelbench.instruments import iperf3, stream_agent
 from tunnelbench.instruments.iperf3 import interval_series, parse_tcp, parse_udp, run_client, wait_listening
 from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.lab.host import CommandError
@@ -84,6 +84,10 @@ class FakeProc:
 
 
 class FakeHost:
+    """A host of this machine (its files are this machine's) that records commands instead of running them."""
+
+    remote = False
+
     def __init__(self, name: str, stop_order: list | None = None):
         self.name = name
         self.runs: list[tuple[list[str], dict]] = []
@@ -100,6 +104,18 @@ class FakeHost:
         p = FakeProc(self, argv, label, log_path, **self.proc_opts.get(label, {}))
         self.spawned.append(p)
         return p
+
+    def mkdir(self, path: Path, mode: int = 0o755) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+
+    def remove(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    def exists(self, path: Path) -> bool:
+        return path.exists()
+
+    def read_file(self, path: Path) -> bytes:
+        return path.read_bytes()
 
 
 class FakeMesh:
@@ -713,7 +729,7 @@ def streaming_setup(tmp_path, monkeypatch, transport, sink_opts=None, which=True
     return ctx, clock
 
 
-PY = [sys.executable, "-m", "tunnelbench.workloads.streaming"]
+PY = [sys.executable, stream_agent.__file__]
 
 
 def test_streaming_run_rist(tmp_path, monkeypatch):
@@ -755,11 +771,13 @@ def test_streaming_run_udp(tmp_path, monkeypatch):
 
 
 def test_streaming_run_needs_both_rist_tools(tmp_path, monkeypatch):
-    for present in (False, "ristsender", "ristreceiver"):
+    for present, lacking in (
+        (False, "ristsender"),
+        ("ristsender", "ristreceiver"),
+        ("ristreceiver", "ristsender"),
+    ):
         ctx, _ = streaming_setup(tmp_path, monkeypatch, "rist", which=present)
-        with pytest.raises(
-            WorkloadError, match=r"^ristsender/ristreceiver missing \(Debian rist-tools\); run"
-        ):
+        with pytest.raises(WorkloadError, match=rf"^{lacking} missing \(Debian rist-tools; scripts/setup.sh"):
             Streaming(StreamingParams()).run(ctx)
         assert ctx.server.spawned == []
 
@@ -842,9 +860,9 @@ class FakeSocket:
 def test_source_paces_datagrams(monkeypatch, capsys):
     clock = FakeClock(start=50.0)
     mod = FakeSocketModule(clock)
-    monkeypatch.setattr(streaming, "time", clock)
-    monkeypatch.setattr(streaming, "socket", mod)
-    streaming._source("10.9.0.2", 8310, 2.0, 250, 0.02)  # 250 bytes at 2 Mbit/s: one per ms, 20 in 20 ms
+    monkeypatch.setattr(stream_agent, "time", clock)
+    monkeypatch.setattr(stream_agent, "socket", mod)
+    stream_agent.source("10.9.0.2", 8310, 2.0, 250, 0.02)  # 250 bytes at 2 Mbit/s: one per ms, 20 in 20 ms
     assert json.loads(capsys.readouterr().out) == {"sent": 20}
     (s,) = mod.sockets
     assert s.opts == {(mod.SOL_SOCKET, mod.SO_SNDBUF): 4 << 20}
@@ -852,9 +870,9 @@ def test_source_paces_datagrams(monkeypatch, capsys):
     t0 = 50.0 + 0.01
     for k, (t, data, addr) in enumerate(s.sent):
         assert addr == ("10.9.0.2", 8310) and len(data) == 250
-        seq, ts = streaming.HDR.unpack_from(data)
+        seq, ts = stream_agent.HDR.unpack_from(data)
         assert seq == k and ts == pytest.approx(clock.wall0 + t)
-        assert data[streaming.HDR.size :] == bytes(250 - streaming.HDR.size)
+        assert data[stream_agent.HDR.size :] == bytes(250 - stream_agent.HDR.size)
         # due at t0 + k * 1 ms; sent within one ~1 ms sleep of that (int() rounds the first one's negative
         # lead toward zero, so datagram 0 may leave up to one gap before t0: harmless, it carries its send time)
         earliest = t0 + k * 0.001 if k else t0 - 0.001
@@ -865,16 +883,16 @@ def test_source_paces_datagrams(monkeypatch, capsys):
 def test_source_sends_only_whole_gaps(monkeypatch, capsys):
     # one datagram per ms (250 bytes at 2 Mbit/s): 20.99999 ms hold 20 of them, not 21
     clock = FakeClock()
-    monkeypatch.setattr(streaming, "time", clock)
-    monkeypatch.setattr(streaming, "socket", FakeSocketModule(clock))
-    streaming._source("10.9.0.2", 8310, 2.0, 250, 0.02099999)
+    monkeypatch.setattr(stream_agent, "time", clock)
+    monkeypatch.setattr(stream_agent, "socket", FakeSocketModule(clock))
+    stream_agent.source("10.9.0.2", 8310, 2.0, 250, 0.02099999)
     assert json.loads(capsys.readouterr().out) == {"sent": 20}
 
 
 def test_source_counts_refused_datagrams_as_sent(monkeypatch, capsys):
     clock = FakeClock()
     mod = FakeSocketModule(clock)
-    monkeypatch.setattr(streaming, "time", clock)
+    monkeypatch.setattr(stream_agent, "time", clock)
     orig = mod.socket
 
     def sock(family, kind):
@@ -883,15 +901,15 @@ def test_source_counts_refused_datagrams_as_sent(monkeypatch, capsys):
         return s
 
     monkeypatch.setattr(mod, "socket", sock)
-    monkeypatch.setattr(streaming, "socket", mod)
-    streaming._source("127.0.0.1", 9, 8.0, 1000, 0.005)  # 1 ms per datagram: 5
+    monkeypatch.setattr(stream_agent, "socket", mod)
+    stream_agent.source("127.0.0.1", 9, 8.0, 1000, 0.005)  # 1 ms per datagram: 5
     assert json.loads(capsys.readouterr().out) == {"sent": 5}
-    assert [streaming.HDR.unpack_from(d)[0] for _, d, _ in mod.sockets[0].sent if d] == [0, 3, 4]
+    assert [stream_agent.HDR.unpack_from(d)[0] for _, d, _ in mod.sockets[0].sent if d] == [0, 3, 4]
 
 
 def test_sink_records_arrivals_until_the_stream_stops(monkeypatch, tmp_path):
     clock = FakeClock(start=10.0)
-    hdr = streaming.HDR
+    hdr = stream_agent.HDR
     incoming = [
         (10.5, hdr.pack(0, 111.0) + bytes(100)),
         (10.6, hdr.pack(1, 222.0)),  # header only: still a datagram
@@ -900,10 +918,10 @@ def test_sink_records_arrivals_until_the_stream_stops(monkeypatch, tmp_path):
         (20.0, hdr.pack(3, 444.0)),  # after 2 s of silence: the sink stopped already
     ]
     mod = FakeSocketModule(clock, incoming)
-    monkeypatch.setattr(streaming, "time", clock)
-    monkeypatch.setattr(streaming, "socket", mod)
+    monkeypatch.setattr(stream_agent, "time", clock)
+    monkeypatch.setattr(stream_agent, "socket", mod)
     out = tmp_path / "sink.json"
-    streaming._sink("127.0.0.1", 8310, 30.0, str(out))
+    stream_agent.sink("127.0.0.1", 8310, 30.0, str(out))
     (s,) = mod.sockets
     assert s.bound == ("127.0.0.1", 8310) and s.timeout == 0.2
     assert s.opts == {(mod.SOL_SOCKET, mod.SO_RCVBUF): 8 << 20}
@@ -917,7 +935,7 @@ def test_sink_records_arrivals_until_the_stream_stops(monkeypatch, tmp_path):
 
 def test_sink_waits_for_a_late_start_and_obeys_its_limit(monkeypatch, tmp_path):
     clock = FakeClock(start=0.0)
-    hdr = streaming.HDR
+    hdr = stream_agent.HDR
     # nothing for 5 s (RIST still connecting): the sink keeps waiting; then datagrams until its 6 s limit
     # (the one received at exactly 6 s ends the loop)
     incoming = [
@@ -927,17 +945,17 @@ def test_sink_waits_for_a_late_start_and_obeys_its_limit(monkeypatch, tmp_path):
         (6.05, hdr.pack(3, 4.0)),
     ]
     mod = FakeSocketModule(clock, incoming)
-    monkeypatch.setattr(streaming, "time", clock)
-    monkeypatch.setattr(streaming, "socket", mod)
+    monkeypatch.setattr(stream_agent, "time", clock)
+    monkeypatch.setattr(stream_agent, "socket", mod)
     out = tmp_path / "s.json"
-    streaming._sink("0.0.0.0", 1, 6.0, str(out))
+    stream_agent.sink("0.0.0.0", 1, 6.0, str(out))
     arr = json.loads(out.read_text())["arrivals"]
     assert [a[0] for a in arr] == [0, 1, 2]
     assert clock.t == 6.0
     # nothing at all: an empty list after the limit
     clock = FakeClock(start=0.0)
     mod = FakeSocketModule(clock)
-    monkeypatch.setattr(streaming, "time", clock)
-    monkeypatch.setattr(streaming, "socket", mod)
-    streaming._sink("0.0.0.0", 1, 3.0, str(out))
+    monkeypatch.setattr(stream_agent, "time", clock)
+    monkeypatch.setattr(stream_agent, "socket", mod)
+    stream_agent.sink("0.0.0.0", 1, 3.0, str(out))
     assert json.loads(out.read_text()) == {"arrivals": []} and 3.0 <= clock.t < 3.3

@@ -11,7 +11,7 @@ import pytest
 from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.mesh import Mesh
-from tunnelbench.workloads.base import CaseContext, WorkloadError
+from tunnelbench.workloads.base import CaseContext, NotApplicable, WorkloadError
 from tunnelbench.workloads.resilience import REPLY
 
 pytestmark = pytest.mark.lab
@@ -112,7 +112,8 @@ def test_needs_three_hosts(lab_factory):
 
 
 def test_unsupported_vpn_says_so(lab_factory):
-    """A driver without a revoke hook (internal: no VPN at all) fails the case as not supported, before any probe."""
+    """A driver without a revoke hook (internal: no VPN at all): the case is n/a, not supported, before any
+    probe (n/a: neither measured nor failed, no reason for exit 1)."""
     lab = lab_factory(3)
     driver = DRIVERS["internal"](MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir))
     assert type(driver).revocation is None
@@ -120,7 +121,7 @@ def test_unsupported_vpn_says_so(lab_factory):
         driver.revoke(lab.hosts[2])
     wl = WORKLOADS["revoke"](WORKLOADS["revoke"].Params())
     ctx = CaseContext(Mesh(driver), lab.hosts[0], lab.hosts[1], lab.run_dir, time.monotonic() + 10, {})
-    with pytest.raises(WorkloadError, match="revocation not supported"):
+    with pytest.raises(NotApplicable, match="revocation not supported"):
         wl.run(ctx)
 
 

@@ -590,3 +590,46 @@ def builtin_scenarios() -> list[str]:
         for p in resources.files("tunnelbench").joinpath("scenarios").iterdir()
         if p.name.endswith(".toml")
     )
+
+
+def with_overrides(text: str, overrides: dict[str, Any], source: str) -> Scenario:
+    """The scenario of `text` with the command-line overrides of `run` (as kept in run.overrides)."""
+    data = tomllib.loads(text)
+    if overrides.get("inventory"):
+        data.setdefault("lab", {}).update(backend="ssh", inventory=overrides["inventory"])
+    if overrides.get("insecure"):
+        data.setdefault("lab", {})["insecure_no_host_key_check"] = True
+    if overrides.get("vpns"):
+        data["vpns"] = overrides["vpns"]
+    if overrides.get("repetitions"):
+        data.setdefault("run", {})["repetitions"] = overrides["repetitions"]
+    if overrides.get("profiles"):
+        data["profiles"] = overrides["profiles"]
+    if overrides.get("flamegraph"):
+        data.setdefault("run", {})["flamegraph"] = True
+    if overrides.get("capture"):
+        data.setdefault("run", {})["capture"] = overrides["capture"]
+    return parse_scenario(data, source)
+
+
+def override_note(
+    text: str,
+    vpns: tuple[str, ...],
+    repetitions: int | None,
+    profiles: tuple[str, ...],
+    flamegraph: bool = False,
+    capture: str | None = None,
+) -> str:
+    """The scenario text as run: a first line naming the command-line overrides applied to it."""
+    note = "# command-line overrides:"
+    if flamegraph:
+        note += " --flamegraph"
+    if capture:
+        note += f" --capture {capture}"
+    if vpns:
+        note += f" --vpn {','.join(vpns)}"
+    if profiles:
+        note += f" --profile {','.join(profiles)}"
+    if repetitions:
+        note += f" --repetitions {repetitions}"
+    return note + "\n" + text

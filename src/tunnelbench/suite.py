@@ -22,7 +22,14 @@ from typing import Any
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.report.security import COLUMNS, NOT_RUN, NOT_SUPPORTED, security_rows, tone
-from tunnelbench.scenario import Scenario, ScenarioError, builtin_scenarios
+from tunnelbench.scenario import (
+    Scenario,
+    ScenarioError,
+    builtin_scenarios,
+    load_scenario,
+    override_note,
+    with_overrides,
+)
 
 SUITE_KEYS = {"name", "description", "suite"}
 
@@ -190,3 +197,37 @@ def write_matrix(
         )
     )
     return folder / "matrix.md"
+
+
+def suite_parts(
+    suite: Suite, vpns: tuple[str, ...], common: dict[str, Any]
+) -> tuple[list[tuple[str, Scenario, str, dict[str, Any]]], list[str]]:
+    """Each part's (name, scenario, text, overrides) with the command line applied, `--vpn` narrowed to the
+    VPNs that can take the part's check; and notes on what was left out. Raises ScenarioError."""
+    requested = [v for arg in vpns for v in arg.split(",")]
+    parts, notes = [], []
+    for part in suite.parts:
+        sc, text = load_scenario(suite.part_path(part))
+        over = dict(common)
+        if requested:
+            every = with_overrides(text, {**over, "vpns": requested}, f"suite part {part} with --vpn")
+            why = {v: capable(v, every) for v in every.vpns}
+            keep = [v for v, w in why.items() if w is None]
+            for w in sorted({w for w in why.values() if w}):
+                notes.append(f"{part}: not run for {', '.join(v for v in why if why[v] == w)} ({w})")
+            if not keep:
+                notes.append(f"{part}: skipped, none of the requested VPNs can take its check")
+                continue
+            over["vpns"] = keep
+        if over:
+            sc = with_overrides(text, over, f"suite part {part} with command-line overrides")
+            text = override_note(
+                text,
+                tuple(over.get("vpns", [])),
+                over.get("repetitions"),
+                tuple(over.get("profiles", [])),
+                bool(over.get("flamegraph")),
+                over.get("capture"),
+            )
+        parts.append((part, sc, text, over))
+    return parts, notes

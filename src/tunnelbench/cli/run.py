@@ -88,7 +88,7 @@ def run(
     2 bad input, nothing ran; 3 nothing measured; 130 interrupted (--resume goes on).
     A suite exits 130 if interrupted, 3 if no part measured anything, 1 if any part fell short."""
     from tunnelbench.runner import ResumeError, load_resume
-    from tunnelbench.scenario import ScenarioError, load_scenario
+    from tunnelbench.scenario import ScenarioError, load_scenario, override_note, with_overrides
 
     plan = None
     try:
@@ -131,7 +131,7 @@ def run(
                 err.print(Text(f"cannot resume: {e}", style="red"))
                 sys.exit(2)
             text, overrides = plan.text, plan.overrides
-            sc = _with_overrides(text, overrides, f"run {plan.run_id}'s scenario.toml")
+            sc = with_overrides(text, overrides, f"run {plan.run_id}'s scenario.toml")
         else:
             sc, text = load_scenario(scenario)
             # kept in the run (run.overrides) so --resume parses the same scenario again
@@ -149,10 +149,10 @@ def run(
                 if v
             }
         if overrides and plan is None:
-            sc = _with_overrides(
+            sc = with_overrides(
                 text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
             )
-            text = _dump_toml_note(text, vpns, repetitions, profiles, flamegraph, capture)
+            text = override_note(text, vpns, repetitions, profiles, flamegraph, capture)
             if inventory:
                 text = (
                     f"# --inventory {inventory}{' --insecure-no-host-key-check' if insecure else ''}\n{text}"
@@ -297,7 +297,7 @@ def _run_suite(
     from tunnelbench.analysis.outcome import suite_code
     from tunnelbench.report.terminal import security_table
     from tunnelbench.scenario import ScenarioError
-    from tunnelbench.suite import merged_rows, write_matrix
+    from tunnelbench.suite import merged_rows, suite_parts, write_matrix
 
     common = {
         k: v
@@ -312,7 +312,7 @@ def _run_suite(
         if v
     }
     try:
-        parts, notes = _suite_parts(suite, vpns, common)
+        parts, notes = suite_parts(suite, vpns, common)
     except ScenarioError as e:
         err.print(Text(f"{suite.source}: {e}", style="red"))
         return 2
@@ -354,89 +354,6 @@ def _run_suite(
     return suite_code(codes)
 
 
-def _suite_parts(
-    suite: Suite, vpns: tuple[str, ...], common: dict[str, Any]
-) -> tuple[list[tuple[str, Scenario, str, dict[str, Any]]], list[str]]:
-    """Each part's (name, scenario, text, overrides) with the command line applied, `--vpn` narrowed to the
-    VPNs that can take the part's check; and notes on what was left out. Raises ScenarioError."""
-    from tunnelbench.scenario import load_scenario
-    from tunnelbench.suite import capable
-
-    requested = [v for arg in vpns for v in arg.split(",")]
-    parts, notes = [], []
-    for part in suite.parts:
-        sc, text = load_scenario(suite.part_path(part))
-        over = dict(common)
-        if requested:
-            every = _with_overrides(text, {**over, "vpns": requested}, f"suite part {part} with --vpn")
-            why = {v: capable(v, every) for v in every.vpns}
-            keep = [v for v, w in why.items() if w is None]
-            for w in sorted({w for w in why.values() if w}):
-                notes.append(f"{part}: not run for {', '.join(v for v in why if why[v] == w)} ({w})")
-            if not keep:
-                notes.append(f"{part}: skipped, none of the requested VPNs can take its check")
-                continue
-            over["vpns"] = keep
-        if over:
-            sc = _with_overrides(text, over, f"suite part {part} with command-line overrides")
-            text = _dump_toml_note(
-                text,
-                tuple(over.get("vpns", [])),
-                over.get("repetitions"),
-                tuple(over.get("profiles", [])),
-                bool(over.get("flamegraph")),
-                over.get("capture"),
-            )
-        parts.append((part, sc, text, over))
-    return parts, notes
-
-
-def _with_overrides(text: str, overrides: dict[str, Any], source: str) -> Scenario:
-    """The scenario of `text` with the command-line overrides of `run` (as kept in run.overrides)."""
-    import tomllib
-
-    from tunnelbench.scenario import parse_scenario
-
-    data = tomllib.loads(text)
-    if overrides.get("inventory"):
-        data.setdefault("lab", {}).update(backend="ssh", inventory=overrides["inventory"])
-    if overrides.get("insecure"):
-        data.setdefault("lab", {})["insecure_no_host_key_check"] = True
-    if overrides.get("vpns"):
-        data["vpns"] = overrides["vpns"]
-    if overrides.get("repetitions"):
-        data.setdefault("run", {})["repetitions"] = overrides["repetitions"]
-    if overrides.get("profiles"):
-        data["profiles"] = overrides["profiles"]
-    if overrides.get("flamegraph"):
-        data.setdefault("run", {})["flamegraph"] = True
-    if overrides.get("capture"):
-        data.setdefault("run", {})["capture"] = overrides["capture"]
-    return parse_scenario(data, source)
-
-
-def _dump_toml_note(
-    text: str,
-    vpns: tuple[str, ...],
-    repetitions: int | None,
-    profiles: tuple[str, ...],
-    flamegraph: bool = False,
-    capture: str | None = None,
-) -> str:
-    note = "# command-line overrides:"
-    if flamegraph:
-        note += " --flamegraph"
-    if capture:
-        note += f" --capture {capture}"
-    if vpns:
-        note += f" --vpn {','.join(vpns)}"
-    if profiles:
-        note += f" --profile {','.join(profiles)}"
-    if repetitions:
-        note += f" --repetitions {repetitions}"
-    return note + "\n" + text
-
-
 @main.command()
 @click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all')")
@@ -451,14 +368,14 @@ def _dump_toml_note(
 def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path) -> None:
     """How long a scenario takes here: cases per VPN and workload, seconds per case from earlier runs on this
     machine (else the workload's declared upper bound), and the total, before anything runs."""
-    from tunnelbench.scenario import ScenarioError, load_scenario
-    from tunnelbench.suite import load_suite
+    from tunnelbench.scenario import ScenarioError, load_scenario, with_overrides
+    from tunnelbench.suite import load_suite, suite_parts
 
     parts: Sequence[tuple[str | None, Scenario, str, dict[str, Any]]]  # a single scenario's part: None
     try:
         suite = load_suite(scenario)
         if suite is not None:  # a suite: each part planned as it would run
-            parts, notes = _suite_parts(suite, vpns, {"repetitions": repetitions} if repetitions else {})
+            parts, notes = suite_parts(suite, vpns, {"repetitions": repetitions} if repetitions else {})
         else:
             sc, text = load_scenario(scenario)
             overrides = {
@@ -470,7 +387,7 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
                 if v
             }
             if overrides:
-                sc = _with_overrides(
+                sc = with_overrides(
                     text, overrides, f"{scenario or 'default scenario'} with command-line overrides"
                 )
             parts, notes = [(None, sc, text, overrides)], []

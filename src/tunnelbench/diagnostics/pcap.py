@@ -20,7 +20,10 @@ START_TIMEOUT_S = 10.0
 class RouterCapture:
     def __init__(self, router: Host, dest: Path, packets: int) -> None:
         self.router = router
-        self.dest = dest  # local file (the router is a namespace on this machine)
+        self.dest = dest  # the local file (the case's artifact folder)
+        # where tcpdump writes: there directly for a namespace router; a remote router's work folder, the
+        # file copied back when the capture stops
+        self.written = router.workdir / "pcap" / dest.name if router.remote else dest
         self.log = dest.with_suffix(".log")
         self.packets = packets
         self.proc: Process | None = None
@@ -28,7 +31,9 @@ class RouterCapture:
 
     def start(self) -> None:
         argv = ["tcpdump", "-n", "-i", "any", "-s", str(SNAPLEN), "-c", str(self.packets), "-U",
-                "--immediate-mode", "-Z", "root", "-w", str(self.dest)]  # fmt: skip
+                "--immediate-mode", "-Z", "root", "-w", str(self.written)]  # fmt: skip
+        if self.router.remote:
+            self.router.mkdir(self.written.parent)
         # --immediate-mode: without it libpcap hands packets over in blocks, after a 1 s timeout, and a case
         # shorter than that ends with its packets still in the kernel's ring (seen: 0 of a ping case's).
         # -Z root: Debian's tcpdump would otherwise drop to user tcpdump, who cannot write the case folder.
@@ -50,6 +55,9 @@ class RouterCapture:
         self.proc.stop(grace=2)
         self.stats = {what: int(n) for n, what in STATS.findall(self.proc.log_tail(4000))}
         self.proc = None
+        if self.router.remote and self.router.exists(self.written):
+            self.dest.write_bytes(self.router.read_file(self.written))
+            self.router.remove(self.written)
 
     def summary(self) -> str:
         got = self.stats.get("captured")

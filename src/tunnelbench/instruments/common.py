@@ -6,6 +6,7 @@ import json
 import platform
 import shlex
 import shutil
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,20 @@ def tool(name: str) -> str:
         if (d / name).exists():
             return str(d / name)
     raise WorkloadError(f"{name} not found; run scripts/setup.sh")
+
+
+def script_argv(host: Host, script: str, name: str) -> list[str]:
+    """A stdlib-only agent (crr_agent, stream_agent) as `host` runs it: this file with this Python here (a plain
+    script, not -m: that would import every workload first); on a remote host the file copied into its work
+    folder once per run as `name`, run by its python3 (nothing of tunnelbench is installed there)."""
+    if not host.remote:
+        return [sys.executable, script]
+    path = host.workdir / "agents" / name
+    key = f"_tb_agent_{name}"
+    if host.__dict__.get(key) != path:
+        host.write_file(path, Path(script).read_bytes(), 0o755)
+        host.__dict__[key] = path
+    return ["python3", str(path)]
 
 
 def tool_on(host: Host, name: str) -> str:
@@ -75,8 +90,9 @@ class Iperf3Run:
 
     server: Process
     client: Process
-    json_path: Path
+    json_path: Path  # on the client host
     label: str
+    local_json: Path | None = None  # where a remote client's JSON is copied (the case's artifact folder)
 
     def wait(self, timeout: float) -> dict[str, Any]:
         if self.client.wait(timeout) is None and self.client.alive():
@@ -85,7 +101,11 @@ class Iperf3Run:
             raise WorkloadError(f"iperf3 {self.label} did not finish within {timeout:.0f} s")
         self.server.stop(grace=2)
         self.client.stop(grace=1)  # releases the journal entry
-        text = self.json_path.read_text(errors="replace") if self.json_path.exists() else ""
+        host = self.client.host
+        raw = host.read_file(self.json_path) if host.exists(self.json_path) else b""
+        if self.local_json is not None and raw:
+            self.local_json.write_bytes(raw)
+        text = raw.decode(errors="replace")
         try:
             data: dict[str, Any] = json.loads(text)
         except json.JSONDecodeError:
@@ -114,15 +134,19 @@ def start_iperf3(
     """Start a one-off iperf3 server on `server` (bound to server_ip:port) and a client on `client`."""
     log = ctx.artifact_dir / f"{label}-server.log"
     srv = start_server(server, server_ip, port, f"iperf3-server-{label}", log)
-    json_path = ctx.artifact_dir / f"{label}-client.json"
-    json_path.unlink(missing_ok=True)
+    local_json = ctx.artifact_dir / f"{label}-client.json"
+    # iperf3 writes its JSON where it runs: a remote client into its work folder (copied back by wait())
+    json_path = client.workdir / "iperf3" / local_json.name if client.remote else local_json
+    client.remove(json_path)  # a previous case's
+    if client.remote:
+        client.mkdir(json_path.parent)
     argv = client_argv(
         server_ip, port, duration_s, omit_s, mss, ["--logfile", str(json_path), *sized(args, client, server)]
     )
     cli = client.spawn(
         argv, label=f"iperf3-client-{label}", log_path=ctx.artifact_dir / f"{label}-client.log"
     )
-    return Iperf3Run(srv, cli, json_path, label)
+    return Iperf3Run(srv, cli, json_path, label, local_json if client.remote else None)
 
 
 def link_counters(host: Host, ifname: str) -> dict[str, int]:

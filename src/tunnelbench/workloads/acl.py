@@ -26,7 +26,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import CaseContext, NotApplicable, Params, Workload, WorkloadError
 from tunnelbench.workloads.leak import wait_log
 
 PORT = 47041  # the TCP listener's port on each target's tunnel address
@@ -91,7 +91,7 @@ class Acl(Workload):
                 f"the acl check needs a third host to isolate: set [lab] hosts >= 3 (has {len(hosts)})"
             )
         if not getattr(ctx.mesh.driver, "acl_support", False):
-            raise WorkloadError(f"{vpn} has no access control in this lab: acl is not supported")
+            raise NotApplicable(f"{vpn} has no access control in this lab: acl is not supported")
         rec = ctx.mesh.driver.settings.get("acl")
         if not rec or rec.get("mode") == "off":
             raise WorkloadError(f"policy not applied: set vpn_options.{vpn}.acl = 'isolate'")

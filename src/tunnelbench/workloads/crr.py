@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +31,7 @@ from pydantic import Field
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.instruments import crr_agent
+from tunnelbench.instruments.common import script_argv
 from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
@@ -161,15 +161,7 @@ class Crr(Workload):
 
 
 def agent_argv(host: Host) -> list[str]:
-    """crr_agent on `host` as a plain script (not -m: that would import every workload first); an SSH host
-    gets the stdlib-only file copied once."""
-    if not host.remote:
-        return [sys.executable, crr_agent.__file__]
-    path = host.workdir / "crr" / "tbcrragent.py"
-    if host.__dict__.get("_tb_crr_agent") != path:
-        host.write_file(path, Path(crr_agent.__file__).read_bytes(), 0o755)
-        host.__dict__["_tb_crr_agent"] = path
-    return ["python3", str(path)]
+    return script_argv(host, crr_agent.__file__, "tbcrragent.py")
 
 
 def wait_ready(proc: Process, timeout: float) -> None:

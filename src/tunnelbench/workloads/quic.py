@@ -124,7 +124,7 @@ class Quic(Workload):
         d = ctx.artifact_dir
         exe = quicperf(ctx.client)
         srv = ctx.server.spawn(
-            [exe, "server", "-listen", hostport(ctx.server_ip, QUIC_PORT)],
+            [quicperf(ctx.server), "server", "-listen", hostport(ctx.server_ip, QUIC_PORT)],
             label="quicperf-server",
             log_path=d / "quicperf-server.log",
         )

@@ -370,11 +370,16 @@ class Resilience(Workload):
             t_ev = time.time()
             if tag == "one":
                 ctx.mesh.driver.stop(ctx.server)
+                t_stopped = time.time()
                 ctx.mesh.driver.start(ctx.server)
             else:
                 ctx.mesh.stop()
+                t_stopped = time.time()
                 ctx.mesh.start()
-            first = probe.wait_reply_after(t_ev, p.timeout_s)
+            # the first reply once the old daemons are gone: one stamped between the stop command and its
+            # return may still be theirs (over SSH the stop takes a round trip or two: seen as a 5 ms
+            # "reconnect"); the time is counted from the stop command, as restart_each counts it
+            first = probe.wait_reply_after(t_stopped, p.timeout_s)
             if first is None:
                 raise WorkloadError(f"{ev}: no reply within {p.timeout_s:g} s")
             time.sleep(p.after_s)

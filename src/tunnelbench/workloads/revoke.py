@@ -32,7 +32,7 @@ from tunnelbench.core.clock import WallClockStep, WallClockWatch
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import CaseContext, NotApplicable, Params, Workload, WorkloadError
 from tunnelbench.workloads.resilience import Probe
 
 REPLY_LINE = re.compile(r"bytes from .*icmp_seq=", re.M)
@@ -85,7 +85,7 @@ class Revoke(Workload):
         witness, target, revoked = hosts[0], hosts[1], hosts[2]
         driver = ctx.mesh.driver
         if type(driver).revocation is None:
-            raise WorkloadError(f"{ctx.mesh.vpn}: revocation not supported (the driver has no revoke)")
+            raise NotApplicable(f"{ctx.mesh.vpn}: revocation not supported (the driver has no revoke)")
         t0 = time.monotonic()
         wall = WallClockWatch()  # the revocation time is read off ping's wall-clock stamps
         record: dict[str, Any] = {
@@ -105,7 +105,7 @@ class Revoke(Workload):
             try:
                 action = driver.revoke(revoked)
             except NotImplementedError as e:
-                raise WorkloadError(f"{ctx.mesh.vpn}: revocation not supported ({e})") from e
+                raise NotApplicable(f"{ctx.mesh.vpn}: revocation not supported ({e})") from e
             t_ret = time.time()
             revoked_done = True
             record |= {"action": action, "t_call": t_call, "t_return": t_ret}

@@ -13,23 +13,20 @@ a proxy for how the stream would play, not a video-quality model."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import socket
-import struct
-import sys
 import time
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
+from tunnelbench.instruments import stream_agent
+from tunnelbench.instruments.common import script_argv
+from tunnelbench.lab.host import Host
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
-HDR = struct.Struct("!Qd")  # sequence number, send time (CLOCK_REALTIME: namespaces share it)
 RIST_PORT = 8200  # even: RIST uses the port and the next one
 SRC_PORT, SINK_PORT = 8300, 8310
 
@@ -85,17 +82,22 @@ class Streaming(Workload):
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params
         d = ctx.artifact_dir
-        py = [sys.executable, "-m", "tunnelbench.workloads.streaming"]
         rist = p.transport == "rist"
-        if rist and not (shutil.which("ristsender") and shutil.which("ristreceiver")):
-            raise WorkloadError("ristsender/ristreceiver missing (Debian rist-tools); run scripts/setup.sh")
+        if rist:
+            _need_rist(ctx.client, "ristsender")
+            _need_rist(ctx.server, "ristreceiver")
         sink_bind = ("127.0.0.1", SINK_PORT) if rist else (ctx.server_ip, SINK_PORT)
-        stats_path = d / "sink.json"
+        # written where the sink runs: the artifact folder here, the host's work folder over SSH
+        stats_path = (
+            ctx.folder_on(ctx.server, "stream") / "sink.json" if ctx.server.remote else d / "sink.json"
+        )
+        ctx.server.mkdir(stats_path.parent)
+        ctx.server.remove(stats_path)
         procs = []
         try:
             sink = ctx.server.spawn(
                 [
-                    *py,
+                    *script_argv(ctx.server, stream_agent.__file__, "tbstreamagent.py"),
                     "sink",
                     sink_bind[0],
                     str(sink_bind[1]),
@@ -124,7 +126,7 @@ class Streaming(Workload):
             t0 = time.monotonic()
             res = ctx.client.run(
                 [
-                    *py,
+                    *script_argv(ctx.client, stream_agent.__file__, "tbstreamagent.py"),
                     "source",
                     dest[0],
                     str(dest[1]),
@@ -141,11 +143,14 @@ class Streaming(Workload):
         finally:
             for pr in reversed(procs):
                 pr.stop(grace=2)
-        if not stats_path.exists():
-            raise WorkloadError(
-                f"stream sink wrote no result: {(d / 'sink.log').read_text(errors='replace')[-300:]}"
-            )
-        arrivals = json.loads(stats_path.read_text())["arrivals"]  # [seq, send time, arrival time]
+        if not ctx.server.exists(stats_path):
+            log = d / "sink.log"  # the sink's output, copied here when it stopped
+            said = log.read_text(errors="replace")[-300:] if log.exists() else "no sink log"
+            raise WorkloadError(f"stream sink wrote no result: {said}")
+        raw = ctx.server.read_file(stats_path)
+        if stats_path != d / "sink.json":
+            (d / "sink.json").write_bytes(raw)
+        arrivals = json.loads(raw)["arrivals"]  # [seq, send time, arrival time]
         return analyse(arrivals, sent["sent"], p, ran)
 
 
@@ -184,51 +189,11 @@ def analyse(arrivals: list[list[float]], n_sent: int, p: StreamingParams, ran: f
     return out
 
 
-# -- source and sink processes (python -m tunnelbench.workloads.streaming source|sink ...) ----------------
-def _source(host: str, port: int, mbps: float, size: int, duration: float) -> None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-    gap = size * 8 / (mbps * 1e6)
-    n = int(duration / gap)
-    pad = bytes(size - HDR.size)
-    t0 = time.monotonic() + 0.01
-    seq = 0
-    while seq < n:  # every ~1 ms send what is due: paced like a media sender, without spinning a core
-        due_now = min(n, int((time.monotonic() - t0) / gap) + 1)
-        while seq < due_now:
-            with contextlib.suppress(OSError):  # a refused datagram is counted as lost at the sink
-                s.sendto(HDR.pack(seq, time.time()) + pad, (host, port))
-            seq += 1
-        time.sleep(0.001)
-    print(json.dumps({"sent": n}))
-
-
-def _sink(host: str, port: int, seconds: float, out: str) -> None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    s.bind((host, port))
-    s.settimeout(0.2)
-    arrivals = []
-    end = time.monotonic() + seconds
-    started, last = False, time.monotonic()
-    while time.monotonic() < end:
-        try:
-            data = s.recv(65535)
-        except TimeoutError:
-            if started and time.monotonic() > last + 2.0:  # the stream ended a while ago
-                break
-            continue
-        now = time.time()
-        last = time.monotonic()
-        started = True
-        if len(data) >= HDR.size:
-            seq, ts = HDR.unpack_from(data)
-            arrivals.append((seq, ts, now))
-    Path(out).write_text(json.dumps({"arrivals": arrivals}))
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "source":
-        _source(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]))
-    else:
-        _sink(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
+def _need_rist(host: Host, binary: str) -> None:
+    """librist's tool on the host that runs it: this machine's PATH, or the SSH host's own."""
+    found = host.which([binary])[binary] if host.remote else shutil.which(binary)
+    if not found:
+        where = f" on {host.name}" if host.remote else ""
+        raise WorkloadError(
+            f"{binary} missing{where} (Debian rist-tools; scripts/setup.sh or install --inventory)"
+        )
