@@ -12,9 +12,8 @@ cut from all others both ways; its own namespace, processes and tunnel interface
 
 from __future__ import annotations
 
-import json
-
-from tunnelbench.lab.host import CommandError, Host
+from tunnelbench.lab.counters import nft_counter
+from tunnelbench.lab.host import Host
 
 
 def table_name(tag: str) -> str:
@@ -53,14 +52,7 @@ class Blackhole:
 
     def dropped(self) -> int:
         """Packets dropped since cut(); -1 when the table is not there."""
-        try:
-            out = self.router.run(["nft", "-j", "list", "counter", "inet", self.table, "dropped"]).stdout
-        except CommandError:
-            return -1
-        for item in json.loads(out)["nftables"]:
-            if "counter" in item:
-                return int(item["counter"]["packets"])
-        return -1
+        return nft_counter(self.router, self.table, "dropped")
 
     def __enter__(self) -> Blackhole:
         self.cut()
