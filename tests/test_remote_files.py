@@ -100,3 +100,53 @@ def test_the_file_set_reaches_a_remote_server_whole_and_once(tmp_path):
     assert ref_files == files and all((d / r).read_bytes() == (ref / r).read_bytes() for r, _ in files)
     again = fileset_on(h, p)  # type: ignore[arg-type]
     assert again == (d, files) and h.writes == 1  # the next case finds it there
+
+
+class ClockHost:
+    """A remote host whose `date +%s.%N` answers this machine's time plus a set offset, each reading taking a
+    set round trip (the shortest on the third reading, the only one split evenly between the two ways)."""
+
+    remote = True
+    name = "h3"
+
+    def __init__(self, offset: float, delays: list[float]) -> None:
+        self.offset, self.delays, self.calls = offset, delays, 0
+        self._clock_offset: float | None = None  # SshHost's cache
+
+    def run(self, argv: list[str], check: bool = True, **_: object) -> Result:
+        import time
+
+        assert argv == ["date", "+%s.%N"]
+        d = self.delays[self.calls]
+        self.calls += 1
+        # a slow reading is slow on the way there (its midpoint is off by d/2); the fastest is symmetric
+        before = d / 2 if d == min(self.delays) else d
+        time.sleep(before)
+        now = time.time() + self.offset
+        time.sleep(d - before)
+        return Result(argv, 0, f"{now:.9f}\n", "", d)
+
+
+def test_a_remote_hosts_clock_offset_is_its_shortest_round_trip_reading():
+    from tunnelbench.lab.ssh_host import CLOCK_SAMPLES, SshHost
+
+    h = ClockHost(offset=-250.0, delays=[0.08, 0.06, 0.004, 0.05, 0.07])
+    off = SshHost.clock_offset(h)  # type: ignore[arg-type]  # the method, on a host that answers by hand
+    assert h.calls == CLOCK_SAMPLES == 5
+    assert abs(off - -250.0) < 0.004  # within the shortest reading's half round trip (and scheduling)
+    assert SshHost.clock_offset(h) == off and h.calls == 5  # once per host
+
+
+def test_ping_stamps_of_a_remote_probe_are_set_on_this_machines_clock(tmp_path):
+    """resilience's Probe (also revoke's): ping -D stamps a reply with its host's clock; a host 100 s ahead
+    gives replies 100 s later than this machine's time.time() of the same moment."""
+    from types import SimpleNamespace
+
+    from tunnelbench.workloads.resilience import Probe
+
+    log = "[1700000100.500000] 64 bytes from 10.0.0.2: icmp_seq=1 ttl=64 time=0.5 ms\n"
+    proc = SimpleNamespace(log_text=lambda: log)
+    host = SimpleNamespace(clock_offset=lambda: 100.0, spawn=lambda argv, label, log_path: proc)
+    ctx = SimpleNamespace(artifact_dir=tmp_path, client=host, server_ip="10.0.0.2")
+    probe = Probe(ctx, "p", 0.01)  # type: ignore[arg-type]
+    assert probe.replies_seq() == [(1700000000.5, 1)]

@@ -631,6 +631,8 @@ def test_scenario_runs_over_ssh_with_the_same_shape_as_netns(ssh_env: SshFixture
     assert len(http) == 2 * len(vpns) and all(x == 0 for *_, x in http), http
     env = dict(db.execute("SELECT key, value FROM environment").fetchall())
     assert env["lab.backend"] == "ssh" and "h1=h1" in env["lab.mapping"]
+    # one kernel's clock for every target here: each offset is within its reading's half round trip
+    assert all(abs(float(env[f"clock.offset_ms.h{i}"])) < 50 for i in (1, 2)), env
     assert env["kernel"] and "iperf 3" in env["tool.iperf3"]
     versions = dict(db.execute("SELECT name, version FROM vpn").fetchall())
     assert all(versions[v] for v in vpns)

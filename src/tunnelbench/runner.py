@@ -453,6 +453,9 @@ class Runner:
             env["lab.inventory"] = self.sc.lab.inventory
             env["lab.mapping"] = mapping
             self._say(f"ssh lab: {mapping}")
+            # each host's clock against this machine's (ping's reply stamps are set on this clock with it)
+            for h in self.lab.hosts:
+                env[f"clock.offset_ms.{h.name}"] = round(1000 * h.clock_offset(), 3)
         env["lab.backend"] = self.sc.lab.backend
         env["lab.hosts"] = self.sc.lab.hosts
         env["fairness.mss"] = self.sc.fairness.mss or "none (path default)"

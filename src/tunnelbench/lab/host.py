@@ -322,6 +322,12 @@ class Host(ABC):
         Every driver resolves its binaries here, with its `installs`: namespaces share this machine's files."""
         return find_binary(name, installs) or name
 
+    def clock_offset(self) -> float:
+        """This host's wall clock minus this machine's, in seconds: 0 for a namespace (one kernel, one clock);
+        a remote host's is estimated (SshHost), so the wall-clock stamps its tools print (ping -D) can be set
+        against this machine's time.time()."""
+        return 0.0
+
     def which(self, tools: Iterable[str]) -> dict[str, str | None]:
         """Each tool's path on the host's own PATH (None: missing): remote hosts only (SshHost)."""
         raise NotImplementedError(f"{type(self).__name__}.which: look tools up here with shutil.which")

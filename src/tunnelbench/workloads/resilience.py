@@ -116,15 +116,19 @@ class Probe:
     ):
         self.path = ctx.artifact_dir / f"{name}.txt"
         argv = ["ping", "-D", "-n", "-i", f"{interval:g}", "-W", "1", dst or ctx.server_ip]
-        self.proc = (src or ctx.client).spawn(argv, label=f"probe-{name}", log_path=self.path)
+        host = src or ctx.client
+        # ping -D stamps replies with its host's wall clock; the events are timed with this machine's
+        self.offset = host.clock_offset()
+        self.proc = host.spawn(argv, label=f"probe-{name}", log_path=self.path)
 
     def replies(self) -> list[float]:
         return [ts for ts, _ in self.replies_seq()]
 
     def replies_seq(self) -> list[tuple[float, int]]:
-        """(reply timestamp, icmp_seq) of every reply so far, from ping's log where it is written (on an SSH
-        lab, the remote host: the local copy at `path` is made only when the probe stops)."""
-        return [(ts, seq) for ts, seq, _ in echo_replies(self.proc.log_text())]
+        """(reply timestamp on this machine's clock, icmp_seq) of every reply so far, from ping's log where it
+        is written (on an SSH lab, the remote host: the local copy at `path` is made only when the probe
+        stops)."""
+        return [(ts - self.offset, seq) for ts, seq, _ in echo_replies(self.proc.log_text())]
 
     def answered_pct(self, start: float, end: float) -> float | None:
         """Share of the echo requests sent in [start, end] that were answered there. ping's real send rate
