@@ -111,6 +111,8 @@ class Probe:
     """ping -D running in the background (from the case's client to its server unless `src` / `dst` say
     otherwise); reply timestamps read from its output file."""
 
+    offset = 0.0  # the probing host's clock minus this machine's (set per probe; 0: one clock)
+
     def __init__(
         self, ctx: CaseContext, name: str, interval: float, src: Host | None = None, dst: str | None = None
     ):
