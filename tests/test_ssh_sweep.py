@@ -91,6 +91,8 @@ def _toml(v: Any) -> str:
 def sweep_scenario() -> str:
     head = (
         f'name = "ssh-sweep"\nvpns = ["{VPN}"]\n[run]\nrepetitions = 1\nretries = 0\ndrift_check_s = 0\n'
+        # every case keeps the SSH router's capture: written on the router host, copied back
+        'capture = "always"\n'
         "[lab]\nhosts = 3\n"
     )
     body = "".join(
@@ -166,3 +168,11 @@ def test_every_workload_runs_over_ssh(ssh_env: SshFixture, tmp_path):  # noqa: F
     # runs over SSH with nebula in tests/test_ssh.py
     assert [(st, "acl is not supported" in e) for _, st, e in by_workload["acl"]] == [("n/a", True)]
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    # the router capture of every case came back from the router host (a pcap's header alone is 24 bytes)
+    db = sqlite3.connect(run_dir / "results.sqlite")
+    dirs = [Path(d) for (d,) in db.execute("SELECT artifact_dir FROM \"case\" WHERE status = 'ok'")]
+    db.close()
+    small = [
+        str(d) for d in dirs if not (d / "router.pcap").exists() or (d / "router.pcap").stat().st_size <= 24
+    ]
+    assert dirs and not small, small
