@@ -48,6 +48,7 @@ from tunnelbench.lab.tools import LAB_TOOLS  # the one list of the lab's tools
 from tunnelbench.monitor import Monitor
 from tunnelbench.scenario import Scenario
 from tunnelbench.security import keys
+from tunnelbench.security.drops import DropLedger
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.vpns.base import Availability, MeshSpec, VpnDriver
 from tunnelbench.vpns.mesh import Mesh, MeshNotReady
@@ -57,8 +58,6 @@ from tunnelbench.workloads.base import CaseContext, NotApplicable, Workload, Wor
 # KeyboardInterrupt are not Exceptions of this kind and always end it.
 CASE_ERRORS = (Exception,)
 
-# router drop counters (lab.offlab_drops) -> the environment key prefix of each VPN's share
-DROP_COUNTERS = {"offlab": "offlab_drops", "tunnel_leak": "tunnel_leak_drops"}
 
 
 def round_orders(vpns: list[str], rounds: int, seed: int) -> list[list[str]]:
@@ -207,10 +206,7 @@ class Runner:
         self.dead: set[str] = set()  # VPNs out of the run (unavailable, or never came up)
         self.seen: set[str] = set()  # VPNs whose mesh was tried at least once
         self.bringups: dict[str, int] = {}  # per VPN, how many times its mesh was brought up
-        self.drops: dict[str, dict[str, int]] = {}  # per VPN, the router's drops while its mesh was up
-        self.drops_before: dict[str, int] | None = None  # the router's counters when this session began
-        self.dests: dict[str, dict[str, int]] = {}  # per VPN, off-lab destination -> dropped packets
-        self.dests_before: dict[str, int] = {}
+        self.drops = DropLedger()  # the router's drops per VPN session (security/drops.py)
         self.drift: list[dict[str, Any]] = []
         # key hygiene: per VPN its record (keys.<vpn>), and the secret values of every session, kept in memory
         # until the outputs are scanned (scan_outputs): the report is written after run() returns
@@ -229,7 +225,6 @@ class Runner:
         self.prior_orders: list[list[str]] | None = None
         self.session_prefix = ""  # a resumed process's mesh sessions get their own folders
         self.free_progress = 0  # progress advanced without measuring (cases already ok): not in the ETA
-        self.router_base: dict[str, int] = {}  # router drops counted by earlier processes of the run
         if resume is not None:
             self._check_resume()
 
@@ -325,16 +320,7 @@ class Runner:
         for k, val in env.items():
             if k.startswith("keys.") and k != "keys.scan":
                 self.key_records[k[len("keys.") :]] = json.loads(val)
-        for k, val in env.items():
-            if k.startswith("offlab_dests."):
-                self.dests[k[len("offlab_dests.") :]] = json.loads(val)
-        for counter, key in DROP_COUNTERS.items():
-            shares = {k[len(key) + 1 :]: int(v) for k, v in env.items() if k.startswith(f"{key}.")}
-            for vpn, n in shares.items():
-                self.drops.setdefault(vpn, {})[key] = n
-            # a killed process never stored the router's total: its VPNs' shares stand for it
-            total = int(env.get(f"router.{key}", sum(shares.values())))
-            self.router_base[counter] = max(total, 0)
+        self.drops.resume(env)
         self._say(
             f"resume {len(resumed)} of this run (it was left {self.resume.status}): {len(self.done)} "
             f"cases already ok are kept, {len(discarded)} unfinished case(s) discarded and measured again",
@@ -500,7 +486,7 @@ class Runner:
         if self.lab is not None:
             totals: dict[str, Any] = {}
             with contextlib.suppress(Exception):  # read before the router goes
-                totals = {f"router.{key}": self._router_total(c) for c, key in DROP_COUNTERS.items()}
+                totals = self.drops.totals(self.lab)
             # first: nothing the store says (a full disk) may keep the lab up
             problems = end_lab(self.lab, self.journal)
             for p in problems:
@@ -529,12 +515,6 @@ class Runner:
             write()
         except (sqlite3.Error, OSError) as e:
             self._say(f"not stored: {what} ({e})", "red")
-
-    def _router_total(self, counter: str) -> int:
-        """The router's drops over the whole run: this lab's counter plus what earlier processes counted."""
-        assert self.lab is not None
-        now = self.lab.offlab_drops(counter)
-        return now if now < 0 else now + self.router_base.get(counter, 0)
 
     def _run_vpns(self) -> None:
         assert self.lab is not None
@@ -945,8 +925,7 @@ class Runner:
             description=f"{vpn}: bringing the mesh up" + (f" (round {reps[0]})" if len(reps) == 1 else ""),
         )
         t0 = time.monotonic()
-        self.drops_before = self._router_drops()
-        self.dests_before = self._offlab_dests()
+        self.drops.begin(self.lab)
         try:
             driver = cls(spec)
             mesh = Mesh(driver)
@@ -1191,38 +1170,12 @@ class Runner:
             st.close()
         return result
 
-    def _router_drops(self) -> dict[str, int]:
-        """The router's drop counters: `offlab` (addressed outside the lab), `tunnel_leak` (to a tunnel range,
-        unencapsulated); -1 where the lab does not count one (an SSH lab has no `offlab`)."""
-        assert self.lab is not None
-        return {c: self.lab.offlab_drops(c) for c in DROP_COUNTERS}
-
     def _attribute_drops(self, vpn: str) -> None:
-        """Give the router's drops since this session began to the VPN (its mesh was the only one up, from
-        before its start to after its stop): `offlab_drops.<vpn>`, `tunnel_leak_drops.<vpn>`, summed over its
-        sessions, so the shares add up to the run's total (`router.offlab_drops`)."""
-        before, self.drops_before = self.drops_before, None
-        if before is None:
-            return
-        now = self._router_drops()
-        share = self.drops.setdefault(vpn, {})
-        for counter, key in DROP_COUNTERS.items():
-            if before[counter] >= 0 and now[counter] >= 0:
-                share[key] = share.get(key, 0) + now[counter] - before[counter]
+        """The router's drops since this session began go to the VPN (security/drops.py)."""
+        assert self.lab is not None
+        share = self.drops.attribute(self.lab, vpn)
         if share:
-            self.store.set_env(self.run_id, {f"{key}.{vpn}": n for key, n in share.items()})
-        dests = self.dests.setdefault(vpn, {})
-        for addr, n in self._offlab_dests().items():
-            if n > self.dests_before.get(addr, 0):
-                dests[addr] = dests.get(addr, 0) + n - self.dests_before.get(addr, 0)
-        if dests:
-            self.store.set_env(
-                self.run_id, {f"offlab_dests.{vpn}": dict(sorted(dests.items(), key=lambda kv: -kv[1]))}
-            )
-
-    def _offlab_dests(self) -> dict[str, int]:
-        """Dropped packets per off-lab destination so far (netns labs; {} elsewhere)."""
-        return self.lab.offlab_destinations() if self.lab is not None else {}
+            self.store.set_env(self.run_id, share)
 
     def _keep_logs(self, driver: VpnDriver, dest: Path) -> None:
         """A failed case's daemon logs, for the report: with the session's secret values redacted (some
