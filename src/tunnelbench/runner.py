@@ -59,7 +59,6 @@ from tunnelbench.workloads.base import CaseContext, NotApplicable, Workload, Wor
 CASE_ERRORS = (Exception,)
 
 
-
 def round_orders(vpns: list[str], rounds: int, seed: int) -> list[list[str]]:
     """The VPN order of every round: each round a fresh shuffle from one generator seeded with `seed`, so the
     same seed gives the same plan (a resumed or repeated run) and every VPN appears once per round."""
