@@ -114,7 +114,6 @@ def _validate(inv: Path) -> None:
     sc.build_workloads()
 
 
-@pytest.mark.long
 @pytest.mark.timeout(2400)
 def test_every_workload_runs_over_ssh(ssh_env: SshFixture, tmp_path):  # noqa: F811
     """One run of every SSH-capable workload through wireguard-go on the SSH lab: every case measured (n/a

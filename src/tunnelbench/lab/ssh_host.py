@@ -189,6 +189,7 @@ class SshProcess(Process):
         return True
 
 
+WRITE_FLOOR_BPS = 1e6  # the slowest link a file write is given time for: 1 Mbit/s
 CLOCK_SAMPLES = 5  # readings of a host's clock for its offset (the shortest round trip is kept)
 
 
@@ -570,14 +571,16 @@ class SshHost(Host):
     # -- files -----------------------------------------------------------------------------------------
     def write_file(self, path: Path, data: str | bytes, mode: int = 0o644) -> None:
         """Write through a temp file created under umask 077 (a private key is never readable by others),
-        then set the final mode and rename into place."""
+        then set the final mode and rename into place. The timeout grows with the size: 60 s, or the time the
+        data takes at WRITE_FLOOR_BPS (a file set or a tool build over a slow management link)."""
         p = PurePosixPath(str(path))
+        raw = data.encode() if isinstance(data, str) else data
         tmp = p.parent / f".{p.name}.tb-tmp"
         script = (
             f"umask 077 && mkdir -p {quote(p.parent)} && cat > {quote(tmp)} && chmod {mode:o} {quote(tmp)} "
             f"&& mv -f {quote(tmp)} {quote(p)}"
         )
-        self.run(["sh", "-c", script], input=data.encode() if isinstance(data, str) else data, timeout=60)
+        self.run(["sh", "-c", script], input=raw, timeout=max(60.0, 8 * len(raw) / WRITE_FLOOR_BPS))
 
     def read_file(self, path: Path) -> bytes:
         r = self.run(["cat", "--", str(path)], binary=True, timeout=60)
