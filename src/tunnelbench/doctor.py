@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from tunnelbench.catalog import DRIVERS, WORKLOADS
+from tunnelbench.lab.host import host_arch
 from tunnelbench.lab.tags import TAG_PREFIX
 from tunnelbench.lab.tools import DOCTOR_TOOLS
 
@@ -268,12 +269,12 @@ def vpn_and_workload_checks(
 
 def _copied_at_run_time(found: dict[str, str | None], host: SshHost) -> set[str]:
     """The built tools (hey, quicperf) a host lacks that a run copies there from this machine's build
-    (instruments.common.tool_on): when this machine has the build and the host its architecture."""
+    (lab.host.remote_build): when this machine has the build and the host its architecture."""
     from tunnelbench.core.results import WorkloadError
     from tunnelbench.instruments.common import tool
 
     lacking = [t for t in ("hey", "quicperf") if t in found and found[t] is None]
-    if not lacking or host.run(["uname", "-m"], check=False).stdout.strip() != platform.machine():
+    if not lacking or host_arch(host) != platform.machine():
         return set()
     out: set[str] = set()
     for t in lacking:

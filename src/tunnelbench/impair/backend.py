@@ -25,7 +25,7 @@ from typing import Any
 
 from tunnelbench.impair.profiles import Profile
 from tunnelbench.lab.addressing import LAB_PREFIX, host_subnet
-from tunnelbench.lab.host import CommandError, Host, Process
+from tunnelbench.lab.host import CommandError, Host, Process, host_arch, remote_build
 from tunnelbench.lab.journal import register_undo
 
 QUEUE_NUM = 0
@@ -689,17 +689,13 @@ def netem_available(router: Host, probe_if: str = "tbprobe0") -> bool:
 
 
 def remote_impaird(router: Host) -> Path:
-    """The native engine on an SSH router: the local build copied to its workdir when the architectures
-    match, else an impaird on its PATH."""
+    """The native engine on an SSH router: the local build copied to its work folder when the architectures
+    match, else an impaird on its PATH (lab.host.remote_build)."""
     local = impaird_binary()
-    arch = router.run(["uname", "-m"]).stdout.strip()
-    if local is not None and local.exists() and arch == platform.machine():
-        dest = router.workdir / "impair" / "impaird"
-        router.write_file(dest, local.read_bytes(), 0o755)
-        return dest
-    found = router.run(["sh", "-c", "command -v impaird"], check=False).stdout.strip()
-    if found:
+    found = remote_build(router, "impaird", local)
+    if found is not None:
         return Path(found)
+    arch = host_arch(router)
     raise ImpairError(
         f"{router.name} has no netem and no impaird: the local build "
         + (f"is for {platform.machine()}, the host is {arch}" if local else "does not exist")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import platform
-import shlex
 import shutil
 import sys
 from collections.abc import Iterable
@@ -17,7 +16,7 @@ import numpy as np
 from tunnelbench.core.results import Outcome, WorkloadError
 from tunnelbench.instruments.base import CaseEnds
 from tunnelbench.instruments.iperf3 import client_argv, sized, start_server
-from tunnelbench.lab.host import Host, Process
+from tunnelbench.lab.host import Host, Process, host_arch, remote_build
 
 
 def tool(name: str) -> str:
@@ -47,30 +46,21 @@ def script_argv(host: Host, script: str, name: str) -> list[str]:
 
 def tool_on(host: Host, name: str) -> str:
     """A built tool (hey, quicperf: built here, not a Debian package) as `host` runs it: this machine's build
-    in the namespace lab; on a remote host the same build copied into its work folder, once per run and host,
-    when the architectures are equal (as the impairment engine is), else the host's own on its PATH."""
+    in the namespace lab; on a remote host lab.host.remote_build's answer (the same build copied there when
+    the architectures are equal, else the host's own)."""
     if not host.remote:
         return tool(name)
-    key = f"_tb_tool_{name}"
-    if key in host.__dict__:
-        return str(host.__dict__[key])
     try:
         local: str | None = tool(name)
     except WorkloadError:
         local = None
-    arch = host.run(["uname", "-m"]).stdout.strip()
-    if local is not None and arch == platform.machine():
-        dest = host.workdir / "tools" / name
-        host.write_file(dest, Path(local).read_bytes(), 0o755)
-        host.__dict__[key] = str(dest)
-        return str(dest)
-    found = host.run(["sh", "-c", f"command -v {shlex.quote(name)}"], check=False).stdout.strip()
-    if not found.startswith("/"):
+    found = remote_build(host, name, Path(local) if local else None)
+    if found is None:
+        arch = host_arch(host)
         why = (
             f"this machine's build is for {platform.machine()}, the host is {arch}" if local else "none here"
         )
         raise WorkloadError(f"{name} is not on {host.name} ({why}): put a {name} for {arch} on its PATH")
-    host.__dict__[key] = found
     return found
 
 

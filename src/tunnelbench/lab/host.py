@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shlex
 import shutil
 import signal
@@ -357,3 +358,28 @@ class ThisMachine(Host):
 
 
 THIS_MACHINE = ThisMachine()
+
+
+def host_arch(host: Host) -> str:
+    """The host's `uname -m` (asked once per host)."""
+    if "_tb_arch" not in host.__dict__:
+        host.__dict__["_tb_arch"] = host.run(["uname", "-m"]).stdout.strip()
+    return str(host.__dict__["_tb_arch"])
+
+
+def remote_build(host: Host, name: str, local: Path | None) -> str | None:
+    """A binary built on this machine (`local`), as a remote `host` runs it: the build copied into the host's
+    work folder once per run and host when the architectures are equal, else the host's own `name` on its
+    PATH; None when it has neither (the caller says why: host_arch tells the host's architecture)."""
+    key = f"_tb_build_{name}"
+    if key not in host.__dict__:
+        found: str | None
+        if local is not None and local.is_file() and host_arch(host) == platform.machine():
+            dest = host.workdir / "tools" / name
+            host.write_file(dest, local.read_bytes(), 0o755)
+            found = str(dest)
+        else:
+            out = host.run(["sh", "-c", f"command -v {shlex.quote(name)}"], check=False).stdout.strip()
+            found = out if out.startswith("/") else None
+        host.__dict__[key] = found
+    return host.__dict__[key]  # type: ignore[no-any-return]
