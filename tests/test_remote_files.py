@@ -103,37 +103,44 @@ def test_the_file_set_reaches_a_remote_server_whole_and_once(tmp_path):
 
 
 class ClockHost:
-    """A remote host whose `date +%s.%N` answers this machine's time plus a set offset, each reading taking a
-    set round trip (the shortest on the third reading, the only one split evenly between the two ways)."""
+    """A remote host whose `date +%s.%N` answers a fake clock's time plus a set offset, each reading taking a
+    set round trip on that clock (no real sleep: the answer depends on no scheduler). The shortest reading is
+    the only one split evenly between the two ways; a slow one is slow on the way there (its midpoint is off by
+    half its round trip)."""
 
     remote = True
     name = "h3"
 
     def __init__(self, offset: float, delays: list[float]) -> None:
         self.offset, self.delays, self.calls = offset, delays, 0
+        self.now = 1_700_000_000.0  # the fake clock, as time.time() of this machine
         self._clock_offset: float | None = None  # SshHost's cache
 
-    def run(self, argv: list[str], check: bool = True, **_: object) -> Result:
-        import time
+    def time(self) -> float:
+        return self.now
 
+    def run(self, argv: list[str], check: bool = True, **_: object) -> Result:
         assert argv == ["date", "+%s.%N"]
         d = self.delays[self.calls]
         self.calls += 1
-        # a slow reading is slow on the way there (its midpoint is off by d/2); the fastest is symmetric
         before = d / 2 if d == min(self.delays) else d
-        time.sleep(before)
-        now = time.time() + self.offset
-        time.sleep(d - before)
-        return Result(argv, 0, f"{now:.9f}\n", "", d)
+        self.now += before
+        answer = self.now + self.offset
+        self.now += d - before
+        return Result(argv, 0, f"{answer:.9f}\n", "", d)
 
 
-def test_a_remote_hosts_clock_offset_is_its_shortest_round_trip_reading():
+def test_a_remote_hosts_clock_offset_is_its_shortest_round_trip_reading(monkeypatch):
+    from types import SimpleNamespace
+
+    from tunnelbench.lab import ssh_host
     from tunnelbench.lab.ssh_host import CLOCK_SAMPLES, SshHost
 
     h = ClockHost(offset=-250.0, delays=[0.08, 0.06, 0.004, 0.05, 0.07])
+    monkeypatch.setattr(ssh_host, "time", SimpleNamespace(time=h.time))
     off = SshHost.clock_offset(h)  # type: ignore[arg-type]  # the method, on a host that answers by hand
     assert h.calls == CLOCK_SAMPLES == 5
-    assert abs(off - -250.0) < 0.004  # within the shortest reading's half round trip (and scheduling)
+    assert off == pytest.approx(-250.0, abs=1e-6)  # the other readings' midpoints are 25-40 ms off
     assert SshHost.clock_offset(h) == off and h.calls == 5  # once per host
 
 
