@@ -38,7 +38,7 @@ from tunnelbench.lab.counters import (
 )
 from tunnelbench.lab.host import Result
 from tunnelbench.report.headline import build
-from tunnelbench.runner import Runner
+from tunnelbench.runner.loop import Runner
 from tunnelbench.scenario import parse_scenario
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.workloads.base import CaseContext, Params, Workload

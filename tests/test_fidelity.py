@@ -19,7 +19,7 @@ from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.impair import tax
 from tunnelbench.impair.profiles import Profile
 from tunnelbench.lab.cpus import cpu_list, plan
-from tunnelbench.runner import round_orders
+from tunnelbench.runner.schedule import round_orders
 from tunnelbench.scenario import ScenarioError, parse_scenario
 
 # -- round plans -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.lab import hostfw
-from tunnelbench.runner import Runner
+from tunnelbench.runner.loop import Runner
 from tunnelbench.scenario import ScenarioError, parse_scenario
 
 

@@ -107,8 +107,9 @@ def test_the_ssh_readers_parse_the_hand_made_line():
 def test_every_list_of_lab_tools_derives_from_the_one_list():
     from conftest import LAB_TOOLS as TEST_TOOLS
 
-    from tunnelbench import doctor, runner
+    from tunnelbench import doctor
     from tunnelbench.lab import provision
+    from tunnelbench.runner import loop as runner
 
     names = [t.name for t in tools.TOOLS]
     assert len(names) == len(set(names))

@@ -20,7 +20,7 @@ from conftest import lab_missing
 
 from tunnelbench.lab.netns import netns_exists
 from tunnelbench.lab.tags import new_run_id, new_tag
-from tunnelbench.runner import scenario_sha256
+from tunnelbench.runner.resume import scenario_sha256
 from tunnelbench.store import DB_NAME, Store
 
 TB = [str(Path(sys.executable).with_name("tunnelbench"))]
@@ -335,7 +335,7 @@ def test_sigkill_mid_case_then_resume_finishes_every_case_once_in_the_same_round
 
 
 def test_eta_counts_only_the_cases_this_process_measured():
-    from tunnelbench.runner import eta_text
+    from tunnelbench.runner.schedule import eta_text
 
     assert eta_text(10.0, 0, 90) == ""  # nothing measured yet: no estimate
     assert eta_text(100.0, 10, 90) == " · ~13 min left"  # 10 s per case, 80 to go: 800 s

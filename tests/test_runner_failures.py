@@ -31,7 +31,7 @@ from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import Host
 from tunnelbench.lab.journaling import process_alive
 from tunnelbench.lab.netns import netns_exists
-from tunnelbench.runner import Runner
+from tunnelbench.runner.loop import Runner
 from tunnelbench.scenario import parse_scenario
 from tunnelbench.vpns.base import VpnDriver
 from tunnelbench.workloads.base import CaseContext, NotApplicable, Params, Workload, WorkloadError

@@ -311,7 +311,7 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
     from rich.console import Console
 
     from tunnelbench.report.terminal import print_summary
-    from tunnelbench.runner import Runner
+    from tunnelbench.runner.loop import Runner
     from tunnelbench.scenario import parse_scenario
     from tunnelbench.store import DB_NAME, Store
 

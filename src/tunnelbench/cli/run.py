@@ -15,7 +15,7 @@ from tunnelbench.cli.common import build_tool, console, err, find_run, hold_lab,
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from tunnelbench.runner import ResumePlan
+    from tunnelbench.runner.resume import ResumePlan
     from tunnelbench.scenario import Scenario
     from tunnelbench.suite import Suite
 
@@ -87,7 +87,7 @@ def run(
     1 some cases not measured (a VPN unavailable or down, a case whose every attempt failed);
     2 bad input, nothing ran; 3 nothing measured; 130 interrupted (--resume goes on).
     A suite exits 130 if interrupted, 3 if no part measured anything, 1 if any part fell short."""
-    from tunnelbench.runner import ResumeError, load_resume
+    from tunnelbench.runner.resume import ResumeError, load_resume
     from tunnelbench.scenario import ScenarioError, load_scenario, override_note, with_overrides
 
     plan = None
@@ -174,7 +174,7 @@ def _execute(
     first_use: bool = True,
 ) -> tuple[int, Path, str]:
     """Run one scenario to the end, print its summary, write its report; (exit code, run folder, run id)."""
-    from tunnelbench.runner import ResumeError
+    from tunnelbench.runner.resume import ResumeError
 
     if sc.lab.backend != "ssh":  # over SSH the hosts need root, not the controller
         need_root()
@@ -182,7 +182,8 @@ def _execute(
             _build_first_use(sc)
     from tunnelbench.report.html import write_html
     from tunnelbench.report.terminal import print_summary
-    from tunnelbench.runner import Interrupted, Runner
+    from tunnelbench.runner.case import Interrupted
+    from tunnelbench.runner.loop import Runner
     from tunnelbench.store import DB_NAME, Store
 
     lock = hold_lab("run") if sc.lab.backend == "netns" else None  # before the run folder exists

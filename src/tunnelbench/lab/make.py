@@ -2,7 +2,7 @@
 this machine, or real hosts over SSH (lab/ssh_lab.py, from an Ansible inventory); `end_lab` the one way a lab
 ends (its journal ended only when nothing was left); `lab_session` both around a block, for a lab that lives
 for one command or one point of a sweep (nat-matrix cells, mesh-scale sizes, calibrate, bench-engine). A
-benchmark run (runner.py) holds its lab across many blocks (and rebuilds it after a dirty teardown) and calls
+benchmark run (runner/loop.py) holds its lab across many blocks (and rebuilds it after a dirty teardown) and calls
 make_lab and end_lab itself; `up`/`down` (interactive.py) keep a lab made by make_lab across processes, and
 `down` ends its journal after releasing its own entries in it."""
 
