@@ -3,7 +3,7 @@ hosts costs about 10% of a VPN's throughput, and real deployments run one. `[hos
 installs this nftables table in every host namespace before any VPN starts: input, output and forward
 accept established/related connections, drop invalid ones and accept (and count) new ones, so every packet
 of the host, underlay and tunnel alike, goes through connection tracking. Its counters are the proof that
-it did (tests/test_host_firewall.py); the rules are recorded with the run."""
+it did (tests/lab/test_host_firewall.py); the rules are recorded with the run."""
 
 from __future__ import annotations
 

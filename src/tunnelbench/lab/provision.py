@@ -31,7 +31,7 @@ from tunnelbench.lab.tags import TAG_PREFIX
 from tunnelbench.lab.tools import HOST_PACKAGES, ROUTER_PACKAGES
 
 PLAYBOOK = Path(__file__).with_name("install.yml")
-# the play's task names, as its results are read (tests/test_provision_units.py checks each against install.yml)
+# the play's task names, as its results are read (tests/lab/test_provision_units.py checks each against install.yml)
 T_ARCH = "architecture and the builds already there"
 T_APT = "debian packages"
 T_COPY = "registry builds"

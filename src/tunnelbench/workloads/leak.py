@@ -26,7 +26,7 @@ echo replies), and the capture must have dropped nothing and written a plaintext
 namespace pings after the markers (so it holds every frame before it); otherwise the case fails as
 inconclusive, since a tunnel that delivers nothing, or a capture that misses frames, trivially "does not leak".
 Positive controls: `internal` (no VPN) and `vxlan` (no encryption) must be caught leaking at the router; a
-relay host that forwards the plaintext (tests/test_security.py) must be caught at the relay.
+relay host that forwards the plaintext (tests/security/test_security.py) must be caught at the relay.
 
 Evidence: underlay.pcap (or relay.pcap) and leak.json (per stream: marker, messages delivered, plaintext
 frames; the relay's legs) in the case folder."""

@@ -40,7 +40,7 @@ from tunnelbench.lab.host import Host, Process
 from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
 
 QUIC_PORT = 8444  # UDP
-# what native/quicperf is at (its TOOL_VERSION and the quinn in its Cargo.lock; tests/test_quic.py keeps them equal)
+# what native/quicperf is at (its TOOL_VERSION and the quinn in its Cargo.lock; tests/workloads/test_quic.py keeps them equal)
 QUICPERF_VERSION = "1"
 QUINN_VERSION = "0.11.12"
 BUILD_HINT = "run scripts/build-quicperf.sh (scripts/setup.sh does)"

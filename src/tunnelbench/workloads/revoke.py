@@ -10,7 +10,7 @@ others_ok: h1 -> h2 still answers after the revocation (revoking one host must n
 cut_off_all: h3 reaches neither h2 nor h1 at the end.
 
 A VPN whose driver has no revocation fails the case as "not supported". Positive control: a revoke that does
-nothing must fail with "still reachable" (tests/test_revoke.py).
+nothing must fail with "still reachable" (tests/security/test_revoke.py).
 
 The revocation damages the mesh, and the runner rebuilds a mesh only after a failed case: the workload
 restarts the whole mesh itself at the end (every daemon stopped and started again, which re-adds the peers;

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from conftest import emulated_cpu, lab_missing
+from tree import ROOT
 
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.instruments.ping import echo_replies
@@ -38,7 +39,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 SSHD = "/usr/sbin/sshd"
 CACHE = "/var/cache/tunnelbench"  # this machine's builds: not on the targets (a private empty folder there)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def ssh_missing() -> str | None:
@@ -529,7 +529,7 @@ cap_s = 10
 
 # --long (18 s and 48 s): wireguard-go (the hosts' own build: one UAPI command on each other peer) and nebula
 # (a blocklist file on every other host and a SIGHUP, with the pinned build copied there first); revocation
-# itself is in CI in the namespace lab (tests/test_revoke.py), the probe read while it runs over SSH in CI
+# itself is in CI in the namespace lab (tests/security/test_revoke.py), the probe read while it runs over SSH in CI
 # through the resilience test (the same Probe)
 @pytest.mark.long
 @pytest.mark.parametrize("vpn", ["wireguard-go", "nebula"])
@@ -877,7 +877,7 @@ def _run_impaired(fx: SshFixture, tmp_path: Path, impair: str | None, light: boo
     by_q = {c["quantity"]: c for c in cal["checks"]}
     delay = by_q["one-way delay mean"]
     # the median shows the emulator's accuracy whatever the load (late timers move the mean, as under TCG:
-    # tests/test_impair_lab.py)
+    # tests/impair/test_impair_lab.py)
     p50 = float(delay["detail"].split("p50 ")[1].split(",")[0])
     assert abs(p50 - 5.0) < 1.0, delay
     rtt_base = json.loads(env["calibration.base"])["rtt_ms"]
@@ -987,7 +987,7 @@ SECURITY_OVER_SSH = {
 }  # fmt: skip
 
 
-# --long (15-20 s each): the workloads are the namespace lab's (tests/test_security.py, test_acl.py,
+# --long (15-20 s each): the workloads are the namespace lab's (tests/security/test_security.py, test_acl.py,
 # test_workloads_more.py), and the SSH router host's commands are in CI through the impairment test
 @pytest.mark.long
 @pytest.mark.parametrize("check", list(SECURITY_OVER_SSH))

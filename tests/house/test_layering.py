@@ -12,7 +12,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from tree import SRC
+
 PKG = SRC / "tunnelbench"
 
 # The floors, lowest first: a room (a folder under tunnelbench/, or a top-level module) imports only rooms on
@@ -153,7 +154,7 @@ def floor_violations(g: dict[str, dict[str, int]]) -> list[str]:
         try:
             mine = floor_of(room)
         except KeyError:
-            bad.append(f"{m}: room {room!r} has no floor: add it to FLOORS in tests/test_layering.py")
+            bad.append(f"{m}: room {room!r} has no floor: add it to FLOORS in tests/house/test_layering.py")
             continue
         for target, line in sorted(edges.items()):
             other = room_of(target)

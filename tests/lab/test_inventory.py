@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tree import ROOT
 
 from tunnelbench.lab.inventory import InventoryError, load_inventory, ssh_options
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _write(base: Path, files: dict[str, str]) -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tree import ROOT
 
 from tunnelbench.catalog import DRIVERS, resolve
 from tunnelbench.vpns.install import GO_TOOLCHAIN, GoModule, install_source
 
 ISSUE_TOOLCHAIN = "go1.27.3"  # the toolchain the issue names, served by the Go module proxy
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _go_modules() -> list[tuple[str, GoModule]]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
+from tree import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.root
 
 

@@ -3,13 +3,12 @@ run, an allowed one does not, and both are listed with their counts at the end."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from tree import TESTS as TESTS_DIR
 
 pytest_plugins = ["pytester"]
 
-TESTS = str(Path(__file__).parent)
+TESTS = str(TESTS_DIR)
 
 
 def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body: str, strict: bool):

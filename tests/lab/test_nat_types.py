@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from tree import ARTIFACTS
 
 from tunnelbench.lab.addressing import router_ip
 from tunnelbench.lab.netns import NAT_TYPES, NetnsLab, nat_rules
@@ -63,7 +64,6 @@ EXPECTED = {
         "same_mapping": False,
     },
 }
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
 def udp_socket_in(netns: str, port: int) -> socket.socket:

@@ -13,9 +13,10 @@ import socket
 import subprocess
 import time
 import tomllib
-from pathlib import Path
 
 import pytest
+from tree import DATA as TEST_DATA
+from tree import ROOT
 
 from tunnelbench.catalog import DRIVERS, WORKLOADS
 from tunnelbench.impair.backend import make_backend
@@ -35,8 +36,8 @@ from tunnelbench.workloads.quic import (
     quicperf,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).parent / "data" / "quic"
+REPO = ROOT
+DATA = TEST_DATA / "quic"
 
 
 def recorded(name: str) -> dict:

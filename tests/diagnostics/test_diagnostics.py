@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import lab_missing, tb
+from tree import ROOT
 
 from tunnelbench.diagnostics.cpuprofile import PERF_HZ, fold, missing_tools, name_threads, parse_folded, tool
 from tunnelbench.diagnostics.kmsg import KernelLog, parse_record
@@ -228,5 +229,5 @@ def test_a_successful_case_keeps_no_capture_by_default(tmp_path):
 def test_setup_builds_the_inferno_version_the_profiler_looks_for():
     from tunnelbench.diagnostics.cpuprofile import INFERNO_VERSION
 
-    setup = (Path(__file__).parent.parent / "scripts" / "build-tools.sh").read_text()
+    setup = (ROOT / "scripts" / "build-tools.sh").read_text()
     assert re.search(r"^INFERNO_VERSION=(\S+)$", setup, re.M).group(1) == INFERNO_VERSION

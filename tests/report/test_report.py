@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import tb
 from synthetic_runs import hand_store, make_run
+from tree import ARTIFACTS
 
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.core.results import Outcome, Sample, Series
@@ -26,7 +27,6 @@ from tunnelbench.report.export import COLUMNS, metric_rows, to_csv, to_json
 from tunnelbench.report.full import render_markdown, render_report
 from tunnelbench.store import DB_NAME, Store
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 SECTIONS = (
     "overview",

@@ -24,7 +24,7 @@ vpns = ["internal", "wireguard-go"]
 [run]
 repetitions = {reps}
 # block order: the kill tests wait for the second VPN's first case, by which time every case of the first
-# VPN must be stored (tests/test_fidelity.py covers the interleaved default)
+# VPN must be stored (tests/runner/test_fidelity.py covers the interleaved default)
 order = "block"
 drift_check_s = 0
 [lab]
@@ -42,7 +42,7 @@ interval_s = 0.01
 
 def start(tmp_path: Path, reps: int, dur: float) -> tuple[subprocess.Popen, Path]:
     scen = tmp_path / "s.toml"
-    # no drift reference (2 s per round before the case the test waits for): tests/test_fidelity.py checks it
+    # no drift reference (2 s per round before the case the test waits for): tests/runner/test_fidelity.py checks it
     scen.write_text(SCENARIO.format(reps=reps, dur=dur))
     results = tmp_path / "results"
     p = subprocess.Popen([sys.executable, "-m", "tunnelbench.cli", "run", str(scen), "--results", str(results)],

@@ -52,7 +52,7 @@ def device_mtu(mesh: Mesh) -> tuple[str, int]:
 
 def driver_params() -> list:
     """Every driver but those needing kernel modules this machine may lack: those get the same checks, and
-    their encapsulation on the wire, in tests/test_kernel_lane.py (one bring-up each: the lane's time)."""
+    their encapsulation on the wire, in tests/lab/test_kernel_lane.py (one bring-up each: the lane's time)."""
     return [v for v in sorted(DRIVERS) if not set(DRIVERS[v].kernel_features) & set(LANE_FEATURES)]
 
 
@@ -116,7 +116,7 @@ def test_three_host_mesh(vpn, lab_factory):
         modes = {f: stat.S_IMODE(os.stat(f).st_mode) for f in sorted(declared | found)}
         open_ = {str(f.relative_to(lab.run_dir.resolve())): f"{m:04o}" for f, m in modes.items() if m & 0o077}
         assert open_ == {}, f"{vpn}: secret files readable by group or others: {open_}"
-        # no common MTU: the device gets the default the driver declares, and records (tests/test_vpn_mtu.py
+        # no common MTU: the device gets the default the driver declares, and records (tests/vpns/test_vpn_mtu.py
         # has the common MTU; one bring-up here serves both)
         if cls.default_mtu is not None:
             dev, got = device_mtu(mesh)

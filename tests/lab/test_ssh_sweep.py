@@ -1,4 +1,4 @@
-"""Every workload that may run over SSH, in one run on the SSH test lab (tests/test_ssh.py's `ssh_env`: sshd
+"""Every workload that may run over SSH, in one run on the SSH test lab (tests/lab/test_ssh.py's `ssh_env`: sshd
 targets h1, h2, h3 and the router host "wan", each with private /var/tmp, /usr/local/bin and
 /var/cache/tunnelbench, pytest's temp root hidden from them): each case must be measured (or be n/a where the
 workload itself says it does not apply), and the targets must be left as they were found.
@@ -164,7 +164,7 @@ def test_every_workload_runs_over_ssh(ssh_env: SshFixture, tmp_path):  # noqa: F
     assert not bad, (bad, r.stdout[-4000:], r.stderr[-4000:])
     assert not left, left
     # wireguard-go has no ACL: that check does not apply (n/a, said), no reason for exit 1; the ACL check itself
-    # runs over SSH with nebula in tests/test_ssh.py
+    # runs over SSH with nebula in tests/lab/test_ssh.py
     assert [(st, "acl is not supported" in e) for _, st, e in by_workload["acl"]] == [("n/a", True)]
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     # the router capture of every case came back from the router host (a pcap's header alone is 24 bytes)

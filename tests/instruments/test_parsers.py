@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from tree import DATA
 
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments.iperf3 import parse_tcp, parse_udp
 from tunnelbench.instruments.ping import parse_ping
 from tunnelbench.workloads.ping import rtt_samples
-
-DATA = Path(__file__).parent / "data"
 
 
 def metrics(out: Outcome) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """[fairness] tunnel_mtu: every driver puts the common MTU on the device its tunnel traffic leaves by (and
 records it in its settings). Without one, the default MTU it declares is what the device really has: checked
-on tests/test_vpn_mesh.py's bring-up, which uses no common MTU."""
+on tests/vpns/test_vpn_mesh.py's bring-up, which uses no common MTU."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from test_vpn_mesh import (
     check_recorded_mtu,
     device_mtu,
     driver_params,
-)  # kernel drivers: tests/test_kernel_lane.py
+)  # kernel drivers: tests/lab/test_kernel_lane.py
 
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.vpns.base import MeshSpec

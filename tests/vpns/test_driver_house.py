@@ -12,6 +12,8 @@ import inspect
 import re
 from pathlib import Path
 
+from tree import SRC
+
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.host import THIS_MACHINE, Host, Result, find_binary
 from tunnelbench.vpns.base import MeshSpec
@@ -21,7 +23,7 @@ from tunnelbench.vpns.nebula import Nebula
 from tunnelbench.vpns.openvpn import OpenVpn
 from tunnelbench.vpns.wireguard_go import WireguardGo
 
-VPNS = Path(__file__).resolve().parents[1] / "src" / "tunnelbench" / "vpns"
+VPNS = SRC / "tunnelbench" / "vpns"
 FIELDS = {
     "protocol",
     "ciphers",

@@ -103,7 +103,7 @@ LONG_KERNEL_DRIVERS = {
 }
 
 
-MTU = 1360  # [fairness] tunnel_mtu, as tests/test_vpn_mtu.py uses for the other drivers
+MTU = 1360  # [fairness] tunnel_mtu, as tests/vpns/test_vpn_mtu.py uses for the other drivers
 
 
 @contextmanager
@@ -132,8 +132,8 @@ def _count(lab, name: str, match: str) -> Iterator[Callable[[], int]]:
     [pytest.param(v, marks=[pytest.mark.long] if v in LONG_KERNEL_DRIVERS else []) for v in KERNEL_DRIVERS],
 )
 def test_kernel_driver_mesh(vpn, module_lab):
-    """One bring-up per kernel driver (the lane's time is the budget), everything tests/test_vpn_mesh.py and
-    tests/test_vpn_mtu.py check for the other drivers, plus what the wire shows: a 3-host mesh where every
+    """One bring-up per kernel driver (the lane's time is the budget), everything tests/vpns/test_vpn_mesh.py and
+    tests/vpns/test_vpn_mtu.py check for the other drivers, plus what the wire shows: a 3-host mesh where every
     ordered pair answers, private keys 0600, the scenario's common tunnel MTU on the path to the peer, pings
     between two hosts crossing the router as the driver's encapsulation (its `wire` match, both directions),
     and nothing of the tunnel left after teardown: by the driver's own account, and on the hosts as the kernel
@@ -156,7 +156,7 @@ def _mesh_on(lab, cls, vpn: str, packets: Callable[[], int]) -> None:
         mesh.wait_ready(timeout=60)
         assert mesh.pairs_down() == []
         # every file the driver declares secret and every one holding key material by content (as
-        # tests/test_vpn_mesh.py does for the other drivers): its real mode, group and others shut out
+        # tests/vpns/test_vpn_mesh.py does for the other drivers): its real mode, group and others shut out
         declared = {f.resolve() for h in lab.hosts for f in driver.secret_files(h)}
         found = {
             f.resolve() for _, d in driver.host_dirs() for f in secret_files_by_content(d)
@@ -176,7 +176,7 @@ def _mesh_on(lab, cls, vpn: str, packets: Callable[[], int]) -> None:
             assert got == MTU, f"{vpn}: path MTU {got} ({' '.join(route)}), not the scenario's {MTU}"
             assert (
                 driver.settings.get("mtu", MTU) == MTU
-            )  # as tests/test_vpn_mtu.py: where a driver records it
+            )  # as tests/vpns/test_vpn_mtu.py: where a driver records it
         before = packets()
         r = h1.run(["ping", "-c", "20", "-i", "0.02", "-W", "2", mesh.tunnel_ip(h2)], check=False)
         assert " 0% packet loss" in r.stdout, r.stdout

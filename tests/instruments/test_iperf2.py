@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from tree import DATA
 
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.core.results import Outcome
@@ -21,7 +22,6 @@ from tunnelbench.workloads.base import CaseContext, WorkloadError
 from tunnelbench.workloads.tcp import Tcp, TcpParams, byte_count
 from tunnelbench.workloads.udp import Udp, UdpParams, iperf2_rate
 
-DATA = Path(__file__).parent / "data"
 CPU = {"iperf_cpu_client_pct", "iperf_cpu_server_pct"}
 
 

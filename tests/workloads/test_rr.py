@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from tree import DATA, ROOT
 
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.core.results import Outcome
@@ -26,8 +27,7 @@ from tunnelbench.workloads.rr import (
     parse_sockperf,
 )
 
-DATA = Path(__file__).parent / "data"
-REPO = Path(__file__).parent.parent
+REPO = ROOT
 
 
 def read(name: str) -> str:
