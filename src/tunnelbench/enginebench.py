@@ -1,4 +1,4 @@
-"""`tunnelbench bench-engine`: the impairment engine's ceiling next to the raw path, in one run.
+"""`tunnelbench bench-engine`: the impairment engine's ceiling next to the raw path, in one run, and its tables.
 
 TCP goodput (1 and 4 streams) and packets/s through the router, raw and through the engine at 0 ms and
 20 ms added delay, with the engine's CPU per packet (from its own stats: CPU seconds / packets)."""
@@ -6,10 +6,14 @@ TCP goodput (1 and 4 streams) and packets/s through the router, raw and through 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+from rich.text import Text
 
 from tunnelbench.impair.backend import Backend, NativeBackend
 from tunnelbench.impair.profiles import Profile
@@ -172,3 +176,54 @@ def run_bench(
                 if left:
                     raise RuntimeError(f"{name}: teardown left {left}")
     return version, rows, checks, pl.summary()
+
+
+def tables(
+    version: str, rows: list[BenchRow], checks: list[TaxCheck], seconds: float, rounds: int
+) -> list[Table]:
+    """`tunnelbench bench-engine`'s tables: the engine against the raw path, then the engine tax per VPN."""
+    t = Table(
+        title=f"impairment engine benchmark ({version}), TCP h1 -> h2, {seconds:g} s per cell",
+        title_justify="left",
+        caption="µs CPU/pkt counts wire packets in both modes (a GSO super-packet counts as the wire packets it "
+        "stands for); kpkt/s counts wire-size packets on both",
+        caption_justify="left",
+    )
+    for c in (
+        "path",
+        "streams",
+        "goodput Gbit/s",
+        "kpkt/s",
+        "engine µs CPU/pkt",
+        "engine CPU %",
+        "retransmits",
+    ):
+        t.add_column(c, justify="left" if c == "path" else "right")
+    for r in rows:
+        t.add_row(
+            r.path,
+            str(r.streams),
+            f"{r.goodput_gbps:.2f}",
+            f"{r.kpps:.0f}",
+            "–" if r.engine_cpu_us_per_pkt is None else f"{r.engine_cpu_us_per_pkt:.2f}",
+            "–" if r.engine_cpu_pct is None else f"{r.engine_cpu_pct:.0f}",
+            str(r.retransmits),
+        )
+    if not checks:
+        return [t]
+    tt = Table(
+        title=f"engine tax, TCP {max(1, round(seconds))} s legs, {rounds} off/on alternations",
+        title_justify="left",
+    )
+    for c in ("VPN", "engine mode", "without engine Mbit/s", "with engine Mbit/s", "tax", "engine CPU %"):
+        tt.add_column(c, justify="left" if c in ("VPN", "engine mode") else "right")
+    for tc in checks:
+        tt.add_row(
+            tc.vpn,
+            tc.mode,
+            f"{statistics.median(tc.off_mbps):,.0f}",
+            f"{statistics.median(tc.on_mbps):,.0f}",
+            Text(f"{tc.tax_pct:+.1f}%", style="red" if tc.flagged else ""),
+            f"{statistics.median(tc.engine_cpu_pct):.0f}" if tc.engine_cpu_pct else "–",
+        )
+    return [t, tt]

@@ -164,3 +164,41 @@ def test_run_installs_a_vpn_build_on_first_use_and_not_again(tmp_path):
     assert again.returncode == 0 and "installing" not in again.stderr, again.stderr[-2000:]
     plan = tb("plan", str(tmp_path / "s.toml"), "--results", str(tmp_path / "r"), env=env)
     assert "will install" not in plan.stdout
+
+
+def test_first_use_installs_the_vpn_builds_side_by_side(tmp_path, monkeypatch):
+    """The default's two Go builds run at once: each stand-in install waits at a two-party barrier, which only
+    opens when both are running (one after the other, the first would time out there). Both times recorded
+    in builds.json (one file, written from two threads), one line each, and the side-by-side total."""
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from tunnelbench.vpns.install import GoModule, InstallResult
+
+    monkeypatch.setenv("TUNNELBENCH_CACHE", str(tmp_path / "cache"))
+    srcs = [GoModule("x", "github.com/a/x", "v1.0.0", ("github.com/a/x",), ("x",)),
+            GoModule("y", "github.com/b/y", "v2.0.0", ("github.com/b/y",), ("y",))]  # fmt: skip
+    monkeypatch.setattr(builds, "vpn_installs", lambda _sc: [("x", srcs[0]), ("y", srcs[1])])
+    monkeypatch.setattr(builds, "missing", lambda _sc: [])
+    both = threading.Barrier(2, timeout=10)
+    seen: list[str] = []
+
+    def install_source(src, _log, force=False):
+        both.wait()  # BrokenBarrierError when the other install is not running alongside
+        seen.append(src.name)
+        return InstallResult(src.label, "installed", 7.5 if src.name == "x" else 12.25, "bin")
+
+    monkeypatch.setattr(builds, "install_source", install_source)
+    buf = io.StringIO()
+    builds.first_use(sc("ping"), Console(file=buf, width=300))
+    out = buf.getvalue()
+    assert sorted(seen) == ["x", "y"]
+    assert "installed x (8 s): bin" in out and "installed y (12 s): bin" in out
+    assert "2 VPN builds side by side:" in out
+    rec = json.loads((tmp_path / "cache" / "builds.json").read_text())
+    assert {k: v["seconds"] for k, v in rec.items()} == {
+        "go github.com/a/x@v1.0.0": 7.5,
+        "go github.com/b/y@v2.0.0": 12.2,
+    }

@@ -29,8 +29,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("catalog",),  # the only module that imports every driver and workload
     ("analysis", "scenario"),
     ("report", "plan", "builds"),  # builds: the built tools (hey, quicperf, inferno) on first use
-    ("security", "natmatrix", "doctor", "enginebench", "meshscale"),
-    ("runner", "interactive", "suite"),
+    ("security", "natmatrix", "doctor", "enginebench", "meshscale", "suite"),  # suite: a plan of runs, merged
+    ("runner", "interactive"),
     ("cli",),
 ]
 

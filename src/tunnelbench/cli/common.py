@@ -107,15 +107,9 @@ def hold_lab(what: str) -> LabLock:
 
 def build_tool(b: Build, before: dict[str, float]) -> None:
     """Build one tool on first use (builds.build), a line before and one after; a failure is said only."""
-    from tunnelbench.builds import build, cache_dir
+    from tunnelbench.builds import build_announced
 
-    took = f"; {before[b.name]:.0f} s here before" if b.name in before else ""
-    err.print(Text(f"building {b.name} for {b.why} (first use on this machine{took}) ...", style="dim"))
-    ok, seconds, detail = build(b, cache_dir() / "logs" / f"build-{b.name}.log")
-    if ok:
-        err.print(Text(f"built {b.name} ({seconds:.0f} s): {detail}", style="green"))
-    else:
-        err.print(Text(f"could not build {b.name} ({seconds:.0f} s): {detail}", style="red"))
+    build_announced(b, before, err)
 
 
 def ensure_engine() -> None:

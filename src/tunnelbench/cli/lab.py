@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -21,12 +20,6 @@ from tunnelbench.cli.common import (
     main,
     need_root,
 )
-
-if TYPE_CHECKING:
-    from tunnelbench.impair.backend import Backend
-    from tunnelbench.impair.calibrate import Calibration
-    from tunnelbench.impair.profiles import Profile
-    from tunnelbench.lab.netns import NetnsLab
 
 
 @main.command()
@@ -92,98 +85,22 @@ def calibrate(
 
     if "native" in backends or ("auto" in backends and kernel_missing(("netem",))):
         ensure_engine()
-    import tempfile
-
     from tunnelbench.impair.backend import ImpairError
-    from tunnelbench.impair.calibrate import calibrate as calibrate_profile
-    from tunnelbench.impair.calibrate import measure_base
-    from tunnelbench.impair.session import impair_lab
+    from tunnelbench.impair.session import calibrate_backends
+    from tunnelbench.report.calibration import calibration_table
 
-    results = []
     try:
-        with (
-            tempfile.TemporaryDirectory(prefix="tunnelbench-cal-") as tmp,
-            impair_lab(Path(tmp), 2, "auto") as (lab, _),
-        ):
-            h1, h2 = lab.hosts
-            bes = _calibration_backends(lab, backends)
-            base = measure_base(h1, h2, lab.run_dir)
-            err.print(
-                f"backend {', '.join(b.name for b in bes)}; base one-way {base.one_way_ms:.3f} ms, "
-                f"RTT {base.rtt_ms:.3f} ms"
-            )
-            try:
-                for n in names:  # each profile on every backend in turn: machine drift hits them alike
-                    for be in bes:
-                        be.apply(known[n])
-                        try:
-                            results.append(
-                                calibrate_profile(be, known[n], h1, h2, lab.run_dir, base, count=probes)
-                            )
-                        finally:
-                            be.clear()
-            finally:
-                for be in bes:
-                    be.clear()
+        results = calibrate_backends([known[n] for n in names], backends, probes, lambda m: err.print(m))
     except ImpairError as e:
         err.print(Text(f"--backend: {e}", style="red"))
         sys.exit(2)
-    console.print(_calibration_table(results, names, known))
+    console.print(calibration_table(results, names, known))
     if json_out:
         json_out.write_text("[" + ",\n".join(c.to_json() for c in results) + "]\n")
     flagged = sum(not c.ok for c in results)
     if flagged:
         err.print(Text(f"{flagged} profile calibration(s) out of tolerance", style="red"))
     sys.exit(1 if flagged else 0)
-
-
-def _calibration_backends(lab: NetnsLab, names: list[str]) -> list[Backend]:
-    """One backend per name over the same lab (the router's interfaces toward each host); `auto` resolves to
-    netem where the kernel has it. Two names that resolve to the same backend are refused."""
-    from tunnelbench.impair.backend import ImpairError, make_backend
-
-    bes = [make_backend(n, lab.router, lab.hosts, lab.run_dir / f"impair-{n}") for n in names]
-    if len({b.name for b in bes}) != len(bes):
-        raise ImpairError(
-            f"{', '.join(names)} resolve to the same backend here ({', '.join(b.name for b in bes)})"
-        )
-    return bes
-
-
-def _calibration_table(results: list[Calibration], names: list[str], known: dict[str, Profile]) -> Table:
-    """One column of measured values per backend, next to the configured value, per profile and quantity."""
-    from tunnelbench.report.fmt import num
-
-    backends = list(dict.fromkeys(c.backend for c in results))
-    t = Table(title=f"calibration ({' vs '.join(backends)}), h1 -> h2 over the router", title_justify="left")
-    for c in ("profile", "quantity", "configured", *(f"{b} measured" for b in backends), "detail", "ok"):
-        t.add_column(c)
-    for n in names:
-        cals = {c.backend: c for c in results if c.profile == known[n].name or c.profile == n}
-        quantities = list(dict.fromkeys(ch.quantity for c in cals.values() for ch in c.checks))
-        t.add_section()
-        for i, q in enumerate(quantities):
-            checks = {
-                b: next((ch for ch in cals[b].checks if ch.quantity == q), None)
-                for b in backends
-                if b in cals
-            }
-            first = next(ch for ch in checks.values() if ch is not None)
-            oks = [
-                ("" if ch is None or ch.ok is None else "yes" if ch.ok else "NO") for ch in checks.values()
-            ]
-            detail = " | ".join(
-                f"{b}: {ch.detail}" for b, ch in checks.items() if ch is not None and ch.detail
-            )
-            t.add_row(
-                f"{n}\n{known[n].summary()}" if i == 0 else "",
-                f"{q} [{first.unit}]",
-                num(first.configured),
-                *(num(ch.measured) if ch is not None else "–" for ch in checks.values()),
-                detail,
-                "/".join(oks),
-            )
-    return t
 
 
 @main.command("bench-engine")
@@ -221,10 +138,9 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     need_root()
     hold_lab("bench-engine")  # until the command ends
     ensure_engine()
-    import statistics
     import tempfile
 
-    from tunnelbench.enginebench import run_bench
+    from tunnelbench.enginebench import run_bench, tables
 
     names = [v.strip() for v in vpns.split(",") if v.strip()]
     with tempfile.TemporaryDirectory(prefix="tunnelbench-bench-") as tmp:
@@ -232,53 +148,8 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
             Path(tmp), seconds, placement_mode=placement, vpns=names, tax_rounds=rounds
         )
     console.print(Text(where))
-    t = Table(
-        title=f"impairment engine benchmark ({version}), TCP h1 -> h2, {seconds:g} s per cell",
-        title_justify="left",
-    )
-    for c in (
-        "path",
-        "streams",
-        "goodput Gbit/s",
-        "kpkt/s",
-        "engine µs CPU/pkt",
-        "engine CPU %",
-        "retransmits",
-    ):
-        t.add_column(c, justify="left" if c == "path" else "right")
-    for r in rows:
-        t.add_row(
-            r.path,
-            str(r.streams),
-            f"{r.goodput_gbps:.2f}",
-            f"{r.kpps:.0f}",
-            "–" if r.engine_cpu_us_per_pkt is None else f"{r.engine_cpu_us_per_pkt:.2f}",
-            "–" if r.engine_cpu_pct is None else f"{r.engine_cpu_pct:.0f}",
-            str(r.retransmits),
-        )
-    console.print(t)
-    console.print(
-        "µs CPU/pkt counts wire packets in both modes (a GSO super-packet counts as the wire packets it "
-        "stands for); kpkt/s counts wire-size packets on both",
-        highlight=False,
-    )
-    if checks:
-        tt = Table(
-            title=f"engine tax, TCP {max(1, round(seconds))} s legs, {rounds} off/on alternations",
-            title_justify="left",
-        )
-        for c in ("VPN", "engine mode", "without engine Mbit/s", "with engine Mbit/s", "tax", "engine CPU %"):
-            tt.add_column(c, justify="left" if c in ("VPN", "engine mode") else "right")
-        for tc in checks:
-            tt.add_row(
-                tc.vpn,
-                tc.mode,
-                f"{statistics.median(tc.off_mbps):,.0f}",
-                f"{statistics.median(tc.on_mbps):,.0f}",
-                Text(f"{tc.tax_pct:+.1f}%", style="red" if tc.flagged else ""),
-                f"{statistics.median(tc.engine_cpu_pct):.0f}" if tc.engine_cpu_pct else "–",
-            )
-        console.print(tt)
+    for t in tables(version, rows, checks, seconds, rounds):
+        console.print(t, highlight=False)
 
 
 @main.command()

@@ -10,11 +10,12 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from tunnelbench.cli.common import build_tool, console, err, find_run, hold_lab, main, need_root
+from tunnelbench.cli.common import console, err, find_run, hold_lab, main, need_root
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from tunnelbench.lab.lock import LabLock
     from tunnelbench.runner.resume import ResumePlan
     from tunnelbench.scenario import Scenario
     from tunnelbench.suite import Suite
@@ -160,8 +161,7 @@ def run(
     except ScenarioError as e:
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
-    code, _, _ = _execute(sc, text, overrides, plan, results, no_html, not no_build)
-    sys.exit(code)
+    sys.exit(_execute(sc, text, overrides, plan, results, no_html, not no_build))
 
 
 def _execute(
@@ -172,111 +172,29 @@ def _execute(
     results: Path | None,
     no_html: bool,
     first_use: bool = True,
-) -> tuple[int, Path, str]:
-    """Run one scenario to the end, print its summary, write its report; (exit code, run folder, run id)."""
+) -> int:
+    """Run one scenario (runner/execute.py) with root, its first-use builds and the lab lock; its exit code."""
+    from tunnelbench.runner.execute import execute
     from tunnelbench.runner.resume import ResumeError
 
-    if sc.lab.backend != "ssh":  # over SSH the hosts need root, not the controller
-        need_root()
-        if first_use:
-            _build_first_use(sc)
-    from tunnelbench.report.html import write_html
-    from tunnelbench.report.terminal import print_summary
-    from tunnelbench.runner.case import Interrupted
-    from tunnelbench.runner.loop import Runner
-    from tunnelbench.store import DB_NAME, Store
-
-    lock = hold_lab("run") if sc.lab.backend == "netns" else None  # before the run folder exists
+    lock = _before_run(sc, first_use)
     try:
-        runner = Runner(sc, text, err, results, overrides=overrides, resume=plan)
+        return execute(sc, text, overrides, plan, results, not no_html, console, err, lock).code
     except ResumeError as e:
         err.print(Text(f"cannot resume: {e}", style="red"))
         sys.exit(2)
-    if lock is not None:
-        lock.describe(runner.run_id, runner.run_dir)
-    err.print(Text(f"{'resuming run' if plan else 'run'} {runner.run_id} -> {runner.run_dir}"))
-    code = 0
-    res = None
-    try:
-        res = runner.run()
-    except ResumeError as e:  # raised before the run is reopened: nothing to summarize
-        err.print(Text(f"cannot resume: {e}", style="red"))
-        sys.exit(2)
-    except (Interrupted, KeyboardInterrupt):
-        code = 130
-    except Exception as e:  # the run is torn down and stored; say what broke, keep the traceback
-        import traceback
-
-        if _disk_full(e):
-            err.print(Text(
-                f"run stopped: the results disk is full ({runner.run_dir}): the lab is torn down and every case "
-                f"stored before is kept; free space, then `tunnelbench run --resume {runner.run_id}` measures "
-                "the rest", style="red"))  # fmt: skip
-        else:
-            where = runner.run_dir / "error.txt"
-            try:
-                where.write_text(traceback.format_exc())
-            except OSError as w:
-                where = f"not written: {w.strerror or w}"  # type: ignore[assignment]
-            err.print(Text(f"run failed: {type(e).__name__}: {e} (traceback in {where})", style="red"))
-        code = 1
-    store = Store(runner.run_dir / DB_NAME)
-    print_summary(store, runner.run_id, console)
-    if not no_html:
-        try:
-            path = write_html(store, runner.run_id, runner.run_dir / "report.html")
-            err.print(f"report: {path}")
-        except OSError as e:
-            err.print(Text(f"report not written: {e}", style="red"))
-    if runner.secrets.values:  # after the report: every output the run wrote is searched for its keys
-        from tunnelbench.security.keys import scan_line
-
-        line, style = scan_line(runner.scan_outputs())
-        console.print(Text(line, style=style))
-    if lock is not None:  # the lab is gone: a suite's next part (or another run) may build one
-        lock.release()
-    if code != 130:  # an ended run: its exit code says whether every planned case was measured
-        from tunnelbench.analysis.outcome import NOTHING_MEASURED, judge_store
-
-        out = judge_store(store, runner.run_id)
-        if code == 0 and res is not None and res.status != "ok":
-            code = 1
-        code = NOTHING_MEASURED if out.code == NOTHING_MEASURED else max(code, out.code)
-        err.print(Text(out.line() if code == out.code else f"exit {code}: the run failed; {out.line()}",
-                       style="green" if code == 0 else "yellow" if code == 1 else "red"))  # fmt: skip
-    return code, runner.run_dir, runner.run_id
 
 
-def _disk_full(e: BaseException) -> bool:
-    """The run's results disk filled up (SQLite says so in its own words, a file write with ENOSPC)."""
-    import errno
-    import sqlite3
+def _before_run(sc: Scenario, first_use: bool) -> LabLock | None:
+    """Root, the first-use builds (a namespace lab), then this machine's lab lock (before the run folder
+    exists); over SSH the hosts need root, not the controller."""
+    if sc.lab.backend != "ssh":
+        need_root()
+        if first_use:
+            from tunnelbench.builds import first_use as build_first_use
 
-    if isinstance(e, sqlite3.OperationalError) and "disk is full" in str(e):
-        return True
-    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def _build_first_use(sc: Scenario) -> None:
-    """Build the tools and install the VPN builds this scenario needs and this machine lacks (builds.py), one
-    line each; a failed build is said and the run goes on (the VPN is then skipped as unavailable, the
-    workload fails, each with the reason)."""
-    from tunnelbench.builds import cache_dir, install_vpn, missing, past_seconds, vpn_installs
-
-    before = past_seconds()
-    for vpn, src in vpn_installs(sc):
-        took = f"; {before[src.label]:.0f} s here before" if src.label in before else ""
-        err.print(Text(f"installing {vpn}: {src.label} (first use on this machine{took}) ...", style="dim"))
-        r = install_vpn(src, cache_dir() / "logs" / f"{src.name}.log")
-        ok = r.status != "failed"
-        err.print(
-            Text(
-                f"{'installed' if ok else 'could not install'} {vpn} ({r.seconds:.0f} s): {r.detail}"[:400],
-                style="green" if ok else "red",
-            )
-        )
-    for b in missing(sc):
-        build_tool(b, before)
+            build_first_use(sc, err)
+    return hold_lab("run") if sc.lab.backend == "netns" else None
 
 
 def _run_suite(
@@ -294,11 +212,9 @@ def _run_suite(
 ) -> int:
     """Every part of a suite as its own run (tunnelbench/suite.py), then the merged Security matrix. Every part
     is parsed before the first runs, so bad input fails before anything is measured."""
-    from tunnelbench.analysis.analyze import load_run
-    from tunnelbench.analysis.outcome import suite_code
-    from tunnelbench.report.terminal import security_table
+    from tunnelbench.runner.execute import execute_suite
     from tunnelbench.scenario import ScenarioError
-    from tunnelbench.suite import merged_rows, suite_parts, write_matrix
+    from tunnelbench.suite import suite_parts
 
     common = {
         k: v
@@ -328,31 +244,9 @@ def _run_suite(
             )
         )
         return 2
-    done: list[tuple[Path, str]] = []
-    codes = []
-    for i, (part, sc, text, over) in enumerate(parts, 1):
-        err.print(
-            Text(f"suite {suite.name}: part {i}/{len(parts)}: {part} ({len(sc.vpns)} VPN(s))", style="bold")
-        )
-        code, run_dir, run_id = _execute(sc, text, over, None, results, no_html, first_use)
-        done.append((run_dir, run_id))
-        codes.append(code)
-        if code == 130:  # interrupted: the finished parts stay, and the matrix shows what they measured
-            notes.append(f"interrupted during {part}: later parts not run")
-            break
-    runs = [load_run(d, rid) for d, rid in done]
-    try:
-        rows = merged_rows(runs)
-        folder = (results or Path("results")) / f"{suite.name}-suite-{done[0][1]}"
-        path = write_matrix(suite, runs, rows, notes, folder)
-    finally:
-        for r in runs:
-            r.store.close()
-    console.print(security_table(rows, f"{suite.name}: merged from {len(runs)} run(s)"))
-    for n in notes:
-        console.print(Text(n, style="dim"))
-    err.print(f"matrix: {path}")
-    return suite_code(codes)
+    return execute_suite(
+        suite, parts, notes, results, not no_html, console, err, lambda sc: _before_run(sc, first_use)
+    )
 
 
 @main.command()
