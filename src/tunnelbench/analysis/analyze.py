@@ -6,6 +6,7 @@ named after the VPN, or "VPN version" / "VPN @run" when the same VPN appears in 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import tomllib
@@ -17,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from tunnelbench.analysis.emulator import calibration_misses, emulator_facts
+from tunnelbench.analysis.emulator import emulator_facts
+from tunnelbench.analysis.records import Records
 from tunnelbench.analysis.stats import (
     Better,
     Describe,
@@ -96,6 +98,11 @@ class RunData:
     # (workload, metric) -> (spec, place among the headline metrics, 0 = not one) as the run stored them
     # ("" = the runner's own); {} for a run from before they were stored
     specs: dict[tuple[str, str], tuple[MetricSpec, int]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def records(self) -> Records:
+        """The run's recorded facts (calibration, engine tax, key hygiene, drift), read once."""
+        return Records.of(self.env)
 
     @property
     def short(self) -> str:
@@ -408,7 +415,7 @@ def _judge(
         r.run_id: {p.profile: p.tax_pct for p in emulator_facts(r.env, r.metrics).profiles if p.mode}
         for r in runs
     }
-    misses = {r.run_id: calibration_misses(r.env) for r in runs}
+    misses = {r.run_id: r.records.calibration_misses() for r in runs}
     for g in groups.values():
         base = groups.get((base_variant.get(g.run_id) or "", g.profile, g.label, g.metric))
         ceiling = g.ratio if is_ceiling_metric(g.unit, g.better) and g.vpn != BASELINE else None

@@ -13,7 +13,6 @@ So a flag means "we are confident B is worse than A by more than the threshold",
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -211,23 +210,11 @@ def _security_b(
         if good is not None and xa and all(x == good for x in xa) and any(x != good for x in xb):
             out.append(k)
     rename = vpn_map or {}
-    hyg_a = {rename.get(v, v): n for v, n in _key_violations(a).items()}
-    for vpn, n in _key_violations(b).items():
+    hyg_a = {rename.get(v, v): n for v, n in a.records.key_violations().items()}
+    for vpn, n in b.records.key_violations().items():
         if n and hyg_a.get(vpn) == 0:
             out.append((vpn, "", "", "key_hygiene"))
     return sorted(out)
-
-
-def _key_violations(run: RunData) -> dict[str, int]:
-    """Per VPN, the key-hygiene violations its run recorded (environment keys.<vpn>)."""
-    out = {}
-    for k, v in run.env.items():
-        if k.startswith("keys.") and k != "keys.scan":
-            try:
-                out[k.removeprefix("keys.")] = len(json.loads(v).get("violations", []))
-            except (ValueError, AttributeError):
-                continue
-    return out
 
 
 def _verdict(c: Change, thr: float) -> str:

@@ -10,6 +10,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunnelbench.analysis.records import Records
+
 
 @dataclass
 class ProfileCost:
@@ -72,9 +74,8 @@ def _json(env: dict[str, str], key: str) -> Any:
 
 def emulator_facts(env: dict[str, str], metrics: list[dict[str, Any]]) -> EmulatorFacts:
     """env: the run's environment table; metrics: every stored metric with its case keys (any host)."""
-    taxes = {
-        k.removeprefix("engine_tax."): v for k in env if k.startswith("engine_tax.") and (v := _json(env, k))
-    }
+    rec = Records.of(env)
+    taxes = {vpn: t for vpn, t in rec.engine_tax.items() if isinstance(t, dict) and t}
     modes: dict[str, str | None] = _json(env, "impair.modes") or {}
     per_profile: dict[str, ProfileCost] = {}
     cpu: dict[str, list[float]] = {}
@@ -103,31 +104,8 @@ def emulator_facts(env: dict[str, str], metrics: list[dict[str, Any]]) -> Emulat
         _json(env, "cpu.placement"),
         taxes,
         list(per_profile.values()),
-        Drift(_json(env, "drift.reference") or []),
+        Drift(rec.drift),
     )
-
-
-def calibration_misses(env: dict[str, str]) -> dict[str, list[str]]:
-    """Per impaired profile, the calibration checks that came out of tolerance (impair/calibrate.py): the
-    emulator did not deliver that profile when it was measured, so no cell under it can be ranked."""
-    out: dict[str, list[str]] = {}
-    for key in env:
-        if not key.startswith("calibration.") or key == "calibration.base":
-            continue
-        cal = _json(env, key)
-        if not isinstance(cal, dict):
-            continue
-        bad = [
-            f"{c.get('quantity')} {c['measured']:.3g} vs {c['configured']:.3g} {c.get('unit', '')}".rstrip()
-            for c in cal.get("checks", [])
-            if isinstance(c, dict)
-            and c.get("ok") is False
-            and isinstance(c.get("measured"), int | float)
-            and isinstance(c.get("configured"), int | float)
-        ]
-        if bad:
-            out[key.removeprefix("calibration.")] = bad
-    return out
 
 
 def facts_lines(f: EmulatorFacts) -> list[str]:

@@ -15,6 +15,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from tunnelbench.analysis.analyze import Analysis, Derived, Family, RunData, analyze, load_run
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
+from tunnelbench.analysis.records import Records
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.report import plots
 from tunnelbench.report.flamegraphs import render_all as render_flamegraphs
@@ -324,21 +325,12 @@ def _jsonish(v: object) -> str:
 
 
 def _calibration(r: RunData) -> dict[str, Any]:
-    base = None
     profiles = []
-    for k, v in sorted(r.env.items()):
-        if not k.startswith("calibration."):
-            continue
-        try:
-            d = json.loads(v)
-        except json.JSONDecodeError:
-            d = {"raw": v}
-        if k == "calibration.base":
-            base = d
-        elif isinstance(d, dict) and isinstance(d.get("checks"), list):
+    for name, d in r.records.calibrations.items():
+        if isinstance(d, dict) and isinstance(d.get("checks"), list):
             profiles.append(
                 {
-                    "name": k.split(".", 1)[1],
+                    "name": name,
                     "summary": d.get("summary", ""),
                     "backend": d.get("backend", ""),
                     "ok": d.get("ok"),
@@ -349,10 +341,8 @@ def _calibration(r: RunData) -> dict[str, Any]:
                 }
             )
         else:
-            profiles.append(
-                {"name": k.split(".", 1)[1], "summary": v, "backend": "", "ok": None, "checks": []}
-            )
-    return {"base": base, "profiles": profiles}
+            profiles.append({"name": name, "summary": d, "backend": "", "ok": None, "checks": []})
+    return {"base": r.records.calibration_base, "profiles": profiles}
 
 
 def _failures(r: RunData, a: Analysis) -> list[dict[str, Any]]:
@@ -449,7 +439,7 @@ def build_context(a: Analysis) -> dict[str, Any]:
                 "vpns": [
                     {**v, "variant": a.variant_of.get((r.run_id, v["name"]), v["name"])} for v in r.vpns
                 ],
-                "env": sorted((k, v) for k, v in r.env.items() if not k.startswith("calibration.")),
+                "env": sorted((k, v) for k, v in r.env.items() if not Records.is_record(k)),
                 "calibration": _calibration(r),
                 "failures": _failures(r, a),
                 "phases": sorted((k, v) for k, v in r.phases.items() if k != "wall"),

@@ -243,13 +243,7 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
         for rec in r.vpns:
             if rec["status"] != "ok":
                 out.append((f"{rec['name']}: {rec['status']}: {rec['reason']}", "warn"))
-        for key, raw in sorted(r.env.items()):
-            if not key.startswith("calibration.") or key == "calibration.base":
-                continue
-            try:
-                cal = json.loads(raw)
-            except (TypeError, ValueError):
-                continue
+        for cal in r.records.calibrations.values():
             if isinstance(cal, dict) and cal.get("ok") is False:
                 bad = "; ".join(
                     f"{x.get('quantity')} {num(x.get('measured'))} vs {num(x.get('configured'))} "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,6 +11,7 @@ from rich.text import Text
 
 from tunnelbench.analysis.analyze import Analysis, RunData, analyze, is_headline, load_run
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
+from tunnelbench.analysis.records import Records
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.report.fmt import num, spread
 from tunnelbench.report.headline import CAPTION, Headline
@@ -151,12 +151,7 @@ def print_summary(store: Store, run_id: str, console: Console, full: bool = Fals
         )
         console.print(f"wall {wall:.0f} s; measuring {measure:.0f} s ({100 * measure / wall:.0f}%); {other}")
     env = store.env(run_id)
-    cals = [
-        json.loads(raw)
-        for key, raw in sorted(env.items())
-        if key.startswith("calibration.") and key != "calibration.base"
-    ]
-    good = [c for c in cals if c.get("ok")]
+    good = [c for c in Records.of(env).calibrations.values() if isinstance(c, dict) and c.get("ok")]
     if good:
         console.print(
             Text(

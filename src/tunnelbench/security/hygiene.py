@@ -5,12 +5,12 @@ redacted; after the report, every output searched for them (`keys.scan`)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.analysis.records import Records
 from tunnelbench.security import keys
 from tunnelbench.vpns.base import VpnDriver
 
@@ -30,9 +30,7 @@ class KeyHygiene:
 
     def resume(self, env: dict[str, str]) -> None:
         """A resumed run keeps the records of the earlier processes (their secret values are gone with them)."""
-        for k, val in env.items():
-            if k.startswith("keys.") and k != "keys.scan":
-                self.records[k[len("keys.") :]] = json.loads(val)
+        self.records.update({vpn: r for vpn, r in Records.of(env).keys.items() if isinstance(r, dict)})
 
     def check(self, vpn: str, driver: VpnDriver) -> None:
         """Once per VPN while its mesh is up: its secret files' mode, owner and place (keys.<vpn>)."""

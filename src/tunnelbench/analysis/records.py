@@ -1,0 +1,82 @@
+"""A run's recorded facts, read once from its environment table: the calibration of every profile, the
+engine's tax per VPN, key hygiene per VPN and the key scan, the drift reference. The writers (the runner,
+security/) store each as one JSON value under a named key (`calibration.<profile>`, `engine_tax.<vpn>`,
+`keys.<vpn>`, `keys.scan`, `drift.reference`); this is the one place that knows those names, so a report
+reads what the run recorded, not today's idea of it. A value that is not JSON is kept as text (an older
+run's), never dropped silently."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+CALIBRATION = "calibration."
+CALIBRATION_BASE = "calibration.base"
+ENGINE_TAX = "engine_tax."
+KEYS = "keys."
+KEY_SCAN = "keys.scan"
+DRIFT = "drift.reference"
+
+
+def _json(raw: str | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (TypeError, json.JSONDecodeError):
+        return raw
+
+
+@dataclass
+class Records:
+    calibration_base: Any = None  # {"one_way_ms", "rtt_ms"} of the raw path, when profiles were calibrated
+    calibrations: dict[str, Any] = field(default_factory=dict)  # profile -> its calibration record
+    engine_tax: dict[str, Any] = field(default_factory=dict)  # VPN -> {engine mode: tax check}
+    keys: dict[str, Any] = field(default_factory=dict)  # VPN -> its key-hygiene record
+    key_scan: Any = None  # the outputs searched for key material, after the report
+    drift: list[Any] = field(default_factory=list)  # the raw path's reference at every round
+
+    @classmethod
+    def of(cls, env: dict[str, str]) -> Records:
+        r = cls(calibration_base=_json(env.get(CALIBRATION_BASE)), key_scan=_json(env.get(KEY_SCAN)))
+        for k in sorted(env):
+            if k.startswith(CALIBRATION) and k != CALIBRATION_BASE:
+                r.calibrations[k.removeprefix(CALIBRATION)] = _json(env[k])
+            elif k.startswith(ENGINE_TAX):
+                r.engine_tax[k.removeprefix(ENGINE_TAX)] = _json(env[k])
+            elif k.startswith(KEYS) and k != KEY_SCAN:
+                r.keys[k.removeprefix(KEYS)] = _json(env[k])
+        drift = _json(env.get(DRIFT))
+        r.drift = drift if isinstance(drift, list) else []
+        return r
+
+    def calibration_misses(self) -> dict[str, list[str]]:
+        """Per impaired profile, the calibration checks that came out of tolerance (impair/calibrate.py)."""
+        out: dict[str, list[str]] = {}
+        for prof, cal in self.calibrations.items():
+            if not isinstance(cal, dict):
+                continue
+            bad = [
+                f"{c.get('quantity')} {c['measured']:.3g} vs {c['configured']:.3g} {c.get('unit', '')}".rstrip()
+                for c in cal.get("checks", [])
+                if isinstance(c, dict)
+                and c.get("ok") is False
+                and isinstance(c.get("measured"), int | float)
+                and isinstance(c.get("configured"), int | float)
+            ]
+            if bad:
+                out[prof] = bad
+        return out
+
+    def key_violations(self) -> dict[str, int]:
+        """Per VPN, the key-hygiene violations its run recorded."""
+        return {
+            vpn: len(rec.get("violations", [])) for vpn, rec in self.keys.items() if isinstance(rec, dict)
+        }
+
+    @staticmethod
+    def is_record(key: str) -> bool:
+        """An environment key this holds (the report's environment table leaves the calibrations to their own
+        section)."""
+        return key.startswith(CALIBRATION)
