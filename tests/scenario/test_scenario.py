@@ -20,7 +20,7 @@ def test_default_scenario_is_valid_and_complete():
     # 5 VPNs = 10 pairs per metric: Holm needs a best p under 0.005, which 5 vs 5 (0.0079) cannot give
     assert sc.run.repetitions >= 6 and sc.run.order == "interleaved"
     labels = [w.build().label() for w in sc.workloads]
-    assert labels == ["tcp", "tcp-p4", "udp-ceiling", "ping", "connect"]
+    assert labels == ["tcp", "udp-ceiling", "ping", "connect"]
     assert "[[workloads]]" in text
 
 
