@@ -5,12 +5,11 @@ the engine's CPU per case (router metric `engine_cpu_pct`), the cases marked emu
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunnelbench.analysis.records import Records
+from tunnelbench.analysis.records import Records, json_value
 
 
 @dataclass
@@ -63,13 +62,8 @@ class EmulatorFacts:
 
 
 def _json(env: dict[str, str], key: str) -> Any:
-    raw = env.get(key)
-    if raw is None:
-        return None
-    try:
-        return json.loads(raw)
-    except (TypeError, json.JSONDecodeError):
-        return None
+    """A JSON value of the environment table; None when absent or not JSON."""
+    return json_value(env.get(key), keep_text=False)
 
 
 def emulator_facts(env: dict[str, str], metrics: list[dict[str, Any]]) -> EmulatorFacts:

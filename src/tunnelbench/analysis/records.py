@@ -19,13 +19,14 @@ KEY_SCAN = "keys.scan"
 DRIFT = "drift.reference"
 
 
-def _json(raw: str | None) -> Any:
+def json_value(raw: str | None, keep_text: bool = True) -> Any:
+    """A stored value parsed as JSON; one that is not JSON is its text (keep_text) or None."""
     if raw is None:
         return None
     try:
         return json.loads(raw)
     except (TypeError, json.JSONDecodeError):
-        return raw
+        return raw if keep_text else None
 
 
 @dataclass
@@ -39,15 +40,17 @@ class Records:
 
     @classmethod
     def of(cls, env: dict[str, str]) -> Records:
-        r = cls(calibration_base=_json(env.get(CALIBRATION_BASE)), key_scan=_json(env.get(KEY_SCAN)))
+        r = cls(
+            calibration_base=json_value(env.get(CALIBRATION_BASE)), key_scan=json_value(env.get(KEY_SCAN))
+        )
         for k in sorted(env):
             if k.startswith(CALIBRATION) and k != CALIBRATION_BASE:
-                r.calibrations[k.removeprefix(CALIBRATION)] = _json(env[k])
+                r.calibrations[k.removeprefix(CALIBRATION)] = json_value(env[k])
             elif k.startswith(ENGINE_TAX):
-                r.engine_tax[k.removeprefix(ENGINE_TAX)] = _json(env[k])
+                r.engine_tax[k.removeprefix(ENGINE_TAX)] = json_value(env[k])
             elif k.startswith(KEYS) and k != KEY_SCAN:
-                r.keys[k.removeprefix(KEYS)] = _json(env[k])
-        drift = _json(env.get(DRIFT))
+                r.keys[k.removeprefix(KEYS)] = json_value(env[k])
+        drift = json_value(env.get(DRIFT))
         r.drift = drift if isinstance(drift, list) else []
         return r
 
