@@ -54,11 +54,26 @@ PATH_METRICS = (
     ),
 )
 
+# what the machine did outside the lab while the case ran (lab/interference.py), and the verdicts the
+# runner kept the case with instead of failing it (disturbed: re-measuring did not find a quiet machine;
+# off_path: the VPN carried the traffic another way than the scenario asked, path_direct_pct says how)
+GUARD_METRICS = (
+    MetricSpec(
+        "interference_pct",
+        "%",
+        "lower",
+        "CPU taken by processes outside the lab, % of the lab's CPU capacity (wall time x lab CPUs)",
+    ),
+    MetricSpec("steal_pct", "%", "lower", "the VM's steal time on the lab's CPUs, % of their capacity"),
+    MetricSpec("disturbed", "bool", "lower", "1: kept although something outside the lab disturbed it"),
+    MetricSpec("off_path", "bool", "lower", "1: the traffic did not take the path the scenario asked for"),
+)
+
 # the kernel's drop counters, per host (lab/counters.py), as deltas over the case
 COUNTER_METRICS = tuple(
     MetricSpec(PREFIX + c, "count", "lower", f"kernel counter {c}: increase over the case")
     for c in (*HOST_COUNTERS, *MACHINE_COUNTERS)
 )
 
-CASE_METRICS = (*MONITOR_METRICS, *ENGINE_METRICS, *PATH_METRICS, *COUNTER_METRICS)
+CASE_METRICS = (*MONITOR_METRICS, *ENGINE_METRICS, *PATH_METRICS, *GUARD_METRICS, *COUNTER_METRICS)
 declare(CASE_METRICS, "the runner")

@@ -111,6 +111,40 @@ class Fairness(Strict):
     tunnel_mtu: int | None = Field(None, ge=1280, le=9000, description="common tunnel MTU for every VPN")
 
 
+class InterferenceCfg(Strict):
+    """What the run does about CPU that something outside the lab takes from the lab's CPUs (lab/interference.py)."""
+
+    mode: Literal["remeasure", "label", "off"] = Field(
+        "remeasure",
+        description="remeasure = a disturbed case is measured again once the machine is quiet (bounded by "
+        "remeasures, quiet_wait_s and budget_s), one that stays disturbed keeps its value, labelled and not "
+        "ranked; label = disturbed cases are only labelled; off = the machine is not watched",
+    )
+    max_taken_pct: float = Field(
+        10.0,
+        gt=0,
+        le=100,
+        description="a case is disturbed when processes outside the lab plus the VM's steal took this share "
+        "of the lab's CPU capacity (wall time x lab CPUs) or more while it ran",
+    )
+    remeasures: int = Field(2, ge=0, le=10, description="measurements again of one disturbed case")
+    quiet_wait_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="before a re-measurement (and before a case while the machine is busy), wait at most this "
+        "long for one quiet second; a wait that times out marks the load as steady: later cases are "
+        "labelled, not retried, until the machine is seen quiet again",
+    )
+    budget_s: float = Field(
+        300.0,
+        ge=0,
+        le=86_400,
+        description="the most time the run spends waiting for quiet and measuring disturbed cases again",
+    )
+    interval_s: float = Field(1.0, ge=0.1, le=10, description="how often the machine is sampled")
+
+
 CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 
 
@@ -300,6 +334,7 @@ class Scenario(Strict):
     fairness: Fairness = Field(default_factory=Fairness)
     impair: ImpairCfg = Field(default_factory=ImpairCfg)
     cpu: CpuCfg = Field(default_factory=CpuCfg)
+    interference: InterferenceCfg = Field(default_factory=InterferenceCfg)
     workloads: list[WorkloadCfg] = Field(min_length=1)
     vpn_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     hosts: HostsCfg = Field(default_factory=HostsCfg)

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tunnelbench.analysis.analyze import analyze, load_run
@@ -133,14 +134,28 @@ def test_a_profile_whose_calibration_missed_is_emulator_bound_in_every_cell(tmp_
 
 
 def test_a_saturated_iperf3_and_an_engine_bottleneck_are_named():
-    busy = [CaseFacts(tool_cpu_pct=97.0), CaseFacts(tool_cpu_pct=40.0)]
-    v = judge(busy)
-    assert v.kind == "instrument-bound" and "iperf3 used 97% of a core (1 of 2 repetitions)" in v.text
+    # iperf3 at its core's limit over the repetitions: the t interval of the mean (scipy's) clears 90%
+    from scipy import stats as sst
+
+    cpu = [97.0, 95.0, 99.0, 96.0]
+    lo, hi = sst.t.interval(0.95, 3, loc=np.mean(cpu), scale=sst.sem(cpu))
+    v = judge([CaseFacts(tool_cpu_pct=x) for x in cpu])
+    assert (
+        v.kind == "instrument-bound" and f"iperf3 used 97% [{lo:.0f}–{min(hi, 100):.0f}] of a core" in v.text
+    )
+    # one repetition that touched the line is a note, not a verdict (the interval holds the line)
+    v = judge([CaseFacts(tool_cpu_pct=97.0), CaseFacts(tool_cpu_pct=40.0)])
+    assert v.ranked and "iperf3 reached 97% of a core in 1 of 2 repetitions" in "; ".join(v.notes)
     assert judge([CaseFacts(tool_cpu_pct=89.9)]).ranked
+    assert judge([CaseFacts(tool_cpu_pct=90.5)]).kind == "instrument-bound"  # one value: its own interval
     v = judge([CaseFacts(engine_bound=True), CaseFacts()])
     assert v.kind == "emulator-bound" and "(1 of 2 repetitions)" in v.text
     assert judge([CaseFacts()], tax_pct=25.0).kind == "emulator-bound"
     assert judge([CaseFacts()], tax_pct=8.0).ranked
+    # a tax with its interval: flagged only when the interval is wholly above the line
+    assert judge([CaseFacts()], tax_pct=(25.0, 12.0, 38.0)).kind == "emulator-bound"
+    v = judge([CaseFacts()], tax_pct=(25.0, -4.0, 45.0))
+    assert v.ranked and "not clearly above 10%" in "; ".join(v.notes)
     v = judge([CaseFacts(sender_limited=True), CaseFacts(), CaseFacts()])
     assert v.kind == "instrument-bound" and "sender could not offer" in v.text and "(1 of 3" in v.text
     f = CaseFacts()
@@ -148,6 +163,28 @@ def test_a_saturated_iperf3_and_an_engine_bottleneck_are_named():
     assert f.sender_limited
     # both: the instrument is named first
     assert judge([CaseFacts(tool_drops=5, engine_bound=True)]).kind == "instrument-bound"
+
+
+def test_disturbed_and_off_path_repetitions_are_left_out_until_too_few_remain():
+    quiet, busy = CaseFacts(), CaseFacts(disturbed=True, taken_pct=48.0)
+    # 1 of 6 disturbed: the cell is ranked on the other 5, the note says what was left out
+    v = judge([busy] + [quiet] * 5)
+    assert v.ranked and "took 48% of the lab's CPUs in 1 of 6 repetitions: left out" in v.notes[0]
+    # 4 of 6 disturbed: 2 left < min_kept(6) = 3: the cell is disturbed, not ranked
+    v = judge([busy] * 4 + [quiet] * 2)
+    assert v.kind == "disturbed" and "in 4 of 6 repetitions" in v.text
+    off = CaseFacts(off_path=True, direct_pct=12.0)
+    v = judge([off] * 3 + [quiet])
+    assert v.kind == "off-path" and "(12-12% went straight)" in v.text
+    f = CaseFacts()
+    for name, value in (
+        ("disturbed", 1.0),
+        ("interference_pct", 40.0),
+        ("steal_pct", 5.0),
+        ("off_path", 1.0),
+    ):
+        f.add(name, value)
+    assert f.disturbed and f.taken_pct == 45.0 and f.off_path and f.left_out == "disturbed"
 
 
 @pytest.mark.lab

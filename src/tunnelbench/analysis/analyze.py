@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tunnelbench.analysis.blocked import Test, blocked, unpaired
 from tunnelbench.analysis.emulator import emulator_facts
 from tunnelbench.analysis.records import Records
 from tunnelbench.analysis.stats import (
@@ -30,7 +31,7 @@ from tunnelbench.analysis.stats import (
     ratio_ci,
     tiers,
 )
-from tunnelbench.analysis.verdict import CaseFacts, Verdict, is_ceiling_metric, judge
+from tunnelbench.analysis.verdict import CaseFacts, Verdict, is_ceiling_metric, judge, min_kept
 from tunnelbench.case_metrics import DAEMON_METRICS
 from tunnelbench.catalog import WORKLOADS
 from tunnelbench.core.metrics import MetricSpec, declared
@@ -41,6 +42,12 @@ BASELINE = "internal"
 RATIO_UNITS = ("Mbit/s", "ms", "s")
 # differences to another reading (latency under load minus idle) are already relative: no ratio of them
 NO_RATIO_PREFIXES = ("added_",)
+
+
+def is_baseline(variant: str) -> bool:
+    """The no-VPN baselines (internal, and internal@mtuNNNN at another underlay MTU): rows to read the VPNs
+    against, never contenders in a ranking."""
+    return variant.split(" ")[0].split("@")[0] == BASELINE
 
 
 def has_ratio(metric: str, unit: str) -> bool:
@@ -107,6 +114,19 @@ class RunData:
     @property
     def short(self) -> str:
         return self.run_id.rsplit("-", 1)[-1]
+
+    @property
+    def interleaved(self) -> bool:
+        """Rounds are blocks: repetition r of every VPN ran before r+1 of any (the run's recorded order)."""
+        order = self.env.get("run.order")
+        if order is None:
+            try:
+                order = str(
+                    tomllib.loads(self.run["scenario"] or "").get("run", {}).get("order", "interleaved")
+                )
+            except tomllib.TOMLDecodeError:
+                return False
+        return order.strip('"') == "interleaved"
 
     @property
     def scenario_name(self) -> str:
@@ -177,6 +197,12 @@ class Group:
     better: Better
     values: list[float] = field(default_factory=list)
     case_ids: list[int] = field(default_factory=list)
+    reps: list[int] = field(
+        default_factory=list
+    )  # each value's repetition (its round, in an interleaved run)
+    # repetitions kept out of the ranking (disturbed, off-path): (case id, value, why); the cell is ranked on
+    # the others when enough remain (verdict.min_kept), else it shows every value under that verdict
+    left_out: list[tuple[int, float, str]] = field(default_factory=list)
     desc: Describe | None = None
     ratio: tuple[float, float, float] | None = None  # (median / baseline median, CI lo, CI hi)
     verdict: Verdict = field(default_factory=Verdict)  # measured, or what limited it (analysis/verdict.py)
@@ -197,17 +223,38 @@ class Family:
     unit: str
     better: Better
     groups: dict[str, Group]  # variant -> group
-    tiering: Tiering | None = None
+    tiering: Tiering | None = None  # among the VPNs whose cells are ranked; the baselines are not contenders
+    test: Test | None = None  # how the pairs were compared (analysis/blocked.py)
 
     @property
     def pairs(self) -> list[Pair]:
         return self.tiering.pairs if self.tiering else []
 
+    def order(self) -> list[str]:
+        """Every variant for display: the baselines first, then the ranked VPNs best first, then the cells
+        that take no tier (limited, or too few values) by median in the metric's direction."""
+        ranked = self.tiering.order if self.tiering else []
+        rest = [v for v in self.groups if v not in ranked and not is_baseline(v)]
+
+        def med(v: str) -> float:
+            d = self.groups[v].desc
+            m = d.median if d is not None else math.nan
+            return -m if self.better == "higher" else m
+
+        return [v for v in self.groups if is_baseline(v)] + ranked + sorted(rest, key=med)
+
+    def tier_of(self, variant: str) -> int | None:
+        """The VPN's significance tier; None for a baseline, a limited cell, or one not compared."""
+        if self.tiering is None or self.better == "none":
+            return None
+        return self.tiering.tier.get(variant)
+
     @property
     def underpowered(self) -> bool:
-        """True when no pair can reach significance after Holm correction, whatever the data."""
+        """True when no pair can reach significance after Holm correction, whatever the data (only an
+        unpaired exact test has such a floor; the blocked methods say what they could detect instead)."""
         m = len(self.pairs)
-        if m == 0:
+        if m == 0 or (self.test is not None and self.test.method != "unpaired"):
             return False
         best = min(min_attainable_p(p.n_a, p.n_b) for p in self.pairs)
         return best * m >= 0.05
@@ -361,8 +408,17 @@ def analyze(runs: list[RunData]) -> Analysis:
                 )
             g.values.append(m["value"])
             g.case_ids.append(cid)
+            g.reps.append(c.repetition)
             if name in EFFICIENCY_GOODPUT:
                 per_case[(r.run_id, cid)][name] = m["value"]
+    for g in groups.values():  # repetitions left out of the ranking (disturbed, off-path)
+        why = [facts[(g.run_id, cid)].left_out for cid in g.case_ids]
+        if any(why) and sum(w is None for w in why) >= min_kept(len(why)):
+            g.left_out = [(cid, v, w) for cid, v, w in zip(g.case_ids, g.values, why, strict=True) if w]
+            keep = [i for i, w in enumerate(why) if w is None]
+            g.values = [g.values[i] for i in keep]
+            g.case_ids = [g.case_ids[i] for i in keep]
+            g.reps = [g.reps[i] for i in keep]
     # statistics and ratios to the baseline of the same run and profile
     base_variant = {r.run_id: variant_of.get((r.run_id, BASELINE)) for r in runs}
     for g in groups.values():
@@ -383,9 +439,13 @@ def analyze(runs: list[RunData]) -> Analysis:
         any_g = next(iter(gs.values()))
         gs = dict(sorted(gs.items(), key=lambda kv: rank.get(kv[0], 99)))
         f = Family(profile, label, any_g.workload, metric, any_g.unit, any_g.better, gs)
-        ranked = {v: g.values for v, g in gs.items() if g.verdict.ranked}  # limited cells take no tier
+        # limited cells and the no-VPN baselines take no tier: the VPNs are ranked among themselves
+        ranked = {v: g for v, g in gs.items() if g.verdict.ranked and not is_baseline(v) and g.values}
         if len(ranked) > 1:
-            f.tiering = tiers(ranked, any_g.better)
+            f.test = _test(ranked, runs)
+            compared = {v: g.values for v, g in ranked.items() if v not in f.test.excluded}
+            if len(compared) > 1:
+                f.tiering = tiers(compared, any_g.better, f.test.pairs)
         families.append(f)
     lrank = {lb: i for i, lb in enumerate(labels)}
     prank = {p: i for i, p in enumerate(profiles)}
@@ -404,6 +464,20 @@ def analyze(runs: list[RunData]) -> Analysis:
     )
 
 
+def _test(groups: dict[str, Group], runs: list[RunData]) -> Test:
+    """Every pair of a family's ranked cells, compared within rounds when they share them (one interleaved
+    run), else unpaired, saying why (analysis/blocked.py)."""
+    run_ids = {g.run_id for g in groups.values()}
+    if len(run_ids) > 1:
+        return unpaired(
+            {v: g.values for v, g in groups.items()}, "the VPNs come from different runs (no common rounds)"
+        )
+    run = next(r for r in runs if r.run_id in run_ids)
+    if not run.interleaved:
+        return unpaired({v: g.values for v, g in groups.items()}, "block order: repetitions are not rounds")
+    return blocked({v: dict(zip(g.reps, g.values, strict=True)) for v, g in groups.items()})
+
+
 def _judge(
     runs: list[RunData],
     groups: dict[tuple[str, str, str, str], Group],
@@ -412,7 +486,7 @@ def _judge(
 ) -> None:
     """Each group's verdict from its cases' facts, its ratio to the baseline and the VPN's engine tax."""
     taxes = {
-        r.run_id: {p.profile: p.tax_pct for p in emulator_facts(r.env, r.metrics).profiles if p.mode}
+        r.run_id: {p.profile: p.tax_ci for p in emulator_facts(r.env, r.metrics).profiles if p.mode}
         for r in runs
     }
     misses = {r.run_id: r.records.calibration_misses() for r in runs}

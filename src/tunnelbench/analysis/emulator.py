@@ -11,6 +11,8 @@ from typing import Any
 
 from tunnelbench.analysis.records import Records, json_value
 
+TAX_FLAG_PCT = 10.0  # impair/tax.py's flag (analysis reads stored runs and does not import the emulator)
+
 
 @dataclass
 class ProfileCost:
@@ -19,13 +21,16 @@ class ProfileCost:
     engine_cpu_median: float | None = None
     engine_cpu_max: float | None = None
     tax_pct: dict[str, float] = field(default_factory=dict)  # VPN -> tax in this profile's engine mode
+    tax_ci: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # VPN -> (tax, lo, hi)
     bound: dict[tuple[str, str], tuple[int, int]] = field(
         default_factory=dict
     )  # (VPN, label) -> (bound, cases)
 
     @property
     def flagged(self) -> list[str]:
-        return [v for v, t in self.tax_pct.items() if t > 10.0]
+        """VPNs whose tax is clearly above the flag (the interval's low end; a run from before intervals: the
+        point)."""
+        return [v for v, (_t, lo, _hi) in self.tax_ci.items() if lo > TAX_FLAG_PCT]
 
 
 @dataclass
@@ -91,8 +96,13 @@ def emulator_facts(env: dict[str, str], metrics: list[dict[str, Any]]) -> Emulat
         pc.bound = {k: (v[0], v[1]) for k, v in bound.get(prof, {}).items()}
         if mode:
             for vpn, t in taxes.items():
-                if isinstance(t.get(mode), dict):
-                    pc.tax_pct[vpn] = float(t[mode]["tax_pct"])
+                tc = t.get(mode)
+                if isinstance(tc, dict) and isinstance(tc.get("tax_pct"), int | float):
+                    pct = float(tc["tax_pct"])
+                    pc.tax_pct[vpn] = pct
+                    lo, hi = tc.get("tax_lo", pct), tc.get("tax_hi", pct)
+                    ok = isinstance(lo, int | float) and isinstance(hi, int | float)
+                    pc.tax_ci[vpn] = (pct, float(lo), float(hi)) if ok else (pct, pct, pct)
         per_profile[prof] = pc
     return EmulatorFacts(
         _json(env, "cpu.placement"),
@@ -129,7 +139,12 @@ def facts_lines(f: EmulatorFacts) -> list[str]:
             if p.engine_cpu_median is not None
             else "engine CPU not measured"
         )
-        tax = ", ".join(f"{v} {t:+.0f}%" + (" (>10%)" if t > 10 else "") for v, t in p.tax_pct.items())
+        tax = ", ".join(
+            f"{v} {t:+.0f}%"
+            + (f" [{lo:+.0f}, {hi:+.0f}]" if hi > lo else "")
+            + (" (clearly >10%)" if lo > TAX_FLAG_PCT else "")
+            for v, (t, lo, hi) in p.tax_ci.items()
+        )
         line = f"profile {p.profile} (engine, {'GSO packets whole' if p.mode == 'gso' else 'per wire packet'}): {cpu}"
         if tax:
             line += f"; engine tax on TCP: {tax}"

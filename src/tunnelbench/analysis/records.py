@@ -17,6 +17,7 @@ ENGINE_TAX = "engine_tax."
 KEYS = "keys."
 KEY_SCAN = "keys.scan"
 DRIFT = "drift.reference"
+INTERFERENCE = "interference"  # runner/guard.py's tally: cases disturbed, measured again, kept, by what
 
 
 def json_value(raw: str | None, keep_text: bool = True) -> Any:
@@ -37,6 +38,7 @@ class Records:
     keys: dict[str, Any] = field(default_factory=dict)  # VPN -> its key-hygiene record
     key_scan: Any = None  # the outputs searched for key material, after the report
     drift: list[Any] = field(default_factory=list)  # the raw path's reference at every round
+    interference: dict[str, Any] | None = None  # what took the lab's CPUs while the run measured
 
     @classmethod
     def of(cls, env: dict[str, str]) -> Records:
@@ -52,6 +54,8 @@ class Records:
                 r.keys[k.removeprefix(KEYS)] = json_value(env[k])
         drift = json_value(env.get(DRIFT))
         r.drift = drift if isinstance(drift, list) else []
+        busy = json_value(env.get(INTERFERENCE))
+        r.interference = busy if isinstance(busy, dict) else None
         return r
 
     def calibration_misses(self) -> dict[str, list[str]]:

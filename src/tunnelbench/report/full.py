@@ -13,10 +13,11 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from tunnelbench.analysis.analyze import Analysis, Derived, Family, RunData, analyze, load_run
+from tunnelbench.analysis.analyze import Analysis, Derived, Family, RunData, analyze, is_baseline, load_run
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.records import Records
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
+from tunnelbench.analysis.verdict import SHORT
 from tunnelbench.report import plots
 from tunnelbench.report.flamegraphs import render_all as render_flamegraphs
 from tunnelbench.report.fmt import num
@@ -67,17 +68,20 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 # -- context ---------------------------------------------------------------------------------------------
 def _family_ctx(f: Family) -> dict[str, Any]:
     t = f.tiering
-    order = t.order if t else list(f.groups)
     rows = []
-    for rank, v in enumerate(order, 1):
+    for rank, v in enumerate(f.order(), 1):
         g = f.groups[v]
         d = g.desc
         assert d is not None
+        tier = f.tier_of(v)
         rows.append(
             {
                 "rank": rank,
                 "variant": v,
-                "tier": t.tier[v] if t else 1,
+                # no tier: the baseline (the reference), a limited cell (its verdict), one not compared
+                "tier": tier
+                if tier is not None
+                else ("ref" if is_baseline(v) else SHORT.get(g.verdict.kind, "–")),
                 "n": d.n,
                 "median": num(d.median, f.unit),
                 "ci": ci(d.ci_lo, d.ci_hi, f.unit),
@@ -108,6 +112,9 @@ def _family_ctx(f: Family) -> dict[str, Any]:
         "rows": rows,
         "pairs": pairs,
         "underpowered": f.underpowered,
+        "method": f.test.text if f.test else "",
+        "method_why": f.test.why if f.test else "",
+        "mde": f.test.mde_text(f.unit) if f.test else "",
         "tiers": " > ".join("{" + ", ".join(gr) + "}" for gr in t.groups()) if t else "",
         "plot": plots.ranking(f),
     }
@@ -392,8 +399,18 @@ def _emulator(r: RunData) -> dict[str, Any]:
                         "mode": mode,
                         "off": num(statistics.median(c["off_mbps"])),
                         "on": num(statistics.median(c["on_mbps"])),
-                        "tax": f"{c['tax_pct']:+.1f}%",
-                        "flagged": c["tax_pct"] > 10,
+                        "tax": f"{c['tax_pct']:+.1f}%"
+                        + (
+                            f" [{c['tax_lo']:+.1f}, {c['tax_hi']:+.1f}]"
+                            if isinstance(c.get("tax_lo"), int | float)
+                            and isinstance(c.get("tax_hi"), int | float)
+                            else ""
+                        ),
+                        # clearly above the line (its interval's low end; a run from before: the point)
+                        "flagged": float(
+                            c["tax_lo"] if isinstance(c.get("tax_lo"), int | float) else c["tax_pct"]
+                        )
+                        > 10,
                         "n": len(c["off_mbps"]),
                         "cpu": num(statistics.median(c["engine_cpu_pct"]))
                         if c.get("engine_cpu_pct")
@@ -693,29 +710,34 @@ def render_markdown(a: Analysis) -> str:
     lines.append("")
     lines.append(
         f"Median over repetitions with bootstrap 95% CI; × internal = ratio of medians to the no-VPN "
-        f"baseline with CI; tiers split only where every pair across the cut differs "
-        f"(Mann-Whitney U, Holm-corrected, α = {ALPHA})."
+        f"baseline with CI; tiers (among the VPNs; the baseline is the reference) split only where every "
+        f"pair across the cut differs (Holm-corrected, α = {ALPHA}; each metric's method in its row)."
     )
     for p in a.profiles:
         lines += [
             "",
             f"### Profile `{p}`",
             "",
-            "| VPN | workload | metric | median [95% CI] | n | × internal [95% CI] | tier |",
-            "|---|---|---|---:|---:|---:|---:|",
+            "| VPN | workload | metric | median [95% CI] | n | × internal [95% CI] | tier | compared by |",
+            "|---|---|---|---:|---:|---:|---:|---|",
         ]
         for f in a.headline_families():
             if f.profile != p:
                 continue
-            order = f.tiering.order if f.tiering else list(f.groups)
-            for v in order:
+            how = f"{f.test.text} {f.test.mde_text(f.unit)}".strip() if f.test else ""
+            for v in f.order():
                 g = f.groups[v]
                 d = g.desc
                 assert d is not None
-                tier = str(f.tiering.tier[v]) if f.tiering and f.better != "none" else ""
+                t = f.tier_of(v)
+                tier = (
+                    str(t)
+                    if t is not None
+                    else ("" if f.better == "none" or is_baseline(v) else SHORT.get(g.verdict.kind, "–"))
+                )
                 lines.append(
                     f"| {v} | {f.label} | {f.metric} [{f.unit}] | {num(d.median, f.unit)} "
-                    f"{ci(d.ci_lo, d.ci_hi, f.unit)} | {d.n} | {ratio_txt(g.ratio)} | {tier} |"
+                    f"{ci(d.ci_lo, d.ci_hi, f.unit)} | {d.n} | {ratio_txt(g.ratio)} | {tier} | {how} |"
                 )
         under = [f"{f.label}/{f.metric}" for f in a.headline_families() if f.profile == p and f.underpowered]
         if under:

@@ -9,20 +9,23 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunnelbench.analysis.analyze import BASELINE, Analysis, Family, RunData
-from tunnelbench.analysis.stats import ALPHA, Better, Tiering, tiers
+from tunnelbench.analysis.analyze import Analysis, Family, RunData, is_baseline
+from tunnelbench.analysis.stats import ALPHA, Better, Tiering
 from tunnelbench.analysis.verdict import SHORT, limited_lines
 from tunnelbench.report.fmt import num
 
 MAX_COLUMNS = 5  # metric columns per table: 5 of ~17 characters plus the VPN column fit 120 columns
 UNIT_SUFFIXES = ("_mbps", "_ms", "_s", "_pct")
 CAPTION = (
-    "median over repetitions (T = significance tier, 1 = best; one tier = no significant difference, "
-    f"Mann-Whitney U, Holm, α = {ALPHA}); × = median / no-VPN baseline (CI in the report); instr. / emul. = "
-    "the measuring tool / the impairment engine set the pace: shown, not ranked (why: below the table)"
+    "median over repetitions (T = significance tier among the VPNs, 1 = best; one tier = no significant "
+    f"difference, compared within rounds, Holm, α = {ALPHA}: the method per column below the table); × = median "
+    "/ no-VPN baseline (CI in the report); instr. / emul. / dist. / off-path = the measuring tool / the "
+    "impairment engine / something outside the lab / another path set the result: shown, not ranked (why: "
+    "below the table)"
 )
 
 
@@ -143,19 +146,13 @@ def build(a: Analysis) -> Headline:
             continue
         variants = [v for v in a.variants if any(v in c.family.groups for c in cols)]
         # the baselines: internal, and internal@mtuNNNN at another underlay MTU (rows, never contenders)
-        base = sorted(
-            (v for v in variants if v.split(" ")[0].split("@")[0] == BASELINE),
-            key=lambda v: v.split(" ")[0] != BASELINE,
-        )
+        base = sorted((v for v in variants if is_baseline(v)), key=lambda v: "@" in v.split(" ")[0])
         others = sorted((v for v in variants if v not in base), key=lambda v: _sort_key(cols[0], v))
-        for c in cols:
-            vpns = {
-                v: g.values
-                for v, g in c.family.groups.items()
-                if v not in base and g.values and g.verdict.ranked  # a limited cell takes no tier
-            }
-            if len(vpns) > 1 and c.better != "none":
-                c.tiering = tiers(vpns, c.better)
+        for c in (
+            cols
+        ):  # the analysis' one tiering (VPNs among themselves, limited cells out): every view reads it
+            if c.better != "none":
+                c.tiering = c.family.tiering
         rows = []
         for v in base + others:
             run = a.run_of(v)
@@ -171,6 +168,8 @@ def build(a: Analysis) -> Headline:
                 h.findings.append(line)
             verdicts = {v: g.verdict for v, g in c.family.groups.items() if g.values}
             h.findings += limited_lines(profile, c.where, verdicts, multi)
+            h.findings += _left_out(a, c, multi)
+        h.findings += _methods(cols, profile, multi)
         under = [c.where for c in cols if c.family.underpowered]
         if under:
             n = min(g.desc.n for c in cols for g in c.family.groups.values() if g.desc)
@@ -183,6 +182,48 @@ def build(a: Analysis) -> Headline:
             )
     h.findings += _problems(a)
     return h
+
+
+def _left_out(a: Analysis, c: Column, multi_profile: bool) -> list[tuple[str, str]]:
+    """Cells ranked on fewer repetitions than they have (disturbed or off-path ones left out), and VPNs with
+    too few values to compare at all (why: their failed or missing repetitions)."""
+    at = c.where + (f" @ {c.family.profile}" if multi_profile else "")
+    out: list[tuple[str, str]] = []
+    notes = [
+        f"{v}: {'; '.join(g.verdict.notes)}"
+        for v, g in c.family.groups.items()
+        if g.verdict.ranked and g.verdict.notes
+    ]
+    if notes:
+        out.append((f"{at}: " + " | ".join(notes), "warn"))
+    test = c.family.test
+    if test is not None and test.excluded:
+        parts = []
+        for v, why in test.excluded.items():
+            g = c.family.groups[v]
+            failed = a.run_of(v).failures().get((g.vpn, c.family.profile, c.label), 0)
+            parts.append(f"{v} has {why}" + (f" ({failed} failed attempt(s))" if failed else ""))
+        out.append((f"{at}: not compared, too few good repetitions: {'; '.join(parts)}", "warn"))
+    return out
+
+
+def _methods(cols: list[Column], profile: str, multi_profile: bool) -> list[tuple[str, str]]:
+    """How each column's VPNs were compared, and the smallest difference the run could have detected there
+    (80% power, Holm's first step): what "not separable" means in this run."""
+    by: dict[str, list[str]] = {}
+    for c in cols:
+        t = c.family.test
+        if t is None:
+            continue
+        mde = t.mde_text(c.unit)
+        by.setdefault(t.text, []).append(c.where + (f" {mde}" if mde else ""))
+    if not by:
+        return []
+    at = f"{profile}: " if multi_profile else ""
+    parts = [f"{m}: {', '.join(w)}" for m, w in by.items()]
+    return [
+        (f"{at}compared by " + "; ".join(parts) + " (± = the smallest difference this run could detect)", "")
+    ]
 
 
 def _leader(c: Column, multi_profile: bool) -> tuple[str, str] | None:
@@ -254,7 +295,79 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
                 out.append((f"calibration of profile {cal.get('profile')} OUT OF TOLERANCE: {bad}", "bad"))
         out += _host_drops(a, r)
         out += _path_changes(a, r)
+        out += _machine(r)
+        out += _drift(r)
     return out
+
+
+def _num(d: dict[str, Any], key: str) -> float:
+    v = d.get(key)
+    return float(v) if isinstance(v, int | float) else 0.0
+
+
+def _machine(r: RunData) -> list[tuple[str, str]]:
+    """One line on what else ran on the machine (runner/guard.py's tally): quiet, or how many cases were
+    disturbed, by how much and by which processes, and what the run did about it."""
+    t = r.records.interference
+    if not t:
+        return []
+    cases, dist = int(_num(t, "cases")), int(_num(t, "disturbed"))
+    limit = _num(t, "threshold_pct")
+    before = t.get("before_run") if isinstance(t.get("before_run"), dict) else None
+    pre = ""
+    if before and _num(before, "other_pct") + _num(before, "steal_pct") >= limit:
+        pre = f"; busy before the run ({_num(before, 'other_pct') + _num(before, 'steal_pct'):.0f}%)"
+    if dist == 0:
+        return [
+            (
+                f"machine quiet: nothing outside the lab took {limit:.0f}% or more of its CPUs in any of {cases} "
+                f"case(s){pre}",
+                "ok" if not pre else "warn",
+            )
+        ]
+    raw = t.get("top_s")
+    top: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    who = ", ".join(f"{n} {s:,.0f} CPU-s" for n, s in list(top.items())[:3] if isinstance(s, int | float))
+    mean = _num(t, "taken_pct_sum") / dist
+    parts = [
+        f"machine busy: {dist} of {cases} case measurement(s) disturbed (outside the lab took {mean:.0f}% of "
+        f"its CPUs on average, up to {_num(t, 'max_taken_pct'):.0f}%" + (f"; by {who}" if who else "") + ")"
+    ]
+    if t.get("mode") == "remeasure":
+        parts.append(f"{int(_num(t, 'remeasured'))} measured again when quiet")
+    kept = int(_num(t, "kept"))
+    parts.append(f"{kept} kept as disturbed (left out of the ranking)" if kept else "none kept disturbed")
+    if _num(t, "waited_s") >= 1:
+        parts.append(f"{_num(t, 'waited_s'):.0f} s spent waiting for quiet")
+    if _num(t, "steady"):
+        parts.append(f"the load stayed through {int(_num(t, 'steady'))} wait(s): its cases are labelled")
+    return [("; ".join(parts) + pre, "warn")]
+
+
+DRIFT_FLAG = 0.25  # a drift reference whose range exceeds this share of its median is worth a line
+
+
+def _drift(r: RunData) -> list[tuple[str, str]]:
+    """The raw path's reference per round (no VPN), used: when it moved a lot, say so, and which rounds ran
+    slow, next to what the comparisons do about it (they are within rounds)."""
+    pts = [
+        p for p in r.records.drift if isinstance(p, dict) and isinstance(p.get("goodput_mbps"), int | float)
+    ]
+    if len(pts) < 3:
+        return []
+    vals = [float(p["goodput_mbps"]) for p in pts]
+    med = statistics.median(vals)
+    if med <= 0 or (max(vals) - min(vals)) / med < DRIFT_FLAG:
+        return []
+    slow = [str(p.get("when", "?")) for p in pts if float(p["goodput_mbps"]) < (1 - DRIFT_FLAG) * med]
+    return [
+        (
+            f"the machine drifted: the raw path's reference ranged {min(vals):,.0f}–{max(vals):,.0f} Mbit/s "
+            f"(median {med:,.0f})" + (f", slow at {', '.join(slow)}" if slow else "") + "; VPNs are compared "
+            "within rounds, which cancels what hit every VPN of a round alike, not load within a round",
+            "warn",
+        )
+    ]
 
 
 def _path_changes(a: Analysis, r: RunData) -> list[tuple[str, str]]:

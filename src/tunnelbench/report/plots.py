@@ -67,8 +67,7 @@ def axis_label(metric: str, unit: str) -> str:
 
 def ranking(f: Family) -> str:
     """Median with its bootstrap 95% CI per variant, best first; colour = significance tier."""
-    t = f.tiering
-    order = t.order if t else list(f.groups)
+    order = f.order()
     n = len(order)
     fig, ax = plt.subplots(figsize=(4.8, 0.42 * n + 1.0))
     allv = []
@@ -76,8 +75,8 @@ def ranking(f: Family) -> str:
         g = f.groups[v]
         d = g.desc
         assert d is not None
-        tier = t.tier[v] if t else 1
-        c = TIER_COLORS[(tier - 1) % len(TIER_COLORS)] if f.better != "none" else "#4477aa"
+        tier = f.tier_of(v)
+        c = TIER_COLORS[(tier - 1) % len(TIER_COLORS)] if tier is not None else "#4477aa"
         y = n - 1 - i
         ax.plot(g.values, [y] * len(g.values), "|", color="#888", ms=10, zorder=1)
         ax.errorbar(

@@ -19,6 +19,7 @@ from tunnelbench.lab import counters, pathcheck
 from tunnelbench.lab.host import CommandError, Host, abort_running
 from tunnelbench.monitor import Monitor
 from tunnelbench.runner.context import CASE_ERRORS, Bench, RunContext
+from tunnelbench.runner.guard import CaseGuard
 from tunnelbench.security.hygiene import KeyHygiene
 from tunnelbench.vpns.mesh import Mesh
 from tunnelbench.workloads.base import CaseContext, NotApplicable, Workload, WorkloadError
@@ -29,8 +30,11 @@ class Interrupted(BaseException):  # not an Exception: no case handler may swall
 
 
 class CaseRunner:
-    def __init__(self, ctx: RunContext, bench: Bench, hygiene: KeyHygiene, resumed: bool) -> None:
+    def __init__(
+        self, ctx: RunContext, bench: Bench, hygiene: KeyHygiene, resumed: bool, guard: CaseGuard
+    ) -> None:
         self.ctx, self.sc, self.bench, self.hygiene, self.resumed = ctx, ctx.sc, bench, hygiene, resumed
+        self.guard = guard
 
     def timeout(self, wl: Workload) -> float:
         return self.sc.run.case_timeout_s or (wl.expected_seconds() * 2 + 30)
@@ -44,11 +48,15 @@ class CaseRunner:
         return max(used, default=-1) + 1
 
     def run(self, mesh: Mesh, wl: Workload, profile: str, rep: int, settle: bool = True) -> str:
-        """Measure one case, retrying as `run.retries` allows; its final status (ok, n/a or failed)."""
+        """Measure one case, retrying as `run.retries` allows and measuring again as `[interference]`
+        allows; its final status (ok, n/a or failed)."""
         ctx, b = self.ctx, self.bench
         client, server = b.client, b.server
-        first = self.first_attempt(mesh.vpn, profile, wl, rep)
-        for attempt in range(first, first + self.sc.run.retries + 1):
+        attempt = self.first_attempt(mesh.vpn, profile, wl, rep) - 1
+        failures = remeasured = 0
+        while failures <= self.sc.run.retries:
+            attempt += 1
+            self.guard.before_case()
             adir = ctx.run_dir / "cases" / mesh.vpn / profile / wl.label() / f"r{rep}a{attempt}"
             adir.mkdir(parents=True, exist_ok=True)
             cid = ctx.store.start_case(
@@ -86,6 +94,7 @@ class CaseRunner:
                 if path0 is not None and b.path_watch is not None:
                     track = pathcheck.PathTrack(b.path_watch)
                     track.start(path0)
+                g0 = self.guard.mark()
                 try:
                     with mon:
                         out: Outcome = wl.run(cctx)
@@ -95,7 +104,11 @@ class CaseRunner:
                         track.stop()
                     if mon.unhealthy:  # the watchdog aborted the case: report why, not the tool's complaint
                         raise ImpairError(mon.unhealthy)
+                busy = self.guard.reading(g0)
                 mon.add_to(out)
+                if busy is not None:
+                    out.add("interference_pct", busy.other_pct)
+                    out.add("steal_pct", busy.steal_pct)
                 if track is not None:  # the path, second by second: did it change within the case?
                     n, pts = pathcheck.changes(track.samples)
                     if pts:
@@ -105,14 +118,41 @@ class CaseRunner:
                 for name, n, _unit, host in counters.deltas(kern0, counters.sample(kern_hosts)):
                     out.add(name, n, host)
                 self.check_path()
+                off = None
                 if path0 is not None:
-                    self._confirm_path(path0, out, client, server, judge=not wl.moves_path())
+                    off = self._confirm_path(path0, out, client, server, judge=not wl.moves_path())
+                    if off:
+                        ctx.say(
+                            f"{mesh.vpn} · {wl.label()} · rep {rep}: kept off-path: {off}"[:400], "yellow"
+                        )
                 dead = [f"{h}/{p.label}" for h, ps in mesh.daemons().items() for p in ps if not p.alive()]
                 if dead:
                     raise WorkloadError(f"VPN daemon(s) died during the case: {', '.join(dead)}")
                 if time.monotonic() > cctx.deadline:
                     raise WorkloadError(f"case exceeded its timeout of {self.timeout(wl):.0f} s")
-                diag.finish(failed=False)
+                decision = self.guard.decide(busy, remeasured, adir)
+                if decision == "remeasure":  # set aside (kept in the store), measured again when quiet
+                    diag.finish(failed=off is not None)
+                    assert busy is not None
+                    ctx.store.finish_case(cid, "disturbed", out, error=f"disturbed: {busy.text()}"[:2000])
+                    ctx.say(
+                        f"{mesh.vpn} · {wl.label()} · rep {rep}: disturbed ({busy.text()}): measuring it again"[
+                            :400
+                        ],
+                        "yellow",
+                    )
+                    remeasured += 1
+                    ctx.phase(mesh.vpn, "disturbed_case", time.monotonic() - t0)
+                    self.guard.remeasure(time.monotonic() - t0)
+                    continue
+                if decision == "keep":
+                    assert busy is not None
+                    out.add("disturbed", 1.0)
+                    ctx.say(
+                        f"{mesh.vpn} · {wl.label()} · rep {rep}: kept as disturbed ({busy.text()})"[:400],
+                        "yellow",
+                    )
+                diag.finish(failed=off is not None)  # an off-path case keeps its capture as evidence
                 ctx.store.finish_case(cid, "ok", out)
                 ctx.phase(mesh.vpn, "measure", out.measure_s)
                 ctx.phase(mesh.vpn, "case_overhead", time.monotonic() - t0 - out.measure_s)
@@ -136,6 +176,7 @@ class CaseRunner:
                     cid, "failed", getattr(e, "outcome", None), error=f"{type(e).__name__}: {e}"[:2000]
                 )
                 ctx.phase(mesh.vpn, "failed_case", time.monotonic() - t0)
+                failures += 1
                 ctx.say(
                     f"{mesh.vpn} · {wl.label()} · rep {rep} attempt {attempt + 1} failed: {e}"[:400], "red"
                 )
@@ -206,23 +247,23 @@ class CaseRunner:
 
     def _confirm_path(
         self, before: dict[str, int], out: Outcome, client: Host, server: Host, judge: bool = True
-    ) -> None:
-        """Store the share of the case's underlay bytes that went straight between client and server, and fail
-        the case when that is not the scenario's path (lab/pathcheck.py)."""
+    ) -> str | None:
+        """Store the share of the case's underlay bytes that went straight between client and server, and mark
+        the case off-path when that is not the scenario's path (lab/pathcheck.py): it keeps its value, with
+        the path it took, and the analysis does not rank it against cases on the scenario's path."""
         assert self.bench.path_watch is not None
         try:
             sh = pathcheck.share(before, self.bench.path_watch.read())
         except CASE_ERRORS:  # the counters are a check, not the measurement: a failed read is no verdict
-            return
+            return None
         path_out = Outcome()
         path_out.add("path_underlay_bytes", sh.total)
         path_out.add("path_direct_pct", sh.direct_pct)
         out.samples += path_out.samples
         why = pathcheck.verdict(self.sc.lab.path, sh, client.name, server.name) if judge else None
-        if why:
-            err = pathcheck.PathError(why)
-            err.outcome = path_out
-            raise err
+        if why:  # kept with the path it took (not ranked against the scenario's path), not failed
+            out.add("off_path", 1.0)
+        return why
 
     def check_path(self) -> None:
         """Fail the case if the impairment engine is down (fail closed) or stalled."""

@@ -237,7 +237,11 @@ class Conditions:
         for c in checks:
             ctx.say(
                 f"{vpn}: engine tax ({c.summary()})"
-                + (" > 10%: throughput under this engine mode is partly the emulator's" if c.flagged else ""),
+                + (
+                    " clearly > 10%: throughput under this engine mode is partly the emulator's"
+                    if c.flagged
+                    else ""
+                ),
                 "red" if c.flagged else "",
             )
 

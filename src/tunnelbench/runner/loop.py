@@ -32,6 +32,7 @@ from tunnelbench.catalog import resolve as resolve_driver
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.lab import hostfw, sysctl
 from tunnelbench.lab.base import Lab
+from tunnelbench.lab.interference import Guard
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.make import end_lab, make_lab
 from tunnelbench.lab.tags import new_run_id, new_tag
@@ -39,6 +40,7 @@ from tunnelbench.lab.tools import LAB_TOOLS  # the one list of the lab's tools
 from tunnelbench.runner.case import CaseRunner, Interrupted
 from tunnelbench.runner.conditions import Conditions
 from tunnelbench.runner.context import CASE_ERRORS, Bench, RunContext, safe
+from tunnelbench.runner.guard import CaseGuard
 from tunnelbench.runner.resume import ResumePlan, prior_plan, reopen, scenario_sha256, undo_leftovers
 from tunnelbench.runner.schedule import Only, Schedule, eta_text, round_orders
 from tunnelbench.scenario import Scenario
@@ -98,6 +100,13 @@ class Runner:
             self.ctx.phase,
         )
         self.bench: Bench | None = None
+        # what else takes the lab's CPUs (lab/interference.py): watched on this machine's namespace lab only
+        watched = scenario.lab.backend == "netns" and scenario.interference.mode != "off"
+        self.guard = CaseGuard(
+            self.ctx,
+            scenario.interference,
+            Guard(self._lab_netns, interval_s=scenario.interference.interval_s) if watched else None,
+        )
         self.lab_made: Lab | None = None  # the lab, from before it is built (the bench: once it is)
         self.conditions: Conditions | None = None
         self.cases: CaseRunner | None = None
@@ -114,6 +123,13 @@ class Runner:
         self.free_progress = 0  # progress advanced without measuring (cases already ok): not in the ETA
         if self.prior is not None:  # before anything changes: the seed must give back the stored orders
             self.schedule.check_prior(self.prior)
+
+    def _lab_netns(self) -> list[str]:
+        """The lab's network namespaces now (a rebuilt lab has new ones): their processes are the lab's."""
+        lab = self.bench.lab if self.bench is not None else self.lab_made
+        if lab is None:
+            return []
+        return [ns for h in lab.all_hosts() if isinstance(ns := getattr(h, "netns", None), str)]
 
     @property
     def secrets(self) -> Any:
@@ -188,6 +204,9 @@ class Runner:
         old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
         status = "failed"
         try:
+            self.guard.check_before_run()
+            if self.guard.guard is not None:
+                self.guard.guard.start()
             self._build_lab()
             self._run_vpns()
             status = "ok"
@@ -200,6 +219,8 @@ class Runner:
             for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
                 signal.signal(s, signal.SIG_IGN)
             try:
+                if self.guard.guard is not None:
+                    self.guard.guard.stop()
                 self._teardown()
             finally:
                 self._record(
@@ -224,6 +245,7 @@ class Runner:
         self.seen |= r.seen
         self.dead |= r.dead
         self.hygiene.resume(r.env)
+        self.guard.resume(r.env)
         self.drops.resume(r.env)
         self._say(
             f"resume {r.resumes} of this run (it was left {self.resume.status}): {len(r.done)} "
@@ -240,7 +262,7 @@ class Runner:
         b = self.bench = Bench.of(self.sc, lab)
         self.conditions = Conditions(self.ctx, b, self.schedule)
         self.conditions.drift = self.resumed_drift
-        self.cases = CaseRunner(self.ctx, b, self.hygiene, self.resume is not None)
+        self.cases = CaseRunner(self.ctx, b, self.hygiene, self.resume is not None, self.guard)
         h0 = b.lab.hosts[0]
         env = environment.collect_remote(h0) if h0.remote else environment.collect(h0.argv([]))
         mapping = b.lab.mapping()
@@ -342,6 +364,7 @@ class Runner:
         with Progress(*cols, console=self.console, transient=False) as progress:
             self.ctx.progress, self.ctx.task = progress, progress.add_task("starting", total=total)
             self.conditions.prepare_impairment()  # places CPUs before calibrating
+            self._guard_cpus()
             if self.prior is not None and self.prior.seed is not None:  # resumed: the killed process's plan
                 self.seed = self.prior.seed
             else:
@@ -387,6 +410,17 @@ class Runner:
                             self._vpn_session(vpn, [r], None)
                 self._adaptive_rounds(orders)
         self.ctx.progress = None
+
+    def _guard_cpus(self) -> None:
+        """The interference guard reads the CPUs the lab was placed on (all of them when placement is off)."""
+        pl = self.bench.placement if self.bench is not None else None
+        if self.guard.guard is None or pl is None or pl.mode == "off":
+            return
+        from tunnelbench.lab.cpus import cpu_list
+
+        cpus = {c for spec in (pl.sut, pl.engine) if spec for c in cpu_list(spec)}
+        if cpus:
+            self.guard.guard.set_cpus(cpus)
 
     def _adaptive_rounds(self, orders: list[list[str]]) -> None:
         """Interleaved adaptive repetitions: more rounds, each only for the (VPN, condition, workload) groups whose

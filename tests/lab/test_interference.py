@@ -1,0 +1,230 @@
+"""The interference guard (lab/interference.py) on hand-made /proc trees whose answers are worked out by hand
+(processes that are the lab's by descent or namespace, kernel threads, a child reaped between samples, a
+zombie, a process born between samples, steal time), and on this machine against a planted busy process's own
+CPU counters."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tunnelbench.lab.interference import CLK_TCK, PF_KTHREAD, Guard, Reading
+
+OWN = 100  # the guard's "this process"
+
+
+class FakeProc:
+    """A /proc with stat lines, net namespace links and /proc/stat, and a clock the test moves."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.proc = root / "proc"
+        self.proc.mkdir()
+        (root / "sys/devices/system/cpu").mkdir(parents=True)
+        (root / "sys/devices/system/cpu/online").write_text("0-1\n")
+        self.netns = root / "netns"
+        self.netns.mkdir()
+        (self.netns / "tb-h1").write_text("")
+        self.lab_ino = (self.netns / "tb-h1").stat().st_ino
+        self.t = 0.0
+        self.steal = [0, 0]
+
+    def set(
+        self,
+        pid: int,
+        name: str,
+        ppid: int,
+        utime: int,
+        cutime: int = 0,
+        lab: bool = False,
+        start: int = 1,
+        flags: int = 0,
+        policy: int = 0,
+    ) -> None:
+        d = self.proc / str(pid)
+        d.mkdir(exist_ok=True)
+        # fields 3.. : state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime
+        # cstime priority nice threads itrealvalue starttime ...
+        rest = ["S", ppid, 0, 0, 0, 0, flags, 0, 0, 0, 0, utime, 0, cutime, 0, 20, 0, 1, 0, start] + [0] * 30
+        rest[38] = policy  # field 41
+        (d / "stat").write_text(f"{pid} ({name}) " + " ".join(str(x) for x in rest) + "\n")
+        (d / "ns").mkdir(exist_ok=True)
+        link = d / "ns" / "net"
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(f"net:[{self.lab_ino if lab else 4026531840}]")
+
+    def drop(self, pid: int) -> None:
+        shutil.rmtree(self.proc / str(pid))
+
+    def write_stat(self) -> None:
+        lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+        for i, st in enumerate(self.steal):
+            lines.append(f"cpu{i} 0 0 0 0 0 0 0 {st} 0 0")
+        (self.proc / "stat").write_text("\n".join(lines) + "\n")
+
+    def guard(self) -> Guard:
+        return Guard(
+            lambda: ["tb-h1"],
+            cpus=[0, 1],
+            proc=self.proc,
+            netns_dir=self.netns,
+            own_pid=OWN,
+            clock=lambda: self.t,
+        )
+
+
+def test_a_reading_counts_only_what_is_outside_the_lab(tmp_path):
+    f = FakeProc(tmp_path)
+    f.set(1, "init", 0, 10)
+    f.set(2, "kthreadd", 0, 999, flags=PF_KTHREAD)
+    f.set(OWN, "tunnelbench", 1, 50)
+    f.set(101, "iperf3", OWN, 20)  # a child of ours in the root namespace: ours
+    f.set(200, "stress", 1, 100)
+    f.set(300, "bash", 1, 5)
+    f.set(301, "make", 300, 50)
+    f.set(400, "wireguard-go", 1, 500, lab=True)  # a daemon in the lab's namespace: ours
+    f.set(450, "go-build", 1, 0, policy=5)  # SCHED_IDLE: runs only on a CPU nothing else wants
+    f.write_stat()
+    g = f.guard()
+    m0 = g.mark()
+    f.t = 2.0
+    f.set(2, "kthreadd", 0, 1999, flags=PF_KTHREAD)  # kernel threads carry the lab's packets: not counted
+    f.set(OWN, "tunnelbench", 1, 150)
+    f.set(101, "iperf3", OWN, 320)
+    f.set(200, "stress", 1, 300)  # +200 ticks
+    # make ran 30 more ticks and reaped a 20-tick child of its own, then ended: bash reaped its whole 100
+    f.drop(301)
+    f.set(300, "bash", 1, 5, cutime=100)
+    f.set(400, "wireguard-go", 1, 900, lab=True)
+    f.set(450, "go-build", 1, 150, policy=5)
+    f.set(500, "cc1", 1, 40, start=5)  # born between the samples
+    f.set(700, "nebula", OWN + 1000, 80, lab=True, start=6)  # born in the lab's namespace
+    f.steal = [20, 5]  # +25 ticks on the lab's CPUs
+    f.write_stat()
+    r = g.between(m0, g.mark())
+    tick = 1 / CLK_TCK
+    # stress 200 + (bash's 100 - make's 50 already seen) + cc1 40 = 290 ticks
+    assert r.other_s == pytest.approx(290 * tick)
+    assert dict(r.top) == pytest.approx({"stress": 200 * tick, "bash": 50 * tick, "cc1": 40 * tick})
+    assert r.steal_s == pytest.approx(25 * tick)
+    assert r.wall_s == 2.0 and r.cpus == 2
+    assert r.other_pct == pytest.approx(100 * 290 * tick / 4) and r.steal_pct == pytest.approx(
+        100 * 25 * tick / 4
+    )
+    assert r.text().startswith(f"others took {r.other_pct:.0f}% of the lab's 2 CPUs (stress 50%")
+
+
+def test_a_zombie_and_a_chain_reaped_in_one_window_are_counted_once(tmp_path):
+    f = FakeProc(tmp_path)
+    f.set(OWN, "tunnelbench", 1, 0)
+    f.set(300, "bash", 1, 0)
+    f.set(800, "worker", 300, 500)  # many threads: 500 ticks so far
+    f.set(900, "sh", 300, 0)
+    f.set(901, "pytest", 900, 2300)
+    f.write_stat()
+    g = f.guard()
+    g.mark()
+    f.t = 1.0
+    f.set(800, "worker", 300, 100)  # a zombie: its stat shows the leader's time only
+    f.write_stat()
+    m1 = g.mark()
+    f.t = 2.0
+    # the worker used 20 ticks more before it ended (520 in all); the subshell reaped pytest (2310 in all),
+    # then ended itself, and bash reaped both: 520 + 2310
+    f.drop(800)
+    f.drop(900)
+    f.drop(901)
+    f.set(300, "bash", 1, 0, cutime=520 + 2310)
+    f.write_stat()
+    r = g.between(m1, g.mark())
+    tick = 1 / CLK_TCK
+    assert r.other_s == pytest.approx(30 * tick), r.top  # 20 (worker) + 10 (pytest), not 2,830
+
+
+def test_affinity_outside_the_lab_cpus_is_not_counted(tmp_path):
+    f = FakeProc(tmp_path)
+    f.set(OWN, "tunnelbench", 1, 0)
+    f.set(200, "pinned", 1, 0)
+    (f.proc / "200" / "status").write_text("Name:\tpinned\nCpus_allowed_list:\t3\n")
+    f.set(201, "anywhere", 1, 0)
+    (f.proc / "201" / "status").write_text("Name:\tanywhere\nCpus_allowed_list:\t0-3\n")
+    (tmp_path / "sys/devices/system/cpu/online").write_text("0-3\n")
+    f.write_stat()
+    g = f.guard()  # the lab on CPUs 0-1 of 0-3
+    m0 = g.mark()
+    f.t = 1.0
+    f.set(200, "pinned", 1, 100)
+    f.set(201, "anywhere", 1, 30)
+    f.write_stat()
+    r = g.between(m0, g.mark())
+    assert dict(r.top) == pytest.approx({"anywhere": 30 / CLK_TCK})
+
+
+def test_wait_quiet_returns_when_a_window_is_below_the_line(tmp_path):
+    f = FakeProc(tmp_path)
+    f.set(OWN, "tunnelbench", 1, 0)
+    f.set(200, "stress", 1, 0)
+    f.write_stat()
+    g = f.guard()
+    g.mark()
+    busy = iter([100, 200, 300, 300, 300])  # stress: busy for three windows, then idle
+
+    def sleep(s: float) -> None:
+        f.t += s
+        f.set(200, "stress", 1, next(busy))
+
+    quiet, waited = g.wait_quiet(10.0, 30.0, 1.0, sleep=sleep)
+    assert quiet and waited == 4.0  # three busy windows, then one quiet one
+    busy = iter(range(400, 10_000, 100))
+    quiet, waited = g.wait_quiet(10.0, 3.0, 1.0, sleep=sleep)
+    assert not quiet and waited == 3.0
+
+
+def test_a_reading_text_and_json():
+    r = Reading(2.0, 2, 1.92, 0.0, (("stress-ng", 1.9), ("chromium", 0.02)))
+    assert r.text() == "others took 48% of the lab's 2 CPUs (stress-ng 48%)"  # below 1%: unnamed
+    assert r.disturbed(10.0) and not r.disturbed(50.0)
+    assert r.to_json()["top"] == [["stress-ng", 47.5], ["chromium", 0.5]]
+
+
+@pytest.mark.slow  # ~2 s of a planted busy process
+def test_a_planted_busy_process_is_counted_as_its_own_counters_say(tmp_path):
+    """On this machine: a busy process that is not ours (started through a shell that exits, so it is no
+    descendant of this one) is counted with the CPU time its own /proc/PID/stat shows over the window."""
+    yes = shutil.which("yes")
+    assert yes
+    busy = tmp_path / "tbbusyprobe"
+    busy.symlink_to(yes)  # comm = the name it was run by: one this test alone uses
+    pid = int(
+        subprocess.run(
+            ["sh", "-c", f"{busy} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+
+    def cpu() -> float:
+        f = Path(f"/proc/{pid}/stat").read_text()
+        x = f[f.rindex(")") + 2 :].split()
+        return (int(x[11]) + int(x[12])) / CLK_TCK
+
+    try:
+        g = Guard(cpus=None)
+        g.mark()
+        c0 = cpu()
+        m0 = g.mark()
+        time.sleep(1.5)
+        m1 = g.mark()
+        c1 = cpu()
+        r = g.between(m0, m1)
+        got = dict(r.top).get("tbbusyprobe", 0.0)
+        assert c1 - c0 > 0.05, "the busy process got no CPU"
+        # the guard's window lies within the test's reads: at most the few ticks between them apart
+        assert c1 - c0 - 0.1 <= got <= c1 - c0 + 0.02, (got, c1 - c0)
+        assert os.getppid() != pid
+    finally:
+        os.kill(pid, 9)

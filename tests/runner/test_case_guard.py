@@ -1,0 +1,120 @@
+"""What the run does with a busy machine (runner/guard.py): measure again once quiet, within the budget; load
+that stays is labelled without a wait per case; the tally the headline reads. A scripted guard stands in for
+the machine (its readings are the test's)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from tunnelbench.lab.interference import Mark, Reading
+from tunnelbench.runner.guard import ENV_KEY, CaseGuard
+from tunnelbench.scenario import InterferenceCfg
+
+QUIET = Reading(1.0, 2, 0.0, 0.0)
+BUSY = Reading(2.0, 2, 1.9, 0.0, (("stress-ng", 1.9),))
+
+
+class Script:
+    """The guard's readings, in order: `recent()` answers the next of `now`; `wait_quiet` the next of `waits`."""
+
+    def __init__(self, now: list[Reading | None], waits: list[tuple[bool, float]]) -> None:
+        self.now, self.waits = now, waits
+        self.waited = 0
+
+    def recent(self, _w: float) -> Reading | None:
+        return self.now.pop(0) if self.now else QUIET
+
+    def mark(self) -> Mark:
+        return Mark(0.0, {}, 0.0)
+
+    def between(self, _a: Mark, _b: Mark) -> Reading:
+        return QUIET
+
+    def wait_quiet(self, _t: float, limit: float, _w: float) -> tuple[bool, float]:
+        self.waited += 1
+        quiet, s = self.waits.pop(0)
+        return quiet, min(s, limit)
+
+
+def _ctx() -> Any:
+    env: dict[str, Any] = {}
+    said: list[str] = []
+    phases: list[tuple[str, float]] = []
+    store = SimpleNamespace(set_env=lambda _r, d: env.update(d))
+    return SimpleNamespace(
+        run_id="r",
+        store=store,
+        env=env,
+        said=said,
+        phases=phases,
+        say=lambda m, _s="": said.append(m),
+        status=lambda _m: None,
+        phase=lambda _v, p, s: phases.append((p, s)),
+    )
+
+
+def test_a_disturbed_case_is_measured_again_once_quiet(tmp_path):
+    ctx = _ctx()
+    g = Script([], [(True, 7.0)])
+    cg = CaseGuard(ctx, InterferenceCfg(), g)  # type: ignore[arg-type]
+    assert cg.decide(BUSY, 0, tmp_path) == "remeasure"
+    cg.remeasure(4.0)
+    assert g.waited == 1 and ctx.phases == [("quiet_wait", 7.0)]
+    assert cg.decide(QUIET, 1, tmp_path) == "ok"
+    t = json.loads(json.dumps(ctx.env[ENV_KEY]))
+    assert (t["cases"], t["disturbed"], t["remeasured"], t["kept"]) == (2, 1, 1, 0)
+    assert t["spent_s"] == 11.0 and t["waited_s"] == 7.0 and t["top_s"] == {"stress-ng": 1.9}
+    assert json.loads((tmp_path / "interference.json").read_text())["other_pct"] == 0.0  # the last reading
+
+
+def test_remeasures_stop_at_the_limit_and_the_case_is_kept_disturbed(tmp_path):
+    ctx = _ctx()
+    cg = CaseGuard(ctx, InterferenceCfg(remeasures=2), Script([], [(True, 1.0)] * 5))  # type: ignore[arg-type]
+    assert [cg.decide(BUSY, n, tmp_path) for n in range(3)] == ["remeasure", "remeasure", "keep"]
+    assert cg.tally.kept == 1 and cg.tally.disturbed == 3
+
+
+def test_load_that_stays_costs_one_wait_not_one_per_case(tmp_path):
+    """A wait that times out marks the load steady: later cases are kept (labelled) without waiting, until
+    the machine is seen quiet before a case."""
+    ctx = _ctx()
+    g = Script([BUSY, BUSY, BUSY, QUIET], [(False, 30.0)])
+    cg = CaseGuard(ctx, InterferenceCfg(quiet_wait_s=30), g)  # type: ignore[arg-type]
+    cg.before_case()  # busy now: waits 30 s, in vain
+    assert g.waited == 1 and cg.steady and cg.tally.steady == 1
+    assert cg.decide(BUSY, 0, tmp_path) == "keep"
+    cg.before_case()  # still busy: no second wait
+    cg.before_case()
+    assert g.waited == 1 and cg.decide(BUSY, 0, tmp_path) == "keep"
+    cg.before_case()  # quiet again: disturbed cases are worth measuring again
+    assert not cg.steady and cg.decide(BUSY, 0, tmp_path) == "remeasure"
+    assert any("stayed busy for 30 s" in m for m in ctx.said)
+
+
+def test_the_budget_bounds_waiting_and_remeasuring(tmp_path):
+    ctx = _ctx()
+    cg = CaseGuard(ctx, InterferenceCfg(budget_s=10), Script([], [(True, 6.0)] * 3))  # type: ignore[arg-type]
+    assert cg.decide(BUSY, 0, tmp_path) == "remeasure"
+    cg.remeasure(3.0)  # 3 s measuring + 6 s waiting: 1 s of budget left
+    assert cg.decide(BUSY, 0, tmp_path) == "remeasure"
+    cg.remeasure(3.0)  # over
+    assert cg.decide(BUSY, 0, tmp_path) == "keep"
+
+
+def test_label_mode_never_waits_and_off_reads_nothing(tmp_path):
+    ctx = _ctx()
+    g = Script([BUSY], [])
+    cg = CaseGuard(ctx, InterferenceCfg(mode="label"), g)  # type: ignore[arg-type]
+    cg.before_case()
+    assert cg.decide(BUSY, 0, tmp_path) == "keep" and g.waited == 0
+    off = CaseGuard(ctx, InterferenceCfg(mode="off"), g)  # type: ignore[arg-type]
+    assert off.mark() is None and off.reading(None) is None and off.decide(None, 0, tmp_path) == "ok"
+
+
+def test_a_resumed_run_goes_on_counting():
+    ctx = _ctx()
+    cg = CaseGuard(ctx, InterferenceCfg(), None)
+    cg.resume({ENV_KEY: json.dumps({"cases": 40, "disturbed": 3, "spent_s": 50.0, "mode": "label"})})
+    assert (cg.tally.cases, cg.tally.disturbed, cg.tally.spent_s, cg.tally.mode) == (40, 3, 50.0, "remeasure")
