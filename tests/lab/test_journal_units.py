@@ -154,3 +154,24 @@ def test_the_rules_every_undo_shares():
     # a run id tunnelbench did not make has no tag: no name is its own
     assert journal_mod.refusal({"kind": "netns", "name": "h1"}, "myrun", own) is not None
     assert journal_mod.refusal({"kind": "netns", "name": "tbab12-h1"}, "x-tbab12", own) is not None
+
+
+def test_a_command_line_is_the_journaled_one_through_exec_wrappers_and_rewritten_titles():
+    """lab/journaling.py `same_command` against command lines as /proc shows them (the nginx title as nginx
+    1.22 wrote it over its arguments, seen here with `od -c /proc/PID/cmdline`)."""
+    from tunnelbench.lab.journaling import parse_cmdline, same_command
+
+    argv = ["/usr/sbin/nginx", "-p", "/r/x", "-c", "/r/x/n.conf", "-g", "daemon off;"]
+    title = parse_cmdline(b"nginx: master process /usr/sbin/nginx -p /r/x -c /r/x/n.conf -g daemon off;\0\0")
+    assert same_command(title, argv)
+    assert same_command(["sleep", "600"], ["sleep", "600"])
+    assert same_command(
+        ["/b/impaird", "--config", "c"], ["taskset", "-c", "1", "/b/impaird", "--config", "c"]
+    )
+    mounts = ["unshare", "-m", "sh", "-c", 'mount ... && exec "$@"', "tb-mountns", "/b/vpnserver", "execsvc"]
+    assert same_command(["/b/vpnserver", "execsvc"], mounts)
+    assert not same_command(["sleep", "600"], ["sleep", "601"])
+    assert not same_command(["sleep", "600", "x"], ["sleep", "600"])  # more than was journaled
+    assert not same_command(["nginx: master process /usr/sbin/nginx"], argv)  # not its arguments
+    assert not same_command([], ["sleep"]) and not same_command(["sleep"], [])  # a zombie; no argv journaled
+    assert parse_cmdline(b"a\0b c\0") == ["a", "b c"] and parse_cmdline(b"") == []
