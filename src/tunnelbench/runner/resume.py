@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tunnelbench.security.keys  # noqa: F401  (registers the sweep of a killed run's secret files)
 from tunnelbench import __version__
 from tunnelbench.lab.journal import run_leftovers
 from tunnelbench.scenario import Scenario
