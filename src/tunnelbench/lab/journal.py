@@ -352,9 +352,11 @@ def refusal(entry: dict[str, Any], run_id: str, own: Sequence[str]) -> str | Non
         if not isinstance(entry.get("pid"), int) or not isinstance(entry.get("start"), int):
             return f"{what}: journaled without its start time, so it cannot be told from a reused PID"
         return None
+    remote = entry.get("backend") == "ssh"
     names = {
         "netns": [entry.get("name")],
-        "link": [entry.get("name"), entry.get("netns")],
+        # in a namespace of the run here; on an SSH host in its own (the run's interfaces go by link_prefix)
+        "link": [entry.get("name")] + ([] if remote else [entry.get("netns")]),
         "link_prefix": [entry.get("prefix")],
         "nft_table": [entry.get("name")],
     }.get(str(kind), [])
@@ -367,6 +369,6 @@ def refusal(entry: dict[str, Any], run_id: str, own: Sequence[str]) -> str | Non
         path = entry.get("path")
         if not isinstance(path, str):
             return f"{what}: no path"
-        why = path_refusal(path, run_id, own, local=entry.get("backend") != "ssh")
+        why = path_refusal(path, run_id, own, local=not remote)
         return f"{what}: {why}" if why else None
     return None
