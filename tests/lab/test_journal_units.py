@@ -176,3 +176,9 @@ def test_a_command_line_is_the_journaled_one_through_exec_wrappers_and_rewritten
     assert not same_command(["nginx: master process /usr/sbin/nginx"], argv)  # not its arguments
     assert not same_command([], ["sleep"]) and not same_command(["sleep"], [])  # a zombie; no argv journaled
     assert parse_cmdline(b"a\0b c\0") == ["a", "b c"] and parse_cmdline(b"") == []
+
+
+def test_a_run_id_tunnelbench_did_not_make_owns_no_file_in_the_known_places():
+    e = {"kind": "path", "path": "/run/tbsock/x.sock", "backend": "ssh"}
+    assert journal_mod.refusal(e, "x", []) is not None  # "x.sock" starts with the run id "x"
+    assert journal_mod.refusal({**e, "path": "/run/tbsock/x/y.sock"}, "x", ["/run/tbsock/x"]) is None

@@ -335,7 +335,7 @@ def path_refusal(path: str, run_id: str, own: Sequence[str], local: bool) -> str
     if any(_under(p, d) for d in own):
         return None
     tag = tag_of(run_id)
-    named = p.name.startswith(run_id) or carries_tag(p.name, tag)
+    named = tag is not None and (p.name.startswith(run_id) or carries_tag(p.name, tag))
     if str(p.parent) in places and named:
         return None
     return f"{path} is outside run {run_id}'s folders and not one of its files in the lab's known places"
