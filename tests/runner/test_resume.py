@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -159,6 +160,73 @@ def test_journal_end_closes_what_came_before(tmp_path):
     j.write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"kind": "net')  # torn last line
     # a resumed run journals after the clean of the killed process: only its own entries are open
     assert read_open_entries(j) == [{"kind": "netns", "name": "tb1-h2"}]
+
+
+# -- what --resume undoes: only this machine's registry is a source (issue 42, finding 1) ------------------
+def private_registry(tmp_path: Path, monkeypatch) -> Path:
+    """This test's own TUNNELBENCH_REGISTRY (the module reads it at import: set for this process too)."""
+    from tunnelbench.lab import journal
+
+    reg = tmp_path / "registry"
+    monkeypatch.setenv("TUNNELBENCH_REGISTRY", str(reg))
+    monkeypatch.setattr(journal, "REGISTRY", reg)
+    return reg
+
+
+def test_resume_of_a_hand_made_folder_leaves_alone_the_file_and_the_processes_its_journal_names(
+    tmp_path, monkeypatch
+):
+    """The finding as reported: a run folder made by hand (status interrupted, the matching scenario hash)
+    whose journal.jsonl names an unrelated file and unrelated processes, one without a start time and one
+    with its real start time and command line. `--resume` calls load_resume, then undo_leftovers: the
+    registry has no record of the run, so the folder's journal is no source of things to undo. References:
+    the file's bytes and /proc (the processes this test started)."""
+    from tunnelbench.lab.journal import proc_start_ticks
+    from tunnelbench.lab.journaling import process_alive
+    from tunnelbench.runner.resume import load_resume, undo_leftovers
+    from tunnelbench.scenario import parse_scenario
+
+    reg = private_registry(tmp_path, monkeypatch)
+    run_dir = fake_run(tmp_path, "interrupted")
+    victim = tmp_path / "someone-else" / "notes.txt"
+    victim.parent.mkdir()
+    victim.write_text("not tunnelbench's\n")
+    no_start = subprocess.Popen(["sleep", "600"])
+    exact = subprocess.Popen(["sleep", "601"])
+    said: list[str] = []
+    try:
+        entries = [
+            {"kind": "path", "path": str(victim)},
+            {"kind": "process", "pid": no_start.pid, "start": None, "host": "h1", "argv": ["sleep", "600"]},
+            {
+                "kind": "process",
+                "pid": exact.pid,
+                "start": proc_start_ticks(exact.pid),
+                "host": "h1",
+                "argv": ["sleep", "601"],
+            },
+        ]
+        (run_dir / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+        plan = load_resume(run_dir)
+        sc = parse_scenario(tomllib.loads(plan.text), "test")
+        undo_leftovers(sc, plan.run_id, plan.run_dir, lambda msg, _style: said.append(msg))
+        assert victim.read_text() == "not tunnelbench's\n", (
+            "resume removed a file only the folder's journal named"
+        )
+        assert no_start.poll() is None and process_alive(no_start.pid, None), (
+            "resume killed a PID without start"
+        )
+        assert exact.poll() is None and process_alive(exact.pid, None), (
+            "resume killed a process it never started"
+        )
+        (note,) = [m for m in said if m.startswith("left alone:")]
+        assert "registry" in note and "no record of run" in note, note
+        assert str(victim) in note and f"process {no_start.pid}" in note and f"process {exact.pid}" in note
+        assert not reg.exists() or not list(reg.iterdir())  # nothing registered or believed
+    finally:
+        for p in (no_start, exact):
+            p.kill()
+            p.wait()
 
 
 # -- the journal copy under the registry ---------------------------------------------------------------

@@ -164,6 +164,7 @@ def clean(force: bool, inventory: Path | None = None, insecure: bool = False) ->
     """Remove namespaces, processes and files that crashed or killed runs left (from their journals only)."""
     need_root()
     import tunnelbench.impair.backend  # noqa: F401  (registers the undo of what impairment journals)
+    import tunnelbench.security.keys  # noqa: F401  (registers the sweep of a dead run's secret files)
     from tunnelbench.lab.clean import clean_all
 
     inv = load_inventory(inventory, insecure) if inventory else None

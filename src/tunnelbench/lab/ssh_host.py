@@ -26,7 +26,7 @@ from typing import Any
 import asyncssh
 
 from tunnelbench.lab import host as _hostmod
-from tunnelbench.lab.host import BinarySource, CommandError, Host, Process, Result
+from tunnelbench.lab.host import THIS_MACHINE, BinarySource, CommandError, Host, Process, Result
 from tunnelbench.lab.inventory import InvHost
 from tunnelbench.lab.journal import Journal
 from tunnelbench.lab.procstat import ProcStat, parse_stat, starttime_sh, stat_argv
@@ -184,8 +184,7 @@ class SshProcess(Process):
             data = self.host.read_file(self.log_path)
         except (CommandError, OSError, TimeoutError):
             return False
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
+        THIS_MACHINE.write_file(dest, data, 0o600)  # a daemon's log may hold its secrets
         return True
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from tunnelbench.lab.addressing import TUNNEL_RANGES_V4, TUNNEL_RANGES_V6
 from tunnelbench.lab.base import LabError
 from tunnelbench.lab.counters import nft_counter
-from tunnelbench.lab.host import CommandError, Host
+from tunnelbench.lab.host import THIS_MACHINE, CommandError, Host
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.journal import Journal, read_open_entries
 from tunnelbench.lab.ssh_host import REMOTE_TOOLS, SshHost
@@ -220,8 +220,7 @@ class SshLab:
                 for line in found.stdout.splitlines():
                     rel = PurePosixPath(line).relative_to(str(h.workdir))
                     dest = self.run_dir / "hosts" / h.name / rel
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    dest.write_bytes(h.read_file(Path(line)))
+                    THIS_MACHINE.write_file(dest, h.read_file(Path(line)), 0o600)  # logs may hold secrets
 
     def destroy(self) -> list[str]:
         """Stop everything this run started on every host (per the journal), remove interfaces it made,

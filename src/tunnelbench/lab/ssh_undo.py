@@ -8,11 +8,13 @@ on each host, with the host's name and address, and nothing else:
   {"kind": "path", "backend": "ssh", "host": "h1", "address": ..., "path": ...}   e.g. a UAPI socket
 
 Kinds other rooms journal on a host (impair/: "qdisc", "iptables_chain") are undone by the handlers they
-register (lab/journal.py `register_undo`)."""
+register (lab/journal.py `register_undo`). Every entry first passes the rules all undos share (lab/journal.py
+`refusal`: a process with its start time, and here its command line read on the host; names carrying the run's
+tag, never an empty prefix; paths inside the run's host folder or the lab's known places); a host folder must be
+<root>/<this run's id>/<host>. What fails them is reported (`refused`) and left alone."""
 
 from __future__ import annotations
 
-import re
 import signal as _signal
 import time
 from dataclasses import dataclass, field
@@ -21,10 +23,11 @@ from typing import Any
 
 from tunnelbench.lab.host import CommandError
 from tunnelbench.lab.inventory import Inventory, InvHost
-from tunnelbench.lab.journal import Journal, undo_handler
+from tunnelbench.lab.journal import Journal, describe, refusal, undo_handler
+from tunnelbench.lab.journaling import parse_cmdline, same_command
 from tunnelbench.lab.ssh_host import SshHost, kill_script, remote_alive
 from tunnelbench.lab.ssh_transport import SshError
-from tunnelbench.lab.tags import TAG_PREFIX
+from tunnelbench.lab.tags import RUN_ID
 
 
 # -- undo (teardown and clean) -------------------------------------------------------------------------
@@ -32,21 +35,39 @@ from tunnelbench.lab.tags import TAG_PREFIX
 class UndoReport:
     removed: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # named by the journal but not the run's: left alone
 
 
-def _safe_workdir(path: str) -> bool:
-    """Only <root>/<run_id>/<host> folders tunnelbench made are ever removed."""
+def _safe_workdir(path: str, run_id: str) -> bool:
+    """Only the <root>/<run_id>/<host> folders tunnelbench made for this run are ever removed."""
     p = PurePosixPath(path)
     return (
         p.is_absolute()
         and ".." not in p.parts
         and len(p.parts) >= 4
-        and re.fullmatch(r"\d{8}-\d{6}-" + TAG_PREFIX + r"[0-9a-f]+", p.parent.name) is not None
+        and RUN_ID.fullmatch(p.parent.name) is not None
+        and p.parent.name == run_id
     )
 
 
-def undo_entries(h: SshHost, entries: list[dict[str, Any]], journal: Journal | None = None) -> UndoReport:
-    """Undo journal entries on one host, processes first. Only what the entries name is touched."""
+def remote_cmdline(h: SshHost, pid: int) -> list[str]:
+    """A process's command line on the host, read as hex (NUL separators survive any transport)."""
+    r = h.run(["od", "-An", "-v", "-tx1", f"/proc/{pid}/cmdline"], check=False)
+    try:
+        raw = bytes.fromhex("".join(r.stdout.split()))
+    except ValueError:
+        return []
+    return parse_cmdline(raw) if r.returncode == 0 else []
+
+
+def undo_entries(
+    h: SshHost, entries: list[dict[str, Any]], journal: Journal | None = None, run_id: str | None = None
+) -> UndoReport:
+    """Undo journal entries of run `run_id` (the journal's run without it) on one host, processes first. Only
+    what the entries name, and only what the rules allow, is touched."""
+    rid = run_id or (journal.run_id if journal is not None else None)
+    if rid is None:
+        raise ValueError("undo_entries needs the run id (or its journal) to tell the run's things")
     rep = UndoReport()
 
     def done(e: dict[str, Any], what: str | None) -> None:
@@ -55,27 +76,47 @@ def undo_entries(h: SshHost, entries: list[dict[str, Any]], journal: Journal | N
         if journal is not None:
             journal.release(e)
 
-    procs = [e for e in entries if e["kind"] == "process"]
-    for e in procs:
-        if remote_alive(h, e["pid"], e.get("start")):
-            h.run(["sh", "-c", kill_script(e["pid"], e.get("start"), int(_signal.SIGTERM))], check=False)
+    own = [
+        e["path"] for e in entries if e.get("kind") == "remote_dir" and _safe_workdir(str(e.get("path")), rid)
+    ]
+    allowed = []
+    for e in entries:
+        why = refusal(e, rid, own)
+        if why:
+            rep.refused.append(f"{h.name} ({h.address}): {why}")
+        else:
+            allowed.append(e)
+    procs = []
+    for e in [x for x in allowed if x["kind"] == "process"]:
+        if not remote_alive(h, e["pid"], e["start"]):
+            done(e, None)  # gone, or its PID reused by another process
+            continue
+        cmdline = remote_cmdline(h, e["pid"])
+        if not same_command(cmdline, list(e.get("argv") or [])):
+            rep.refused.append(
+                f"{h.name} ({h.address}): {describe(e)}: its start time matches but it runs "
+                f"{' '.join(cmdline)[:120]!r}"
+            )
+            continue
+        procs.append(e)
+        h.run(["sh", "-c", kill_script(e["pid"], e["start"], int(_signal.SIGTERM))], check=False)
     deadline = time.monotonic() + 3
     for e in procs:
-        while remote_alive(h, e["pid"], e.get("start")) and time.monotonic() < deadline:
+        while remote_alive(h, e["pid"], e["start"]) and time.monotonic() < deadline:
             time.sleep(0.1)
         what = None
-        if remote_alive(h, e["pid"], e.get("start")):
-            h.run(["sh", "-c", kill_script(e["pid"], e.get("start"), int(_signal.SIGKILL))], check=False)
+        if remote_alive(h, e["pid"], e["start"]):
+            h.run(["sh", "-c", kill_script(e["pid"], e["start"], int(_signal.SIGKILL))], check=False)
             time.sleep(0.1)
             what = f"process {e['pid']} ({' '.join(e.get('argv', [])[:3])})"
-        if remote_alive(h, e["pid"], e.get("start")):
+        if remote_alive(h, e["pid"], e["start"]):
             rep.problems.append(f"{h.name}: process {e['pid']} survived SIGKILL")
             continue
         done(e, what)
-    for e in entries:
+    for e in allowed:
         kind = e["kind"]
         if kind == "link_prefix":
-            prefix = e["prefix"]
+            prefix = e["prefix"]  # carries the run's tag (refusal): never empty
             links = h.run(["ip", "-o", "link", "show"], check=False).stdout
             for line in links.splitlines():
                 if ":" not in line:
@@ -99,10 +140,10 @@ def undo_entries(h: SshHost, entries: list[dict[str, Any]], journal: Journal | N
                 done(e, None)
         elif (undo := undo_handler(kind)) is not None:  # kinds other rooms journal (impair/: qdiscs, chains)
             done(e, undo(h, e))
-    for e in entries:
+    for e in allowed:
         if e["kind"] == "remote_dir":
             path = e["path"]
-            if not _safe_workdir(path):
+            if not _safe_workdir(path, rid):
                 rep.problems.append(f"{h.name}: refusing to remove unexpected path {path!r}")
                 continue
             existed = h.exists(Path(path))
@@ -116,9 +157,7 @@ def undo_entries(h: SshHost, entries: list[dict[str, Any]], journal: Journal | N
     return rep
 
 
-def clean_ssh_entries(
-    entries: list[dict[str, Any]], inventory: Inventory, journal_path: Path | None = None
-) -> UndoReport:
+def clean_ssh_entries(entries: list[dict[str, Any]], inventory: Inventory, run_id: str) -> UndoReport:
     """`clean --inventory`: undo a killed run's SSH entries, host by host (matched by name and address)."""
     rep = UndoReport()
     by_host: dict[tuple[str, str, int | None], list[dict[str, Any]]] = {}
@@ -137,9 +176,10 @@ def clean_ssh_entries(
         h = SshHost(name, inv, None, None)
         try:
             h.connect()
-            r = undo_entries(h, ents)
+            r = undo_entries(h, ents, run_id=run_id)
             rep.removed += r.removed
             rep.problems += r.problems
+            rep.refused += r.refused
         except (SshError, CommandError, TimeoutError, OSError) as e:
             rep.problems.append(f"{name} ({address}): {e}")
         finally:

@@ -309,8 +309,7 @@ class Runner:
         b = self.bench
         if self.mesh is not None:
             with contextlib.suppress(Exception):
-                self.mesh.stop()
-                self.hygiene.session_ended(self.mesh.vpn, self.mesh.driver)
+                self.hygiene.stop_session(self.mesh.vpn, self.mesh.driver, self.mesh.stop)
                 self._attribute_drops(self.mesh.vpn)  # a session cut short (interrupted) keeps its share
         if b is not None and b.backend is not None:
             with contextlib.suppress(Exception):
@@ -669,10 +668,9 @@ class Runner:
     def _stop_and_verify(self, mesh: Mesh, vpn: str) -> None:
         assert self.bench is not None
         t0 = time.monotonic()
-        mesh.stop()
+        self.hygiene.stop_session(vpn, mesh.driver, mesh.stop)
         self.mesh = None
         self._attribute_drops(vpn)  # before a rebuild below: a new lab's counters start again at 0
-        self.hygiene.session_ended(vpn, mesh.driver)
         left = mesh.leftovers()
         if left:
             # never let the next VPN start on a dirty host set: rebuild the lab from scratch

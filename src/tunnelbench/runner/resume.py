@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tunnelbench.security.keys  # noqa: F401  (registers the sweep of a killed run's secret files)
 from tunnelbench import __version__
 from tunnelbench.lab.journal import run_leftovers
 from tunnelbench.scenario import Scenario
@@ -109,8 +110,10 @@ def prior_plan(run_dir: Path, run_id: str) -> PriorPlan:
 
 
 def undo_leftovers(sc: Scenario, run_id: str, run_dir: Path, say: Callable[[str, str], None]) -> None:
-    """Remove what the killed process left (namespaces, daemons, files) from its journal, as `clean` does, so
-    resume works straight after a SIGKILL; ResumeError when something stays."""
+    """Remove what the killed process left (namespaces, daemons, files, secret files), as `clean` does, so
+    resume works straight after a SIGKILL; ResumeError when something stays. Only what this machine's registry
+    journaled is undone (lab/journal.py): a run folder's own journal (a folder copied from elsewhere, or the
+    registry went with a reboot) names things that are reported and left alone."""
     from tunnelbench.lab.clean import clean_run
 
     left = run_leftovers(run_id, run_dir)
@@ -127,6 +130,8 @@ def undo_leftovers(sc: Scenario, run_id: str, run_dir: Path, say: Callable[[str,
     rep = clean_run(left, inv)
     if rep.removed:
         say(f"removed what the interrupted run left: {', '.join(rep.removed)}", "yellow")
+    for why in rep.refused:
+        say(f"left alone: {why}", "yellow")
     if rep.problems or rep.skipped:
         raise ResumeError(
             "the interrupted run's leftovers could not all be removed: "

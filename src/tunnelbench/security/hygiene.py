@@ -1,7 +1,9 @@
 """A run's key hygiene, session by session (keys.py does the checking): once per VPN while its mesh is up, its
-secret files' mode, owner and place (`keys.<vpn>`); after every session's stop, its secret values into memory
-and its secret files removed (unless `[run] keep_keys`); a failed case's daemon logs kept with those values
-redacted; after the report, every output searched for them (`keys.scan`)."""
+secret files' mode, owner and place (`keys.<vpn>`); after every session's stop, even one that raised
+(`stop_session`), its secret values into memory, its secret files removed (unless `[run] keep_keys`) and its
+logs redacted; a failed case's daemon logs kept with those values redacted; after the report, every output
+searched for them (`keys.scan`). What a killed run never got to remove, `clean` and `run --resume` sweep
+(keys.sweep_run)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,15 @@ class KeyHygiene:
         self.phase(vpn, "key_check", time.monotonic() - t0)
         for v in rec["violations"]:
             self.say(f"{vpn}: key hygiene: {v['path']}: {v['why']}", "red")
+
+    def stop_session(self, vpn: str, driver: VpnDriver, stop: Callable[[], None]) -> None:
+        """Stop a mesh session (`stop`: Mesh.stop) and end its keys whatever the stop does: a stop that raises
+        (a daemon that will not die, a driver's after_stop failing) still has the session's secret values
+        collected and its secret files removed before the exception goes on."""
+        try:
+            stop()
+        finally:
+            self.session_ended(vpn, driver)
 
     def session_ended(self, vpn: str, driver: VpnDriver) -> None:
         """After every session's stop (processes gone): its secret values into memory, its secret files removed

@@ -1,7 +1,11 @@
 """Key hygiene (security, issue 14 item 5): every file a driver declares secret (`VpnDriver.secret_files`) is
 mode 0600 or stricter, owned by root and inside the run folder while the mesh is up; it is removed when the
-mesh session stops (unless `[run] keep_keys`); and no secret value it held appears in the run's outputs
-(report.html, report.md, the SQLite store, the CSV/JSON exports).
+mesh session stops (unless `[run] keep_keys`), and the values it held are redacted from the session's logs (a
+daemon may log its config: EasyTier its network secret); and no secret value appears in the run's outputs
+(report.html, report.md, the SQLite store, the CSV/JSON exports, the logs kept in the run folder).
+
+A run killed before its sessions ended leaves its secret files: `tunnelbench clean` and `run --resume` sweep
+them from its folder (`sweep_run`, registered with the lab's clean: lab/journal.py `register_sweep`).
 
 Secret values live only in memory (a `Secrets` set) between a session's teardown and the scan at the end of the
 run: nothing here ever writes one, and a scan result names the output and offset of a hit, never the value."""
@@ -11,14 +15,21 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import fnmatch
+import os
 import re
 import sqlite3
+import stat
+import tempfile
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.catalog import DRIVERS
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.lab.journal import register_sweep
+from tunnelbench.vpns.base import VpnDriver, secret_name
 
 MIN_SECRET = 12  # shorter values (ports, "true", key ids) would match by chance
 PEM = re.compile(rb"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY)-----(.*?)-----END \1-----", re.S)
@@ -115,19 +126,26 @@ def check(driver: VpnDriver, run_dir: Path) -> dict[str, Any]:
 
 
 def collect_and_remove(driver: VpnDriver, secrets: Secrets, keep: bool, run_dir: Path) -> list[str]:
-    """After a mesh session's stop: read every secret value into `secrets` (memory only), then remove the
-    secret files unless `keep`. Only this session's folders are touched: a later session of the same VPN gets
-    fresh ones (MeshSpec.session). Returns the removed files."""
+    """After a mesh session's stop: read every secret value into `secrets` (memory only), remove the secret
+    files unless `keep`, and redact the values from the session's logs (kept or not: a log is an output).
+    Only this session's folders are touched: a later session of the same VPN gets fresh ones
+    (MeshSpec.session). Returns the removed files."""
     removed: list[str] = []
     for host, d in driver.host_dirs():
+        values: set[bytes] = set()
         for path in driver.secret_files(host):
             try:
-                secrets.add(driver.key, secret_values(host.read_file(path), d))
+                values |= secret_values(host.read_file(path), d)
             except OSError:
                 continue
             if not keep:
                 host.remove(path)
                 removed.append(_shown(host, path, run_dir))
+        secrets.add(driver.key, values)
+        if values:
+            logs = host.run(["find", str(d), "-type", "f", "-name", "*.log"], check=False).stdout.splitlines()
+            for log in logs:
+                redact_on(host, Path(log), values)
     return removed
 
 
@@ -146,21 +164,121 @@ def session_secrets(driver: VpnDriver) -> set[bytes]:
 REDACTED = b"[secret redacted by tunnelbench]"
 
 
-def redact(path: Path, secrets: set[bytes]) -> int:
-    """Replace every secret value in a file kept for the report (a failed case's daemon log: EasyTier logs its
-    config with network_secret); longest first, so a value inside a longer one goes with it. Returns the count."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return 0
+def _redacted(data: bytes, secrets: set[bytes]) -> tuple[bytes, int]:
+    """`data` with every secret value replaced, longest first (a value inside a longer one goes with it)."""
     n = 0
     for v in sorted(secrets, key=len, reverse=True):
         if v and v in data:
             n += data.count(v)
             data = data.replace(v, REDACTED)
+    return data, n
+
+
+def redact(path: Path, secrets: set[bytes]) -> int:
+    """Replace every secret value in a local file kept for the report (a daemon log: EasyTier logs its config
+    with network_secret). The file is replaced (a new 0600 file renamed over it), never written through: a
+    symlink or a hard link to another file is left as it is. Returns the count."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return 0
+        data, n = _redacted(path.read_bytes(), secrets)
+    except OSError:
+        return 0
     if n:
-        path.write_bytes(data)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return n
+
+
+def redact_on(host: Host, path: Path, secrets: set[bytes]) -> int:
+    """`redact` on a host: a local path here; on an SSH host, read, redacted and written back there (0600)."""
+    if not host.remote:
+        return redact(path, secrets)
+    try:
+        data, n = _redacted(host.read_file(path), secrets)
+        if n:
+            host.write_file(path, data, 0o600)
+    except OSError:
+        return 0
+    return n
+
+
+# -- a killed run's secret files (`clean`, `run --resume`) -------------------------------------------------
+def _driver_patterns(folder: str) -> tuple[str, ...]:
+    """The secret patterns of the driver whose session folder this is (`VpnDriver.host_dir`: its dirname,
+    a version after "@" as "-", a session after "-"); none for a folder of no known driver."""
+    best: tuple[int, tuple[str, ...]] = (0, ())
+    for cls in DRIVERS.values():
+        d = cls.dirname()
+        if (folder == d or folder.startswith(d + "-")) and len(d) > best[0]:
+            best = (len(d), cls.secret_patterns)
+    return best[1]
+
+
+def _keeps_keys(run_dir: Path) -> bool:
+    """The run's `[run] keep_keys`, from the scenario it ran (its folder's scenario.toml)."""
+    try:
+        run = tomllib.loads((run_dir / "scenario.toml").read_text()).get("run", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(run, dict) and run.get("keep_keys") is True
+
+
+def _files(folder: Path) -> list[Path]:
+    """The regular files under a folder, symlinks (to files or folders) not followed."""
+    out = []
+    for dirpath, _dirs, names in os.walk(folder):  # os.walk never descends into a symlinked folder
+        for n in names:
+            p = Path(dirpath) / n
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(p).st_mode):
+                    out.append(p)
+    return sorted(out)
+
+
+def sweep_run(run_dir: Path) -> list[str]:
+    """What a killed run's sessions never removed, from its folder on this machine: in every host's session
+    folder (hosts/<host>/<driver dirname>[-<session>]/), the files the key scan calls secret (SECRET_PATTERNS
+    and the driver's own) are removed (unless the run's scenario kept its keys) and the values they held
+    redacted from the folder's logs. Nothing outside the run folder is touched: symlinks are not followed.
+    Returns what was done."""
+    root = run_dir.resolve()
+    hosts = root / "hosts"
+    if not hosts.is_dir() or hosts.is_symlink():
+        return []
+    keep = _keeps_keys(root)
+    done: list[str] = []
+    for host_dir in sorted(hosts.iterdir()):
+        if host_dir.is_symlink() or not host_dir.is_dir():
+            continue
+        for session in sorted(host_dir.iterdir()):
+            if session.is_symlink() or not session.is_dir():
+                continue
+            pats = _driver_patterns(session.name)
+            files = _files(session)
+            values: set[bytes] = set()
+            for f in files:
+                if not secret_name(f.name, pats):
+                    continue
+                with contextlib.suppress(OSError):
+                    values |= secret_values(f.read_bytes(), session)
+                if not keep:
+                    f.unlink(missing_ok=True)
+                    done.append(f"secret file {f.relative_to(root)}")
+            for f in files:
+                if fnmatch.fnmatch(f.name.lower(), "*.log") and (n := redact(f, values)):
+                    done.append(f"{n} secret value(s) redacted from {f.relative_to(root)}")
+    return done
+
+
+register_sweep(sweep_run)
 
 
 def _shown(host: Host, path: Path, run_dir: Path) -> str:
@@ -200,8 +318,9 @@ def sqlite_bytes(db: Path) -> tuple[bytes, bytes]:
 def scan_outputs(
     run_dir: Path, run_id: str, secrets: set[bytes], extra: list[Path] | None = None
 ) -> dict[str, Any]:
-    """Search report.html, report.md, the SQLite store and the run's CSV and JSON exports (rendered here as
-    `tunnelbench export` would) for every secret value. The result names outputs and offsets, never values."""
+    """Search report.html, report.md, the logs kept in the run folder, the SQLite store and the run's CSV and
+    JSON exports (rendered here as `tunnelbench export` would) for every secret value. The result names outputs
+    and offsets, never values."""
     from tunnelbench.analysis.analyze import load_run
     from tunnelbench.report.export import metric_rows, to_csv, to_json
     from tunnelbench.store import DB_NAME
@@ -212,6 +331,13 @@ def scan_outputs(
         if p.exists():
             scanned.append(p.name)
             _find_all(p.name, p.read_bytes(), secrets, hits)
+    for p in sorted(
+        run_dir.rglob("*.log")
+    ):  # daemon logs kept in the run folder (a daemon may log its secret)
+        if p.is_file() and not p.is_symlink():
+            name = str(p.relative_to(run_dir))
+            scanned.append(name)
+            _find_all(name, p.read_bytes(), secrets, hits)
     raw, dump = sqlite_bytes(run_dir / DB_NAME)
     _find_all(DB_NAME, raw, secrets, hits)
     _find_all(f"{DB_NAME} (dump)", dump, secrets, hits)

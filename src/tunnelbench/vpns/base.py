@@ -162,6 +162,15 @@ SECRET_PATTERNS = ("*.key", "*key*", "*.priv", "*secret*", "*private*", "*.state
 PUBLIC_PATTERNS = ("*.pub", "*pub*", "*.crt", "*.csr", "*.log")
 
 
+def secret_name(name: str, secret_patterns: tuple[str, ...] = ()) -> bool:
+    """Whether a file of this name holds a secret: SECRET_PATTERNS or a driver's own `secret_patterns`, and
+    not a public half (unless the driver names that pattern secret)."""
+    name = name.lower()
+    return any(fnmatch.fnmatch(name, p) for p in (*SECRET_PATTERNS, *secret_patterns)) and not any(
+        fnmatch.fnmatch(name, p) for p in PUBLIC_PATTERNS if p not in secret_patterns
+    )
+
+
 class VpnDriver(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -424,17 +433,13 @@ class VpnDriver(ABC):
     def secret_files(self, host: Host) -> list[Path]:
         """The files of this session on `host` holding a private key or a shared secret (or a config that
         embeds one): SECRET_PATTERNS and the driver's `secret_patterns`, never a public half."""
-        pats = (*SECRET_PATTERNS, *self.secret_patterns)
         out: list[Path] = []
         for h, d in self.host_dirs():
             if h is not host:
                 continue
             found = host.run(["find", str(d), "(", "-type", "f", "-o", "-type", "l", ")"], check=False)
             for line in found.stdout.splitlines():
-                name = Path(line).name.lower()
-                if any(fnmatch.fnmatch(name, p) for p in pats) and not any(
-                    fnmatch.fnmatch(name, p) for p in PUBLIC_PATTERNS if p not in self.secret_patterns
-                ):
+                if secret_name(Path(line).name, self.secret_patterns):
                     out.append(Path(line))
         return sorted(out)
 

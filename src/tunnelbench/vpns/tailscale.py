@@ -105,6 +105,9 @@ class Tailscale(VpnDriver):
     options: Options
 
     settle_s = 1.0
+    # Headscale's SQLite database (and its WAL): its nodes' keys and the pre-auth keys; its Noise private key,
+    # derper's and tailscaled's keys and state already match SECRET_PATTERNS (*.key, authkey, *.state)
+    secret_patterns = ("db.sqlite*",)
     paths = frozenset({"direct", "relay", "nat"})
     revocation = "`headscale nodes delete -i <id>` on the control server"
     acl_support = True
