@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tunnelbench.catalog import DRIVERS
+from tunnelbench.core.files import check_destination, write_atomic
 from tunnelbench.lab.make import lab_session
 from tunnelbench.lab.procstat import read_stat
 from tunnelbench.lab.spec import LabCfg
@@ -182,6 +183,9 @@ def run_sweep(
     idle_s: float = IDLE_S,
     progress: Callable[[str], object] = print,
 ) -> dict[str, Any]:
+    if out_json is not None:  # before the first cell: a folder we cannot write, or a link there, is said now
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        check_destination(out_json)
     result: dict[str, Any] = {
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "sizes": sizes,
@@ -218,8 +222,7 @@ def run_sweep(
                 + f" ({p['seconds']} s)"
             )
             if out_json is not None:
-                out_json.parent.mkdir(parents=True, exist_ok=True)
-                out_json.write_text(json.dumps(result, indent=2) + "\n")
+                write_atomic(out_json, json.dumps(result, indent=2) + "\n")
             if p["result"] != "ok":
                 row["bound"] = {"n": n, "why": p.get("why", "failed")}
                 break
@@ -228,7 +231,7 @@ def run_sweep(
         row["largest_n"] = max(ok, default=None)
     result["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     if out_json is not None:
-        out_json.write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(out_json, json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tunnelbench.catalog import DRIVERS
+from tunnelbench.core.files import check_destination, write_atomic
 from tunnelbench.lab.make import lab_session
 from tunnelbench.lab.netns import NAT_TYPES, NetnsLab
 from tunnelbench.lab.pathcheck import DIRECT_MIN_PCT, RELAY_MAX_PCT, PathWatch, share
@@ -124,8 +125,11 @@ def run_matrix(
     record: bool = True,
     progress: Callable[[str], object] = print,
 ) -> dict[str, Any]:
-    """Every cell, VPN by VPN; the JSON artifact is rewritten after each cell (an interrupted matrix keeps
-    what it measured). `record`: store each VPN's row as the `nat_matrix` probe of its feature record."""
+    """Every cell, VPN by VPN; the JSON artifact is rewritten whole after each cell (write_atomic: an
+    interrupted matrix, even one killed mid-write, keeps what it measured). `record`: store each VPN's row as the `nat_matrix` probe of its feature record."""
+    if out_json is not None:  # before the first cell: a folder we cannot write, or a link there, is said now
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        check_destination(out_json)
     result: dict[str, Any] = {
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "pairs": [pair_key(*p) for p in pairs],
@@ -150,8 +154,7 @@ def run_matrix(
                 + (f": {c['why']}" if c.get("why") else "")
             )
             if out_json is not None:
-                out_json.parent.mkdir(parents=True, exist_ok=True)
-                out_json.write_text(json.dumps(result, indent=2) + "\n")
+                write_atomic(out_json, json.dumps(result, indent=2) + "\n")
         if record and row["cells"]:
             summary = {k: cell_text(c) for k, c in row["cells"].items()}
             save_probe(
@@ -165,7 +168,7 @@ def run_matrix(
             )
     result["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     if out_json is not None:
-        out_json.write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(out_json, json.dumps(result, indent=2) + "\n")
     return result
 
 

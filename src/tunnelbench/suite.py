@@ -21,6 +21,7 @@ from typing import Any
 
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.catalog import DRIVERS
+from tunnelbench.core.files import write_atomic
 from tunnelbench.report.security import COLUMNS, NOT_RUN, NOT_SUPPORTED, security_rows, tone
 from tunnelbench.scenario import (
     Scenario,
@@ -177,8 +178,9 @@ def write_matrix(
 ) -> Path:
     """matrix.md and matrix.json in `folder` (the suite's own folder beside the part runs)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "matrix.md").write_text(matrix_markdown(suite, runs, rows, notes))
-    (folder / "matrix.json").write_text(
+    write_atomic(folder / "matrix.md", matrix_markdown(suite, runs, rows, notes))
+    write_atomic(
+        folder / "matrix.json",
         json.dumps(
             {
                 "suite": suite.name,
@@ -194,7 +196,7 @@ def write_matrix(
                 ],
             },
             indent=1,
-        )
+        ),
     )
     return folder / "matrix.md"
 

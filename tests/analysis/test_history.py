@@ -360,6 +360,7 @@ def test_cli(three_runs, tmp_path):
     assert "nosuchvpn" in res.stderr
     assert "REGRESSION" in res.stdout and "slowvpn" not in res.stdout
     out = tmp_path / "h" / "page.html"
+    out.parent.mkdir()  # --out names a file in a folder that exists (checked before the work, as report's)
     res = tb("history", "--results", str(three_runs), "--metric", "rtt_p50_ms", "--out", str(out))
     assert res.returncode == 0, res.stdout + res.stderr
     html = out.read_text()

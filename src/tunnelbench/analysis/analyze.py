@@ -164,21 +164,27 @@ class RunData:
 
 
 def load_run(run_dir: Path, run_id: str | None = None) -> RunData:
+    """The run (the newest in its store, or `run_id`) read through the store's read-only opener: a store
+    it cannot read raises StoreError (store.py); damaged values are left out, named in `store.skipped`."""
     store = Store.open_run_dir(run_dir)
-    run = dict(store.run_row(run_id))
-    rid = run["id"]
-    return RunData(
-        run_dir=run_dir,
-        run_id=rid,
-        run=run,
-        env=store.env(rid),
-        vpns=[dict(v) for v in store.vpns(rid)],
-        cases=list(store.cases(rid)),
-        metrics=[dict(m) for m in store.metrics(rid)],
-        phases=store.phases(rid),
-        store=store,
-        specs=store.metric_specs(rid),
-    )
+    try:
+        run = dict(store.run_row(run_id))
+        rid = run["id"]
+        return RunData(
+            run_dir=run_dir,
+            run_id=rid,
+            run=run,
+            env=store.env(rid),
+            vpns=[dict(v) for v in store.vpns(rid)],
+            cases=list(store.cases(rid)),
+            metrics=[dict(m) for m in store.metrics(rid)],
+            phases=store.phases(rid),
+            store=store,
+            specs=store.metric_specs(rid),
+        )
+    except BaseException:
+        store.close()
+        raise
 
 
 @dataclass

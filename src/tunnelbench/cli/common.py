@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 from tunnelbench import __version__
+from tunnelbench.core.files import FileRefused, check_destination
 
 if TYPE_CHECKING:
     from tunnelbench.builds import Build
@@ -36,17 +37,10 @@ class OutFile(click.Path):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         path = Path(os.fsdecode(super().convert(value, param, ctx)))
-        folder = path.parent
-        if not folder.is_dir():
-            self.fail(
-                f"the folder {str(folder)!r} does not exist: create it first or name another file", param, ctx
-            )
-        if not os.access(folder, os.W_OK):
-            self.fail(
-                f"the folder {str(folder)!r} is not writable: name a file in a folder you can write",
-                param,
-                ctx,
-            )
+        try:
+            check_destination(path)  # the folder exists and is writable; the file is no link, no device
+        except FileRefused as e:
+            self.fail(str(e), param, ctx)
         return path
 
 
@@ -82,7 +76,20 @@ def find_run(ref: str | None, results: Path) -> Path:
     return match[0]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Verbs(click.Group):
+    """The `tunnelbench` group: a file or folder the product refuses (FileRefused: a store it cannot read, a
+    link where it would write, a folder other users can write) ends any verb with its one line and exit 2,
+    never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FileRefused as e:
+            err.print(Text(str(e), style="red"), soft_wrap=True)
+            ctx.exit(2)
+
+
+@click.group(cls=Verbs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tunnelbench")
 def main() -> None:
     """Benchmark VPNs and overlay tunnels in a namespace lab, fairly and reproducibly."""

@@ -1,14 +1,64 @@
-"""Reading runs: `report`, `compare`, `history`, `export`."""
+"""Reading runs: `report`, `compare`, `history`, `export`. Each reads its stores read-only (store.py), refuses
+a results root or run folder another user can write (core/files.py: FileRefused, exit 2 from the group),
+checks where it will write before the work, and writes each file whole (write_atomic); a write that fails
+after the work (a full disk) is one line and exit 1."""
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.text import Text
 
 from tunnelbench.cli.common import OutFile, console, err, find_run, main
+from tunnelbench.core.files import FileRefused, check_destination, check_private_folder, write_atomic
+
+if TYPE_CHECKING:
+    from tunnelbench.store import Store
+
+
+def run_folder(ref: str | None, results: Path) -> Path:
+    """The run folder `ref` names (find_run), refused if another user can write it or the results root it
+    was found under."""
+    d = find_run(ref, results)
+    if not (ref and Path(ref).is_dir()):
+        check_private_folder(results)
+    check_private_folder(d)
+    return d
+
+
+def say_skipped(stores: Iterable[Store]) -> None:
+    """What the readers left out of damaged stores, one line each (once, however many reads found it)."""
+    for line in dict.fromkeys(line for st in stores for line in st.skipped):
+        err.print(Text(f"warning: {line}", style="yellow"), soft_wrap=True)
+
+
+def write_out(path: Path, text: str) -> None:
+    """An output file, whole or not at all; one that cannot be written now, after the work, ends the command
+    with one line and exit 1 (a refused path was checked before the work: exit 2)."""
+    try:
+        write_atomic(path, text)
+    except FileRefused:
+        raise
+    except OSError as e:
+        err.print(Text(f"{path}: not written: {e.strerror or e}", style="red"), soft_wrap=True)
+        sys.exit(1)
+
+
+def write_stdout(text: str) -> None:
+    """The text on stdout; a stdout that takes none (a full disk, a closed pipe) is one line and exit 1."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        # what is left in the buffer would fail again at exit, with a traceback-like line: drop it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        err.print(Text(f"stdout: not written: {e.strerror or e}", style="red"), soft_wrap=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -18,13 +68,13 @@ from tunnelbench.cli.common import OutFile, console, err, find_run, main
 )
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutFile(),
     help="HTML file (default RUN/report.html; for several runs LAST_RUN/report-combined.html)",
 )
 @click.option(
     "--markdown",
     "md_out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutFile(),
     help="Markdown summary (default: the HTML path with .md)",
 )
 @click.option(
@@ -37,20 +87,28 @@ def report(
 ) -> None:
     """Print the headline of stored run(s) and write the self-contained HTML report and a Markdown summary
     (newest run when none is given). Several runs are combined into one report, e.g. two releases of a VPN."""
-    from tunnelbench.report.full import write_report
+    from tunnelbench.report.full import load_analysis, render_markdown, render_report
     from tunnelbench.report.terminal import print_summary
     from tunnelbench.store import Store
 
-    run_dirs = [find_run(r, results) for r in run_refs] if run_refs else [find_run(None, results)]
+    run_dirs = [run_folder(r, results) for r in run_refs] if run_refs else [run_folder(None, results)]
+    path = out or run_dirs[-1] / ("report.html" if len(run_dirs) == 1 else "report-combined.html")
+    md = md_out or path.with_suffix(".md")
+    for dest in (path, md):  # before the work: a run folder we may not write is said now
+        check_destination(dest)
+    stores = []
     for run_dir in run_dirs:
         store = Store.open_run_dir(run_dir)
         run_id = store.run_row()["id"]
         print_summary(store, run_id, console, full=full)
         store.close()
-    default = run_dirs[-1] / ("report.html" if len(run_dirs) == 1 else "report-combined.html")
-    path = out or default
-    write_report(run_dirs, path, md_out or path.with_suffix(".md"))
-    err.print(f"report: {path}\nmarkdown: {md_out or path.with_suffix('.md')}")
+        stores.append(store)
+    a = load_analysis(run_dirs)
+    html, text = render_report(a), render_markdown(a)
+    say_skipped([*stores, *(r.store for r in a.runs)])
+    write_out(path, html)
+    write_out(md, text)
+    err.print(f"report: {path}\nmarkdown: {md}")
 
 
 @main.command()
@@ -97,11 +155,12 @@ def compare(
     from tunnelbench.analysis.compare import compare_runs
     from tunnelbench.report.terminal import print_comparison
 
-    a = load_run(find_run(run_a, results))
-    b = load_run(find_run(run_b, results))
+    a = load_run(run_folder(run_a, results))
+    b = load_run(run_folder(run_b, results))
     cmp = compare_runs(a, b, threshold, list(metrics) or None)
+    say_skipped([a.store, b.store])
     if json_out:
-        json_out.write_text(json.dumps(cmp.to_json(), indent=1) + "\n")
+        write_out(json_out, json.dumps(cmp.to_json(), indent=1) + "\n")
     if not cmp.changes and not cmp.failed_b and not cmp.security_b:
         err.print(
             Text(
@@ -131,9 +190,7 @@ def compare(
     show_default=True,
     help="flag changes whose whole 95% CI is beyond this many percent (as compare)",
 )
-@click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), help="HTML file (default RESULTS/history.html)"
-)
+@click.option("--out", type=OutFile(), help="HTML file (default RESULTS/history.html)")
 def history(
     results: Path, vpns: tuple[str, ...], metrics: tuple[str, ...], threshold: float, out: Path | None
 ) -> None:
@@ -141,9 +198,14 @@ def history(
     with its CI, the changes compare flags between consecutive runs) and the latest vs previous run per VPN."""
     from tunnelbench.report import history as hist
 
+    if results.is_dir():
+        check_private_folder(results)
+    path = out or results / "history.html"
+    if results.is_dir():
+        check_destination(path)  # before the work
     runs, skipped = hist.collect_runs(results)
     for d, why in skipped:
-        err.print(Text(f"skipped {d}: {why}", style="yellow"))
+        err.print(Text(f"skipped {d}: {why}", style="yellow"), soft_wrap=True)
     if not runs:
         raise click.UsageError(f"no readable runs under {results}/ (use --results DIR)")
     names = [x.strip() for v in vpns for x in v.split(",") if x.strip()]
@@ -154,7 +216,8 @@ def history(
                 what = ", ".join(metrics) or "headline"
                 err.print(Text(f"no {what} metric of VPN {name!r} in any run", style="yellow"))
         hist.print_history(h, console)
-        path = hist.write_history(h, out or results / "history.html")
+        say_skipped(r.store for r in runs)
+        write_out(path, hist.render_history(h))
     finally:
         hist.close_runs(runs)
     err.print(Text(f"history: {path}"))
@@ -173,13 +236,14 @@ def export(run_ref: str | None, results: Path, fmt: str, series: bool, out: Path
     from tunnelbench.analysis.analyze import load_run
     from tunnelbench.report.export import SERIES_COLUMNS, metric_rows, series_rows, to_csv, to_json
 
-    run = load_run(find_run(run_ref, results))
+    run = load_run(run_folder(run_ref, results))
     if fmt == "json":
         text = to_json(run, series)
     else:
         text = to_csv(series_rows(run), SERIES_COLUMNS) if series else to_csv(metric_rows(run))
+    say_skipped([run.store])
     if out:
-        out.write_text(text)
+        write_out(out, text)
         err.print(f"{fmt}: {out}")
     else:
-        sys.stdout.write(text)
+        write_stdout(text)

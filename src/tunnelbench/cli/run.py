@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tunnelbench.cli.common import console, err, find_run, hold_lab, main, need_root
+from tunnelbench.core.files import check_private_folder
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -177,7 +178,7 @@ def _execute(
     from tunnelbench.runner.execute import execute
     from tunnelbench.runner.resume import ResumeError
 
-    lock = _before_run(sc, first_use)
+    lock = _before_run(sc, first_use, results)
     try:
         return execute(sc, text, overrides, plan, results, not no_html, console, err, lock).code
     except ResumeError as e:
@@ -185,9 +186,13 @@ def _execute(
         sys.exit(2)
 
 
-def _before_run(sc: Scenario, first_use: bool) -> LabLock | None:
-    """Root, the first-use builds (a namespace lab), then this machine's lab lock (before the run folder
-    exists); over SSH the hosts need root, not the controller."""
+def _before_run(sc: Scenario, first_use: bool, results: Path | None = None) -> LabLock | None:
+    """A results root another user can write is refused (core/files.py: exit 2, nothing ran), then root, the
+    first-use builds (a namespace lab), then this machine's lab lock (before the run folder exists); over SSH
+    the hosts need root, not the controller."""
+    root = results or Path(sc.run.results_dir)
+    if root.exists():
+        check_private_folder(root)
     if sc.lab.backend != "ssh":
         need_root()
         if first_use:
@@ -245,7 +250,14 @@ def _run_suite(
         )
         return 2
     return execute_suite(
-        suite, parts, notes, results, not no_html, console, err, lambda sc: _before_run(sc, first_use)
+        suite,
+        parts,
+        notes,
+        results,
+        not no_html,
+        console,
+        err,
+        lambda sc: _before_run(sc, first_use, results),
     )
 
 

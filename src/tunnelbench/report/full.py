@@ -18,6 +18,7 @@ from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.records import Records
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.analysis.verdict import SHORT
+from tunnelbench.core.files import write_atomic
 from tunnelbench.report import plots
 from tunnelbench.report.flamegraphs import render_all as render_flamegraphs
 from tunnelbench.report.fmt import num
@@ -673,10 +674,11 @@ def load_analysis(run_dirs: list[Path]) -> Analysis:
 
 
 def write_report(run_dirs: list[Path], out: Path, markdown: Path | None = None) -> Analysis:
+    """The report of these runs at `out` (and its Markdown summary), each file written whole (core/files.py)."""
     a = load_analysis(run_dirs)
-    out.write_text(render_report(a))
+    write_atomic(out, render_report(a))
     if markdown is not None:
-        markdown.write_text(render_markdown(a))
+        write_atomic(markdown, render_markdown(a))
     return a
 
 

@@ -12,7 +12,6 @@ import contextlib
 import datetime as dt
 import math
 import re
-import sqlite3
 import tomllib
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,27 +29,10 @@ from tunnelbench.analysis.analyze import BASELINE, RunData, is_headline, load_ru
 from tunnelbench.analysis.compare import DEFAULT_THRESHOLD_PCT, Change, Comparison, _samples, compare_runs
 from tunnelbench.analysis.stats import describe
 from tunnelbench.catalog import WORKLOADS
+from tunnelbench.core.files import FileRefused, check_private_folder
 from tunnelbench.report.fmt import num
-from tunnelbench.store import DB_NAME
+from tunnelbench.store import DB_NAME, Store
 
-# the tables (and their columns) load_run reads: an older or partial store without them is skipped
-NEEDED_COLUMNS = {
-    "run": {"id", "started", "status", "scenario"},
-    "vpn": {"run_id", "name", "version", "status"},
-    "case": {
-        "id",
-        "run_id",
-        "vpn",
-        "profile",
-        "workload",
-        "label",
-        "status",
-        "client",
-        "server",
-        "artifact_dir",
-    },
-    "metric": {"case_id", "name", "value", "unit", "host"},
-}
 FLAG_VERDICTS = ("REGRESSION", "improvement")
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf"]  # fmt: skip  # matplotlib tab10, as in the run report
@@ -139,57 +121,33 @@ class History:
 
 
 # -- collecting ------------------------------------------------------------------------------------------
-def _precheck(db: Path) -> str | None:
-    """Why this store cannot be read (None when it can), read-only so a broken file stays as it is."""
-    try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    except sqlite3.Error as e:
-        return f"cannot open: {e}"
-    try:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        for table, cols in NEEDED_COLUMNS.items():
-            if table not in tables:
-                return f"no {table!r} table (not a tunnelbench store, or an older one)"
-            have = {r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
-            if cols - have:
-                return f"table {table!r} lacks {', '.join(sorted(cols - have))} (an older store)"
-        if not con.execute("SELECT count(*) FROM run").fetchone()[0]:
-            return "no run recorded in the store"
-    except sqlite3.Error as e:
-        return f"unreadable: {e}"
-    finally:
-        con.close()
-    return None
-
-
 def collect_runs(results: Path) -> tuple[list[RunData], list[tuple[Path, str]]]:
     """Every run stored under `results` (each folder with a results.sqlite), oldest first, and the folders
-    skipped with the reason. Never raises for a broken, partial or old store."""
+    skipped with the reason. Never raises for a broken, partial or old store, or a run folder another user
+    can write: each store is opened read-only (store.py), so a broken file stays as it is."""
     runs: list[RunData] = []
     skipped: list[tuple[Path, str]] = []
     if not results.is_dir():
         return runs, skipped
     seen: dict[str, Path] = {}
     for d in sorted(p for p in results.iterdir() if p.is_dir()):
-        db = d / DB_NAME
-        if not db.exists():
-            continue
-        why = _precheck(db)
-        if why:
-            skipped.append((d, why))
+        if not (d / DB_NAME).exists():
             continue
         try:
-            con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+            check_private_folder(d)
+            st = Store.open_run_dir(d)
             try:
-                ids = [r[0] for r in con.execute("SELECT id FROM run ORDER BY started")]
+                ids = [r["id"] for r in st.runs()]
             finally:
-                con.close()
+                st.close()
             for rid in ids:
                 if rid in seen:
                     skipped.append((d, f"run {rid} is also stored in {seen[rid]}"))
                     continue
                 runs.append(load_run(d, rid))
                 seen[rid] = d
+        except FileRefused as e:  # one line naming the file or folder and what is wrong (StoreError too)
+            skipped.append((d, str(e)))
         except Exception as e:  # noqa: BLE001 - a store we cannot read must not stop the others
             skipped.append((d, f"{type(e).__name__}: {e}"))
     runs.sort(key=lambda r: (r.run["started"] or 0.0, r.run_id))
@@ -756,9 +714,3 @@ def build_context(h: History) -> dict[str, Any]:
 def render_history(h: History) -> str:
     env = Environment(loader=PackageLoader("tunnelbench", "report/templates"), autoescape=select_autoescape())
     return env.get_template("history.html").render(css=_shared_css(env), **build_context(h))
-
-
-def write_history(h: History, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_history(h))
-    return path
