@@ -262,7 +262,8 @@ def _run_suite(
 )
 def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path) -> None:
     """How long a scenario takes here: cases per VPN and workload, seconds per case from earlier runs on this
-    machine (else the workload's declared upper bound), and the total, before anything runs."""
+    machine of the same parameters (or scaled from other parameters), else the workload's typical time from
+    its parameters, each marked with its source, and the total, before anything runs."""
     from tunnelbench.scenario import ScenarioError, load_scenario, with_overrides
     from tunnelbench.suite import load_suite, suite_parts
 
@@ -342,8 +343,13 @@ def _print_plan(sc: Scenario, results: Path) -> float:
         console.print(
             Text(f"will build {b.name} first, for {b.why} ({took}; not in the total)", style="yellow")
         )
+    sources: dict[str, list[str]] = {}
+    for vpn, came in p.sessions_from.items():
+        sources.setdefault(came, []).append(vpn)
+    said = "; ".join(f"{came}: {', '.join(vpns)}" for came, vpns in sources.items())
+    drift = f"; drift references {p.drift_s / 60:.1f} min" if p.drift_s else ""
     console.print(
-        f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min; "
+        f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min ({said}){drift}; "
         f"total about {p.seconds / 60:.0f} min ({p.seconds / 3600:.1f} h)"
     )
     return p.seconds
