@@ -136,14 +136,14 @@ class SshFixture:
         bin_dir: str | None = None,
     ) -> Path:
         """The targets as an Ansible INI inventory: the peers as a host range, their addresses in host_vars/,
-        a group variable in group_vars/ (templated), the known_hosts file in Ansible's SSH arguments."""
+        a group variable in group_vars/, the known_hosts file in Ansible's SSH arguments."""
         peers = [t for t in self.targets if t.name != "wan"]
         for t in peers:
             (path.parent / "host_vars").mkdir(exist_ok=True)
             (path.parent / "host_vars" / f"{t.name}.yml").write_text(f"ansible_host: {t.ip}\n")
         (path.parent / "group_vars").mkdir(exist_ok=True)
         (path.parent / "group_vars" / "peers.yml").write_text(
-            "ansible_port: 22\ntunnelbench_workdir_root: \"{{ '/var/tmp' }}/tunnelbench\"\n"
+            "ansible_port: 22\ntunnelbench_workdir_root: /var/tmp/tunnelbench\n"
         )
         router = next(t for t in self.targets if t.name == "wan")
         ssh_args = f"-o UserKnownHostsFile={self.known_hosts} -o ControlPersist=60s" + (
