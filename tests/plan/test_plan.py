@@ -161,3 +161,58 @@ def test_cases_beyond_a_vpns_hosts_per_vpn_count_as_skipped(tmp_path):
         by[("wireguard-go", "many-clients-n5")].cases == 2 and by[("internal", "many-clients-n10")].cases == 2
     )
     assert p.cases == 6
+
+
+@pytest.fixture
+def probes(tmp_path, monkeypatch):
+    """The kernel probe as plan runs it, recorded (a one-line stand-in script: no namespace is made), with
+    the lab lock and the probe record in this test's folder."""
+    from tunnelbench.lab import journal, kernel
+    from tunnelbench.lab.lock import LabBusy, LabLock
+
+    monkeypatch.setattr(journal, "REGISTRY", tmp_path / "registry")
+    monkeypatch.setattr(kernel, "_CACHE", {})
+    monkeypatch.setattr(kernel, "_held", [])
+    seen: list[str] = []
+
+    def probe_script(ns: str) -> str:
+        try:  # who holds the lab while the probe runs
+            LabLock("probe-check").acquire().release()
+            seen.append("lab free")
+        except LabBusy as e:
+            seen.append(str(e))
+        return "printf 'vxlan\\tok\\n'"
+
+    monkeypatch.setattr(kernel, "probe_script", probe_script)
+    return seen
+
+
+def _plan_vxlan(tmp_path) -> str:
+    from click.testing import CliRunner
+
+    from tunnelbench.cli.app import main
+
+    scen = tmp_path / "s.toml"
+    scen.write_text('vpns = ["vxlan", "internal"]\n[[workloads]]\nname = "connect"\n')
+    res = CliRunner().invoke(
+        main, ["plan", str(scen), "--results", str(tmp_path / "none")], env={"COLUMNS": "250"}
+    )
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_plan_probes_the_kernel_under_the_lab_lock(tmp_path, probes):
+    _plan_vxlan(tmp_path)
+    assert len(probes) == 1 and "`tunnelbench plan`" in probes[0], probes
+
+
+def test_plan_never_probes_the_kernel_while_another_process_holds_the_lab(tmp_path, probes):
+    from tunnelbench.lab.lock import LabLock
+
+    held = LabLock("run").acquire()  # another holder: an open file of its own
+    try:
+        out = _plan_vxlan(tmp_path)
+    finally:
+        held.release()
+    assert probes == [], "plan probed the kernel while a run held the lab"
+    assert "the kernel is not probed now" in out and "vxlan" in out, out

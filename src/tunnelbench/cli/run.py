@@ -186,15 +186,19 @@ def _execute(
 
 
 def _before_run(sc: Scenario, first_use: bool) -> LabLock | None:
-    """Root, the first-use builds (a namespace lab), then this machine's lab lock (before the run folder
-    exists); over SSH the hosts need root, not the controller."""
-    if sc.lab.backend != "ssh":
-        need_root()
-        if first_use:
-            from tunnelbench.builds import first_use as build_first_use
+    """A namespace lab: root, this machine's lab lock (before the run folder exists, and before the first-use
+    builds: a run that holds the lab must not find its cache changing), then those builds (under the build
+    lock too). Over SSH the hosts need root, not the controller, and each host's own lock is taken when the
+    lab is built (lab/ssh_lab.py)."""
+    if sc.lab.backend == "ssh":
+        return None
+    need_root()
+    lock = hold_lab("run")
+    if first_use:
+        from tunnelbench.builds import first_use as build_first_use
 
-            build_first_use(sc, err)
-    return hold_lab("run") if sc.lab.backend == "netns" else None
+        build_first_use(sc, err)
+    return lock
 
 
 def _run_suite(
@@ -290,6 +294,7 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
     except ScenarioError as e:
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
+    _probe_under_the_lab_lock()
     total = 0.0
     for _part, sc, _text, _over in parts:
         total += _print_plan(sc, results)
@@ -302,17 +307,44 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
         )
 
 
+def _probe_under_the_lab_lock() -> None:
+    """plan asks the kernel which VPNs can run, and that probe changes the machine (a scratch namespace,
+    tunnel devices, modules loaded), so it runs under the lab lock. When another process holds the lab, none
+    runs: this boot's last probe is read instead, or the kernel is not probed (every VPN counted), said."""
+    from tunnelbench.lab import kernel
+    from tunnelbench.lab.lock import LabBusy, LabLock
+
+    try:
+        lock = LabLock("plan").acquire()
+    except LabBusy as e:
+        kernel.hold_probes("the lab is busy")
+        console.print(
+            Text(
+                f"{str(e).split('. ')[0]}: the kernel is not probed now (the probe makes a namespace and loads "
+                "modules); VPN availability is this boot's last probe, or not known (then every VPN is counted)",
+                style="yellow",
+            )
+        )
+        return
+    except OSError:  # not root: no lock to take, and the probe can change nothing either
+        return
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(lock.release)
+
+
 def _print_plan(sc: Scenario, results: Path) -> float:
     from tunnelbench.builds import vpn_installs
     from tunnelbench.catalog import resolve
+    from tunnelbench.lab.kernel import NOT_PROBED
     from tunnelbench.plan import make_plan
 
     installs = vpn_installs(sc)
     first_use = {vpn for vpn, _ in installs}
 
-    def available(vpn: str) -> str | None:  # a VPN the run installs first is counted
+    def available(vpn: str) -> str | None:  # a VPN the run installs first, or the kernel was not asked about
         a = resolve(vpn).availability()
-        return None if a.ok or vpn in first_use else a.reason
+        return None if a.ok or vpn in first_use or NOT_PROBED in (a.reason or "") else a.reason
 
     p = make_plan(sc, results, available)
     t = Table(
