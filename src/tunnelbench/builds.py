@@ -5,16 +5,20 @@ and installs the scenario's VPN builds from the Go module proxy or crates.io thr
 whose profiles need it on a kernel without netem (and `calibrate` / `bench-engine`). `tunnelbench plan` lists what a scenario will build
 and how long that took on this machine before. So set-up builds none of them for a bare `scripts/bench`.
 
-Each build's seconds are kept in the install cache (builds.json) for `plan`."""
+Each build's seconds are kept in the install cache (builds.json) for `plan`. Whatever writes the cache (a run's
+first-use builds, `install`) holds its build lock (`building`): a second process waits for the first, saying
+for whom, instead of building into the same folders at once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +30,7 @@ from tunnelbench.catalog import resolve
 from tunnelbench.diagnostics.cpuprofile import tool as inferno_tool
 from tunnelbench.impair.backend import impaird_binary
 from tunnelbench.lab import kernel
+from tunnelbench.lab.lock import BuildLock
 from tunnelbench.scenario import Scenario
 from tunnelbench.vpns.install import Crate, GoModule, InstallResult, install_source, registry
 
@@ -54,6 +59,26 @@ BUILDS = {
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TUNNELBENCH_CACHE", "/var/cache/tunnelbench"))
+
+
+_HELD: list[BuildLock] = []  # this process's build lock while it builds (one first use builds several)
+
+
+@contextlib.contextmanager
+def building(err: Console) -> Iterator[None]:
+    """Hold the build cache's lock (lab/lock.py) for a block of builds: another process that holds it is
+    waited for, a line saying who; already held by this process, nothing more (a flock is per open file:
+    the same process taking it twice would wait for itself)."""
+    if _HELD:
+        yield
+        return
+    lock = BuildLock(cache_dir(), "build").acquire(wait=lambda text: err.print(Text(text, style="yellow")))
+    _HELD.append(lock)
+    try:
+        yield
+    finally:
+        _HELD.pop()
+        lock.release()
 
 
 def present(b: Build) -> bool:
@@ -166,7 +191,11 @@ def build_announced(b: Build, before: dict[str, float], err: Console) -> None:
     """Build one tool on first use, a line before and one after; a failure is said only."""
     took = f"; {before[b.name]:.0f} s here before" if b.name in before else ""
     err.print(Text(f"building {b.name} for {b.why} (first use on this machine{took}) ...", style="dim"))
-    ok, seconds, detail = build(b, cache_dir() / "logs" / f"build-{b.name}.log")
+    with building(err):
+        if present(b):  # built by the process this one waited for
+            err.print(Text(f"{b.name}: built meanwhile by another tunnelbench", style="green"))
+            return
+        ok, seconds, detail = build(b, cache_dir() / "logs" / f"build-{b.name}.log")
     if ok:
         err.print(Text(f"built {b.name} ({seconds:.0f} s): {detail}", style="green"))
     else:
@@ -178,6 +207,13 @@ def first_use(sc: Scenario, err: Console) -> None:
     failed build is said and the run goes on (the VPN is then skipped as unavailable, the workload fails, each
     with the reason). The VPN builds run side by side (each its own cache folder; Go and cargo lock their
     shared caches): much of a build is waiting on the registry, so two take less than one after the other."""
+    if not vpn_installs(sc) and not missing(sc):
+        return
+    with building(err):  # after the wait, what another process built meanwhile is there
+        _first_use(sc, err)
+
+
+def _first_use(sc: Scenario, err: Console) -> None:
     before = past_seconds()
     todo = vpn_installs(sc)
     for vpn, src in todo:

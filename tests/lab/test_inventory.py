@@ -1,7 +1,9 @@
-"""Inventories are read by Ansible itself: the same INI or YAML file, host ranges, group_vars/ and host_vars/,
-templated values and Ansible's SSH variables give the hosts Ansible would reach. The references are the
-hand-written files below (addresses, ports, users and paths written into them), not the product's output."""
+"""Inventories are read by Ansible itself: the same INI or YAML file, host ranges, group_vars/ and host_vars/
+and Ansible's SSH variables give the hosts Ansible would reach. An inventory is never run: no script, no
+template. The references are the hand-written files below (addresses, ports, users and paths written into
+them; files a script or a template would create), not the product's output."""
 
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +33,7 @@ def test_a_yaml_inventory_with_group_vars_follows_ansible_precedence(tmp_path):
             # group_vars/ beside the file win over the file's own group vars (Ansible's precedence), and
             # a host's own variables (edge-a's user) win over both
             "group_vars/all.yml": "ansible_user: bench\n",
-            "group_vars/peers.yml": 'ansible_port: 2200\ntunnelbench_connect_timeout_s: "{{ 3 * 4 }}"\n',
+            "group_vars/peers.yml": "ansible_port: 2200\ntunnelbench_connect_timeout_s: 12\n",
         },
     )
     inv = load_inventory(tmp_path / "inv.yaml")
@@ -117,7 +119,8 @@ PEERS = "[peers]\na ansible_host=192.0.2.1\nb ansible_host=192.0.2.2\n"
          "host b: ansible_connection is 'local'; tunnelbench reaches every host over SSH"),
         ("hosts", PEERS + "[all:vars]\nansible_ssh_common_args='-o StrictHostKeyChecking=accept-new'\n",
          "StrictHostKeyChecking=accept-new is not supported"),
-        ("hosts", PEERS + "[all:vars]\ntunnelbench_underlay_ip='{{ nowhere }}'\n", "host a: tunnelbench_underlay_ip:"),
+        ("hosts", PEERS + "[all:vars]\ntunnelbench_underlay_ip='{{ nowhere }}'\n",
+         "host a: tunnelbench_underlay_ip is an Ansible template ('{{ nowhere }}')"),
         ("hosts", "[peers]\na ansible_host=192.0.2.1\n", "needs at least two hosts in a 'peers' group (found 1)"),
         ("hosts", PEERS + "[routers]\nr1 ansible_host=192.0.2.8\nr2 ansible_host=192.0.2.9\n", "more than one router host"),
     ],
@@ -153,3 +156,71 @@ def test_a_namespace_lab_only_workload_is_refused_for_ssh_hosts_before_the_run(w
     with pytest.raises(ScenarioError, match=f"workloads: {workload} runs in the namespace lab only") as e:
         parse_scenario({**data, "lab": {"backend": "ssh", "inventory": "hosts"}}, "t")
     assert "run it without --inventory" in str(e.value)
+
+
+def _touch_lookup(path: Path) -> str:
+    return "{{ lookup('pipe', 'touch " + str(path) + "') }}"
+
+
+@pytest.mark.parametrize("where", ["host line", "host_vars", "group_vars"])
+def test_a_template_in_a_host_variable_is_refused_and_never_rendered(tmp_path, where):
+    ran = tmp_path / f"template-ran-{os.getpid()}"  # what the lookup would create on this machine
+    value = _touch_lookup(ran)
+    files = {"hosts": PEERS}
+    if where == "host line":
+        files["hosts"] = PEERS.replace(
+            "b ansible_host=192.0.2.2", f'b ansible_host=192.0.2.2 tunnelbench_workdir_root="{value}"'
+        )
+    elif where == "host_vars":
+        files["host_vars/b.yml"] = f'tunnelbench_workdir_root: "{value}"\n'
+    else:
+        files["group_vars/peers.yml"] = f'ansible_user: "{value}"\n'
+    _write(tmp_path, files)
+    with pytest.raises(InventoryError) as e:
+        load_inventory(tmp_path / "hosts")
+    var = "ansible_user" if where == "group_vars" else "tunnelbench_workdir_root"
+    host = "a" if where == "group_vars" else "b"
+    assert f"host {host}: {var} is an Ansible template" in str(e.value), e.value
+    assert "write the value itself" in str(e.value)
+    assert not ran.exists(), "the inventory's lookup ran a command on this machine"
+
+
+def test_a_value_ansible_marks_unsafe_is_read_as_written(tmp_path):
+    # !unsafe: Ansible itself never templates it, so it is a plain value here too
+    _write(tmp_path, {"hosts": PEERS, "host_vars/a.yml": 'tunnelbench_known_hosts: !unsafe "kh{{x}}"\n'})
+    assert load_inventory(tmp_path / "hosts").hosts["a"].known_hosts == str(tmp_path / "kh{{x}}")
+
+
+def _inventory_script(tmp_path: Path, ran: Path) -> Path:
+    """An executable inventory in Ansible's script format: two peers on a closed local port."""
+    script = tmp_path / "inventory.sh"
+    hostvars = {n: {"ansible_host": "127.0.0.1", "ansible_port": 1} for n in ("a", "b")}
+    listing = {"peers": {"hosts": ["a", "b"]}, "_meta": {"hostvars": hostvars}}
+    script.write_text(f"#!/bin/sh\ntouch {ran}\ncat <<'END'\n{json.dumps(listing)}\nEND\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_an_executable_inventory_is_refused_and_never_run(tmp_path):
+    ran = tmp_path / f"script-ran-{os.getpid()}"
+    with pytest.raises(InventoryError) as e:
+        load_inventory(_inventory_script(tmp_path, ran))
+    assert "an executable inventory (a script, it starts with #!) is never run" in str(e.value), e.value
+    assert not ran.exists(), "the inventory script ran"
+
+
+@pytest.mark.slow  # ansible-playbook starts: ~5 s
+def test_the_install_play_never_runs_an_inventory_script(tmp_path):
+    from tunnelbench.lab.inventory import Inventory, InvHost
+    from tunnelbench.lab.provision import install_hosts
+
+    ran = tmp_path / f"playbook-script-ran-{os.getpid()}"
+    hosts = {n: InvHost(n, "127.0.0.1", port=1, underlay_ip="127.0.0.1", roles={"peer"}) for n in ("a", "b")}
+    inv = Inventory(_inventory_script(tmp_path, ran), hosts, ["a", "b"])
+    try:
+        install_hosts(inv, lambda h: [])
+        said = ""
+    except RuntimeError as e:
+        said = str(e)
+    assert not ran.exists(), "ansible-playbook ran the inventory script"
+    assert "ansible-playbook failed" in said and "inventory" in said, said  # the source no plugin parsed

@@ -136,14 +136,14 @@ class SshFixture:
         bin_dir: str | None = None,
     ) -> Path:
         """The targets as an Ansible INI inventory: the peers as a host range, their addresses in host_vars/,
-        a group variable in group_vars/ (templated), the known_hosts file in Ansible's SSH arguments."""
+        a group variable in group_vars/, the known_hosts file in Ansible's SSH arguments."""
         peers = [t for t in self.targets if t.name != "wan"]
         for t in peers:
             (path.parent / "host_vars").mkdir(exist_ok=True)
             (path.parent / "host_vars" / f"{t.name}.yml").write_text(f"ansible_host: {t.ip}\n")
         (path.parent / "group_vars").mkdir(exist_ok=True)
         (path.parent / "group_vars" / "peers.yml").write_text(
-            "ansible_port: 22\ntunnelbench_workdir_root: \"{{ '/var/tmp' }}/tunnelbench\"\n"
+            "ansible_port: 22\ntunnelbench_workdir_root: /var/tmp/tunnelbench\n"
         )
         router = next(t for t in self.targets if t.name == "wan")
         ssh_args = f"-o UserKnownHostsFile={self.known_hosts} -o ControlPersist=60s" + (
@@ -1015,3 +1015,50 @@ def test_security_checks_and_control_loss_over_ssh(ssh_env: SshFixture, request,
     }
     db.close()
     assert {k: got.get(k) for k in want} == want, got
+
+
+def test_a_second_run_on_the_same_hosts_is_refused_naming_the_first(ssh_env: SshFixture, tmp_path):
+    """Two SSH runs of one inventory at once would share the hosts' ports, interfaces and CPUs: the second is
+    refused by the first host lock it meets, naming the first run and its controller; its teardown leaves the
+    first's locks, and the first run's end removes them. References: the lock file on each target, the first
+    run's folder name (its id) and PID."""
+    scen = tmp_path / "s.toml"
+    scen.write_text(SCENARIO.format(vpns='["internal"]', reps=1, dur=15))
+    inv = ssh_env.inventory(tmp_path / "inv.ini")
+    first = subprocess.Popen(ssh_env.tb_argv("run", str(scen), "--inventory", str(inv), "--results",
+                                             str(tmp_path / "a"), "--no-html"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ssh_env.env())  # fmt: skip
+    try:
+        end = time.monotonic() + 120
+        used = [t for t in ssh_env.targets if t.name in ("h1", "h2", "wan")]  # hosts = 2, and the router
+        holders: dict[str, str] = {}
+        while len(holders) < len(used):  # every host of the lab locked by the first run
+            assert first.poll() is None and time.monotonic() < end, (
+                first.stdout.read() if first.stdout else ""
+            )
+            for t in used:
+                got = ssh_env.in_target(t, "cat /var/tmp/tunnelbench/lab.lock/holder 2>/dev/null").stdout
+                if got.strip():
+                    holders[t.name] = got
+            time.sleep(0.2)
+        (run_a,) = [d.name for d in (tmp_path / "a").iterdir()]
+        recs = [json.loads(x) for x in holders.values()]
+        assert {(r["run_id"], r["pid"]) for r in recs} == {(run_a, recs[0]["pid"])}  # one run, one controller
+        second = ssh_env.tb(
+            "run", str(scen), "--inventory", str(inv), "--results", str(tmp_path / "b"), "--no-html"
+        )
+        said = second.stdout + second.stderr
+        assert second.returncode != 0, said
+        assert f"is in use by run {run_a} from " in said and f"(pid {recs[0]['pid']})" in said, said
+        for t in used:  # the refused run's teardown left the first run's locks alone
+            got = ssh_env.in_target(t, "cat /var/tmp/tunnelbench/lab.lock/holder").stdout
+            assert json.loads(got)["run_id"] == run_a, (t.name, got)
+        out, _ = first.communicate(timeout=300)
+        assert first.returncode == 0, out[-3000:]
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGINT)
+            first.wait(120)
+    tag = run_a.split("-")[-1]
+    for t in ssh_env.targets:  # the first run's end released every host: nothing of it left
+        assert _target_state(ssh_env, t, tag)["files"] == "", t.name

@@ -27,7 +27,11 @@ class FakeHost:
         self.name, self.barrier, self.missing = name, barrier, missing
         self.workdir = PurePosixPath(f"/var/tmp/tunnelbench/run/{name}")
         self.journal = FakeJournal()
-        self.inv = type("Inv", (), {"describe": lambda _self: f"{name} (root@192.0.2.1:22)"})()
+        self.inv = type(
+            "Inv",
+            (),
+            {"describe": lambda _self: f"{name} (root@192.0.2.1:22)", "workdir_root": "/var/tmp/tunnelbench"},
+        )()
         self.made: list[str] = []
 
     def connect(self) -> None:
@@ -40,13 +44,19 @@ class FakeHost:
         self.made.append(str(self.workdir))
 
     def run(self, argv, **_kw):
+        if argv[:2] == ["sh", "-c"] and "TB-TAKEN" in argv[2]:  # the host's lock: free
+            return type("R", (), {"stdout": "TB-TAKEN\n"})()
         return type("R", (), {"stdout": "1: lo: <LOOPBACK>\n2: eth0: <UP>\n"})()
+
+
+RUN = "20261128-000000-tbunit"
 
 
 def lab_of(hosts: list[FakeHost]) -> SshLab:
     lab = SshLab.__new__(SshLab)
     lab.hosts, lab.router, lab.relays, lab.control = hosts, None, [], None  # type: ignore[assignment]
     lab._entries, lab.tag = {}, "tbunit"
+    lab.journal = type("J", (), {"run_id": RUN})()  # type: ignore[assignment]
     return lab
 
 
@@ -59,6 +69,7 @@ def test_every_host_is_connected_and_prepared_at_once():
         assert h.made == [str(h.workdir)] and h.preexisting_links == frozenset({"lo", "eth0"})
         assert h.journal.entries == [
             {"kind": "remote_dir", "path": str(h.workdir)},
+            {"kind": "ssh_lab_lock", "path": "/var/tmp/tunnelbench/lab.lock", "run_id": RUN},
             {"kind": "link_prefix", "prefix": "tbunit"},
         ]
 

@@ -103,7 +103,6 @@ def install(
     first) and replaced when they differ, the VPNs' kernel features loaded and tried, the lab's tools, the
     clock looked at; a second run changes nothing."""
     from tunnelbench.catalog import DRIVERS, resolve
-    from tunnelbench.vpns.install import cache_root, install_source
 
     if for_scenario is not None:
         from tunnelbench.scenario import ScenarioError, load_scenario
@@ -136,6 +135,16 @@ def install(
             sys.exit(2)
         sys.exit(_install_inventory(inventory, insecure, [n for n in names if n not in bad]) or bool(bad))
     need_root()
+    from tunnelbench.builds import building
+
+    with building(err):  # one writer of the cache: a second install (or a run's first use) waits for this one
+        sys.exit(_install_here(names, bad, force))
+
+
+def _install_here(names: list[str], bad: list[str], force: bool) -> int:
+    from tunnelbench.catalog import resolve
+    from tunnelbench.vpns.install import cache_root, install_source
+
     logdir = cache_root() / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     t = Table(title="tunnelbench install", title_justify="left")
@@ -159,7 +168,7 @@ def install(
             detail = r.detail + (f" (log: {logdir / (src.name + '.log')})" if r.status == "failed" else "")
             t.add_row(n, r.source, f"[{colour}]{r.status}[/]", f"{r.seconds:.0f}", detail)
     console.print(t)
-    sys.exit(1 if failed else 0)
+    return 1 if failed else 0
 
 
 def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:

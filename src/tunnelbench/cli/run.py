@@ -187,19 +187,23 @@ def _execute(
 
 
 def _before_run(sc: Scenario, first_use: bool, results: Path | None = None) -> LabLock | None:
-    """A results root another user can write is refused (core/files.py: exit 2, nothing ran), then root, the
-    first-use builds (a namespace lab), then this machine's lab lock (before the run folder exists); over SSH
-    the hosts need root, not the controller."""
+    """A results root another user can write is refused (core/files.py: exit 2, nothing ran). A namespace
+    lab: root, this machine's lab lock (before the run folder exists, and before the first-use builds: a run
+    that holds the lab must not find its cache changing), then those builds (under the build lock too). Over
+    SSH the hosts need root, not the controller, and each host's own lock is taken when the lab is built
+    (lab/ssh_lab.py)."""
     root = results or Path(sc.run.results_dir)
     if root.exists():
         check_private_folder(root)
-    if sc.lab.backend != "ssh":
-        need_root()
-        if first_use:
-            from tunnelbench.builds import first_use as build_first_use
+    if sc.lab.backend == "ssh":
+        return None
+    need_root()
+    lock = hold_lab("run")
+    if first_use:
+        from tunnelbench.builds import first_use as build_first_use
 
-            build_first_use(sc, err)
-    return hold_lab("run") if sc.lab.backend == "netns" else None
+        build_first_use(sc, err)
+    return lock
 
 
 def _run_suite(
@@ -274,7 +278,8 @@ def _run_suite(
 )
 def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, results: Path) -> None:
     """How long a scenario takes here: cases per VPN and workload, seconds per case from earlier runs on this
-    machine (else the workload's declared upper bound), and the total, before anything runs."""
+    machine of the same parameters (or scaled from other parameters), else the workload's typical time from
+    its parameters, each marked with its source, and the total, before anything runs."""
     from tunnelbench.scenario import ScenarioError, load_scenario, with_overrides
     from tunnelbench.suite import load_suite, suite_parts
 
@@ -301,6 +306,7 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
     except ScenarioError as e:
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
+    _probe_under_the_lab_lock()
     total = 0.0
     for _part, sc, _text, _over in parts:
         total += _print_plan(sc, results)
@@ -313,17 +319,44 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
         )
 
 
+def _probe_under_the_lab_lock() -> None:
+    """plan asks the kernel which VPNs can run, and that probe changes the machine (a scratch namespace,
+    tunnel devices, modules loaded), so it runs under the lab lock. When another process holds the lab, none
+    runs: this boot's last probe is read instead, or the kernel is not probed (every VPN counted), said."""
+    from tunnelbench.lab import kernel
+    from tunnelbench.lab.lock import LabBusy, LabLock
+
+    try:
+        lock = LabLock("plan").acquire()
+    except LabBusy as e:
+        kernel.hold_probes("the lab is busy")
+        console.print(
+            Text(
+                f"{str(e).split('. ')[0]}: the kernel is not probed now (the probe makes a namespace and loads "
+                "modules); VPN availability is this boot's last probe, or not known (then every VPN is counted)",
+                style="yellow",
+            )
+        )
+        return
+    except OSError:  # not root: no lock to take, and the probe can change nothing either
+        return
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(lock.release)
+
+
 def _print_plan(sc: Scenario, results: Path) -> float:
     from tunnelbench.builds import vpn_installs
     from tunnelbench.catalog import resolve
+    from tunnelbench.lab.kernel import NOT_PROBED
     from tunnelbench.plan import make_plan
 
     installs = vpn_installs(sc)
     first_use = {vpn for vpn, _ in installs}
 
-    def available(vpn: str) -> str | None:  # a VPN the run installs first is counted
+    def available(vpn: str) -> str | None:  # a VPN the run installs first, or the kernel was not asked about
         a = resolve(vpn).availability()
-        return None if a.ok or vpn in first_use else a.reason
+        return None if a.ok or vpn in first_use or NOT_PROBED in (a.reason or "") else a.reason
 
     p = make_plan(sc, results, available)
     t = Table(
@@ -354,8 +387,13 @@ def _print_plan(sc: Scenario, results: Path) -> float:
         console.print(
             Text(f"will build {b.name} first, for {b.why} ({took}; not in the total)", style="yellow")
         )
+    sources: dict[str, list[str]] = {}
+    for vpn, came in p.sessions_from.items():
+        sources.setdefault(came, []).append(vpn)
+    said = "; ".join(f"{came}: {', '.join(vpns)}" for came, vpns in sources.items())
+    drift = f"; drift references {p.drift_s / 60:.1f} min" if p.drift_s else ""
     console.print(
-        f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min; "
+        f"{p.cases} cases; mesh start-ups and teardowns {p.sessions_s / 60:.1f} min ({said}){drift}; "
         f"total about {p.seconds / 60:.0f} min ({p.seconds / 3600:.1f} h)"
     )
     return p.seconds

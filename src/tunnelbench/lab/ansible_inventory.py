@@ -1,5 +1,11 @@
-"""An inventory read by Ansible itself: its inventory plugins (INI, YAML, host ranges, scripts), its
-variable manager (group_vars/ and host_vars/ beside the file, Ansible's precedence) and its templating.
+"""An inventory read by Ansible itself: its INI and YAML inventory plugins (host ranges included) and its
+variable manager (group_vars/ and host_vars/ beside the file, Ansible's precedence).
+
+An inventory is code to Ansible: an executable file is run (the 'script' plugin), a YAML file naming a plugin
+loads it ('auto'), and a value such as "{{ lookup('pipe', CMD) }}" runs CMD when it is templated. So only
+the two plugins the product documents are enabled, here and in every Ansible process it starts
+(`ansible_env`), and values are read as written: one Ansible would template is refused, naming the host and
+the variable, never rendered.
 
 Ansible is imported here only, on first use (it costs ~1 s), and what it prints is collected instead: a
 source no plugin could parse becomes one error naming the plugin that fits the file and its reason."""
@@ -8,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +26,67 @@ class AnsibleInventoryError(ValueError):
     pass
 
 
+# Ansible's default list adds 'script' (runs an executable file), 'auto' (loads whatever plugin a YAML file
+# names: 'constructed' templates), 'host_list' and 'toml'
+ENABLED_PLUGINS = ("ini", "yaml")
+
+
+def ansible_env() -> dict[str, str]:
+    """The environment of an Ansible process the product starts: the same plugins, and a source none of
+    them parses is an error (Ansible's default goes on with an empty inventory)."""
+    return {
+        "ANSIBLE_INVENTORY_ENABLED": ",".join(ENABLED_PLUGINS),
+        "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
+    }
+
+
+@contextlib.contextmanager
+def _documented_plugins_only() -> Iterator[None]:
+    """Ansible reads its configuration into module constants once, at import; the manager looks this one
+    up on every parse."""
+    from ansible import constants
+
+    saved = constants.INVENTORY_ENABLED
+    constants.INVENTORY_ENABLED = list(ENABLED_PLUGINS)
+    try:
+        yield
+    finally:
+        constants.INVENTORY_ENABLED = saved
+
+
+def _refuse_script(path: Path) -> None:
+    """A file starting with #! is an inventory script: Ansible's default runs it, the ini plugin would
+    fail on it with a line number; say what it is."""
+    try:
+        with path.open("rb") as f:
+            script = f.read(2) == b"#!"
+    except OSError:
+        return  # Ansible names an unreadable source
+    if script:
+        raise AnsibleInventoryError(
+            "an executable inventory (a script, it starts with #!) is never run by tunnelbench: only "
+            f"Ansible's {' and '.join(p.upper() for p in ENABLED_PLUGINS)} inventory plugins are enabled; give an INI or "
+            "YAML file (e.g. the hosts and variables the script prints, written as YAML)"
+        )
+
+
+def _native(value: Any) -> Any:
+    """Ansible's tagged containers and strings as plain Python values."""
+    if isinstance(value, bool | int | float) or value is None:
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {_native(k): _native(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_native(v) for v in value]
+    return value
+
+
 @dataclass
 class AnsibleHost:
     name: str
-    vars: dict[str, Any]  # the inventory's ansible_* and tunnelbench_* variables, templated
+    vars: dict[str, Any]  # the inventory's ansible_* and tunnelbench_* variables, as written
     groups: set[str]  # every group the host is in, parents included
 
 
@@ -90,9 +153,11 @@ def read(path: Path) -> tuple[list[AnsibleHost], list[str]]:
     from ansible.template import Templar
     from ansible.vars.manager import VariableManager
 
+    if path.is_file():
+        _refuse_script(path)
     source = str(path.resolve())  # Ansible records the sources it parsed by absolute path
     notes: list[tuple[str, str]] = []
-    with _collected_warnings(notes):
+    with _collected_warnings(notes), _documented_plugins_only():
         loader = DataLoader()
         try:
             inventory = InventoryManager(loader=loader, sources=[source])
@@ -102,17 +167,19 @@ def read(path: Path) -> tuple[list[AnsibleHost], list[str]]:
         if source not in inventory._inventory.processed_sources:
             raise AnsibleInventoryError(_failure(path, notes))
         manager = VariableManager(loader=loader, inventory=inventory)
+        templar = Templar(loader=loader)
         hosts = []
         for host in inventory.get_hosts():
-            every = manager.get_vars(host=host, include_hostvars=False)
-            templar = Templar(loader=loader, variables=every)
+            every = manager.get_vars(host=host, include_hostvars=False)  # as written: nothing templated
             values: dict[str, Any] = {}
             for key in filter(_wanted, every):
-                try:
-                    values[key] = templar.template(every[key])
-                except AnsibleError as e:
-                    first = str(e).splitlines()[0]
-                    raise AnsibleInventoryError(f"host {host.name}: {key}: {first}") from None
+                if templar.is_template(every[key]):  # Ansible's own test (a !unsafe value is not one)
+                    raise AnsibleInventoryError(
+                        f"host {host.name}: {key} is an Ansible template ({every[key]!r}): tunnelbench reads "
+                        "inventory values as written and never renders one (a template can run commands on "
+                        "this machine); write the value itself"
+                    )
+                values[key] = _native(every[key])
             hosts.append(AnsibleHost(str(host.name), values, {str(g.name) for g in host.get_groups()}))
     return hosts, [m for m, c in notes if not c]
 

@@ -1,5 +1,5 @@
 """The real hosts of the SSH lab, from an Ansible inventory read by Ansible itself (INI or YAML, host
-ranges such as edge-[1:3], group_vars/ and host_vars/ beside the file, templated values), so one file
+ranges such as edge-[1:3], group_vars/ and host_vars/ beside the file; a templated value is refused), so one file
 serves both tools:
 
     [peers]                       # VPN peers; the scenario's h1, h2, ... in this order

@@ -3,15 +3,23 @@ the machine that will run it (this one, or an SSH host), never guessed from a ve
 
 One shell script does every probe in one round trip (it matters over SSH) and prints a line per feature:
 `feature<TAB>ok` or `feature<TAB>the kernel's error`. The scratch namespace carries the run prefix, so
-`tunnelbench clean` removes it if the probe is killed half-way."""
+`tunnelbench clean` removes it if the probe is killed half-way.
+
+The probe changes the machine (a namespace, tunnel devices, modules loaded: GRE's brings gre0 into every
+namespace), so on this machine it runs only where no other process's lab can be disturbed: a command that does
+not hold the lab lock (`plan`) says so with `hold_probes`, and then gets this boot's last probe record (each
+local probe is kept beside the lab lock), or "not probed"."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
+from tunnelbench.lab import journal
 from tunnelbench.lab.tags import TAG_PREFIX
 
 # addresses inside the scratch namespace only: tunnels are created, never brought up (two tunnels of one
@@ -124,14 +132,57 @@ def _local(argv: list[str]) -> str:
 
 
 _CACHE: dict[str, dict[str, str | None]] = {}
+NOT_PROBED = "not probed"
+_held: list[str] = []  # why this process may not probe this machine now (hold_probes)
+
+
+def hold_probes(why: str) -> None:
+    """This process must not probe this machine (another process holds the lab: `why`)."""
+    _held[:] = [why]
+
+
+def _record_path() -> Path:
+    """Beside the lab lock (/run/tunnelbench.kernel.json): gone at reboot, as the record is."""
+    return journal.REGISTRY.with_name(journal.REGISTRY.name + ".kernel.json")
+
+
+def _boot() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _recorded() -> dict[str, str | None] | None:
+    """This boot's last local probe, if one was kept."""
+    try:
+        data = json.loads(_record_path().read_text())
+        got = data["features"] if data.get("boot") == _boot() else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return got if isinstance(got, dict) and set(got) == set(FEATURES) else None
+
+
+def _keep(found: dict[str, str | None]) -> None:
+    try:
+        path = _record_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"boot": _boot(), "features": found}) + "\n")
+    except OSError:
+        pass  # not root (the probe then said "cannot probe" anyway): nothing to keep
 
 
 def features(where: str = "local", run: Runner = _local) -> dict[str, str | None]:
     """Every feature of the machine `where` names ("local", or an SSH host's name, whose commands `run`
-    executes there): None when present, else why not. Probed once per machine and process."""
+    executes there): None when present, else why not. Probed once per machine and process; this machine not
+    at all while `hold_probes` says so (this boot's last probe, else NOT_PROBED with the reason)."""
     if where not in _CACHE:
+        if where == "local" and _held:
+            return _recorded() or {f: f"{NOT_PROBED}: {_held[0]}" for f in FEATURES}
         ns = f"{TAG_PREFIX}kp{secrets.token_hex(2)}"
         _CACHE[where] = parse(run(["sh", "-c", probe_script(ns)]))
+        if where == "local" and run is _local:
+            _keep(_CACHE[where])
     return _CACHE[where]
 
 

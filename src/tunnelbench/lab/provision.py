@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.lab.ansible_inventory import ansible_env
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.kernel import FEATURES, parse, probe_script
 from tunnelbench.lab.ssh_host import DEFAULT_BIN_DIR
@@ -334,6 +335,7 @@ def install_hosts(
             # pipelining: a module runs over the open connection, no temp file copied first (fewer round trips)
             envvars={
                 **env,
+                **ansible_env(),  # the INI and YAML inventory plugins only: an inventory script is not run
                 "ANSIBLE_RETRY_FILES_ENABLED": "False",
                 "ANSIBLE_NOCOLOR": "1",
                 "ANSIBLE_PIPELINING": "True",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import shlex
 import time
 from collections.abc import Iterable, Sequence
@@ -28,7 +29,8 @@ import asyncssh
 from tunnelbench.lab import host as _hostmod
 from tunnelbench.lab.host import THIS_MACHINE, BinarySource, CommandError, Host, Process, Result
 from tunnelbench.lab.inventory import InvHost
-from tunnelbench.lab.journal import Journal
+from tunnelbench.lab.journal import Journal, register_undo
+from tunnelbench.lab.lock import LabBusy, controller, holder_gone, holder_text
 from tunnelbench.lab.procstat import ProcStat, parse_stat, starttime_sh, stat_argv
 from tunnelbench.lab.ssh_transport import (
     CHANNEL_MAX_INPUT,
@@ -45,6 +47,9 @@ from tunnelbench.lab.tools import HOST_TOOLS
 REMOTE_TOOLS = HOST_TOOLS
 RECONNECT_S = 8.0  # how long a dropped connection is retried before the host counts as unreachable
 DEFAULT_BIN_DIR = "/usr/local/bin"
+# in workdir_root: the run that drives this host now (a folder, made by mkdir: atomic), its controller record
+# in `holder` (lab/lock.py's `controller`)
+LAB_LOCK = "lab.lock"
 
 
 class RemoteRun:
@@ -647,6 +652,91 @@ class SshHost(Host):
             name, _, path = line.partition(" ")
             found[name] = None if path.strip() in ("", "-") else path.strip()
         return found
+
+
+# -- one run per host ------------------------------------------------------------------------------------
+def lab_lock_path(host: SshHost) -> PurePosixPath:
+    return PurePosixPath(host.inv.workdir_root) / LAB_LOCK
+
+
+def _lock_script(lock: PurePosixPath, mine: str, replace: str | None) -> str:
+    """Take `lock` (mkdir), writing `mine` in it; `replace`: first remove a holder whose record is exactly that
+    (an ended one), in the same step. Prints TB-TAKEN, or TB-HELD and the holder's record."""
+    drop = (
+        f'[ "$(cat -- "$l/holder" 2>/dev/null)" = {shlex.quote(replace)} ] && rm -rf -- "$l"; '
+        if replace is not None
+        else ""
+    )
+    return (
+        f"set -u; umask 077; l={quote(lock)}; "
+        '[ -L "$l" ] && { echo "TB-UNSAFE $l is a symbolic link"; exit 3; }; '
+        + drop
+        + f'if mkdir -m 700 -- "$l" 2>/dev/null; then printf "%s\\n" {shlex.quote(mine)} > "$l/holder"; '
+        'echo TB-TAKEN; exit 0; fi; printf "TB-HELD "; head -c 4000 -- "$l/holder" 2>/dev/null | tr -d "\\n"; echo'
+    )
+
+
+def _held_by(out: str) -> dict[str, Any] | None:
+    """The holder's record from the lock script's answer (None: taken by us; {} when it names nobody)."""
+    for line in out.splitlines():
+        if line.startswith("TB-TAKEN"):
+            return None
+        if line.startswith("TB-HELD"):
+            try:
+                got = json.loads(line[len("TB-HELD") :].strip() or "{}")
+            except ValueError:
+                return {}
+            return got if isinstance(got, dict) else {}
+    return {}
+
+
+def take_lab_lock(host: SshHost, run_id: str) -> None:
+    """Take `host` for run `run_id` before anything is started there: journaled first (the teardown and `clean`
+    release it, only while it names this run), refused with LabBusy naming the run and controller that hold
+    it. A holder that is known to have ended (it ran on this controller and its process is gone: a killed run,
+    or the run this resumes) is replaced."""
+    lock = lab_lock_path(host)
+    mine = json.dumps(controller(run_id), sort_keys=True)
+    if host.journal is not None:
+        host.journal.add({"kind": "ssh_lab_lock", "path": str(lock), "run_id": run_id})
+    r = host.run(["sh", "-c", _lock_script(lock, mine, None)], check=False)
+    held = _held_by(r.stdout)
+    if held and holder_gone(held):
+        old = host.run(["cat", "--", str(lock / "holder")], check=False).stdout.rstrip("\n")
+        r = host.run(["sh", "-c", _lock_script(lock, mine, old)], check=False)
+        held = _held_by(r.stdout)
+    if "TB-UNSAFE" in r.stdout:
+        raise RuntimeError(f"{host.name} ({host.inv.describe()}): unsafe lock: {r.stdout.strip()[10:]}")
+    if held is not None:
+        who = holder_text(held)
+        raise LabBusy(
+            f"{host.name} ({host.inv.describe()}) is in use by {who}: one run at a time drives a host (two "
+            f"would share its ports, interfaces and CPU). Wait for it to end; if that run is gone (its "
+            f"controller died), `tunnelbench clean --inventory INVENTORY` on {held.get('controller', 'it')} "
+            f"releases the host, or remove {lock} there"
+        )
+
+
+def _release_lab_lock(host: Host, e: dict[str, Any]) -> str | None:
+    """The teardown's and `clean`'s undo of a host lock: removed only while it still names this entry's run."""
+    lock = PurePosixPath(e["path"])
+    if lock.name != LAB_LOCK:
+        return None  # not a lock this code made
+    text = host.run(["cat", "--", str(lock / "holder")], check=False).stdout.rstrip("\n")
+    try:
+        holder = json.loads(text) if text else {}
+    except ValueError:
+        return None
+    if not isinstance(holder, dict) or holder.get("run_id") != e.get("run_id"):
+        return None  # another run's (ours was refused, or replaced once ours ended)
+    script = (
+        f'l={quote(lock)}; [ "$(cat -- "$l/holder" 2>/dev/null)" = {shlex.quote(text)} ] && rm -rf -- "$l"'
+    )
+    host.run(["sh", "-c", script], check=False)
+    return f"lock {lock} of run {e.get('run_id')}"
+
+
+register_undo("ssh_lab_lock", _release_lab_lock)
 
 
 def kill_script(pid: int, start: int | None, sig: int) -> str:

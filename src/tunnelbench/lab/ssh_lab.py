@@ -1,5 +1,6 @@
-"""The SSH lab: an inventory's machines as the lab's hosts (lab/ssh_host.py), their remote work folders, the
-off-lab guard's counters on each, and a teardown that undoes what the run journaled (lab/ssh_undo.py).
+"""The SSH lab: an inventory's machines as the lab's hosts (lab/ssh_host.py), their remote work folders, each
+host's lock (one run drives a host at a time: taken before anything runs there, released by the teardown),
+the off-lab guard's counters on each, and a teardown that undoes what the run journaled (lab/ssh_undo.py).
 Where impairment goes on these hosts is impair/placement.py's business, the doctor's checks over SSH
 doctor.py's: this module only runs commands and undoes."""
 
@@ -18,7 +19,7 @@ from tunnelbench.lab.counters import nft_counter
 from tunnelbench.lab.host import THIS_MACHINE, CommandError, Host
 from tunnelbench.lab.inventory import Inventory, InvHost
 from tunnelbench.lab.journal import Journal, read_open_entries
-from tunnelbench.lab.ssh_host import REMOTE_TOOLS, SshHost
+from tunnelbench.lab.ssh_host import REMOTE_TOOLS, SshHost, take_lab_lock
 from tunnelbench.lab.ssh_transport import SshError
 from tunnelbench.lab.ssh_undo import undo_entries
 
@@ -126,7 +127,8 @@ class SshLab:
         ents = self._entries[h.name]
         # journal first: clean finds half-made ones
         ents.append(h.journal.add({"kind": "remote_dir", "path": str(h.workdir)}))
-        h.make_workdir()
+        h.make_workdir()  # workdir_root checked: no one else can plant the lock there
+        take_lab_lock(h, self.journal.run_id)  # before anything runs there; the teardown releases it
         ents.append(h.journal.add({"kind": "link_prefix", "prefix": self.tag}))
         links = h.run(["ip", "-o", "link", "show"]).stdout
         h.preexisting_links = frozenset(

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from tunnelbench.analysis.analyze import load_run
 from tunnelbench.analysis.outcome import NOTHING_MEASURED, judge_store, suite_code
-from tunnelbench.lab.lock import LabLock
+from tunnelbench.lab.lock import LabBusy, LabLock, RunLock
 from tunnelbench.report.html import write_html
 from tunnelbench.report.terminal import print_summary, security_table
 from tunnelbench.runner.case import Interrupted
@@ -57,8 +57,25 @@ def execute(
 ) -> Executed:
     """Run one scenario to the end, print its summary, write its report. ResumeError (the run folder cannot be
     continued) is raised before anything runs; `lock`, the lab lock the caller holds, is released once the lab
-    is gone."""
+    is gone. The run folder's own lock is held from before anything is written there to the end: a second
+    process on it (a `--resume` while the run goes on, two resumes) is refused with exit 2, naming the first."""
     runner = Runner(sc, text, err, results, overrides=overrides, resume=plan)
+    try:
+        folder = RunLock(runner.run_dir, "run --resume" if plan else "run").acquire()
+    except LabBusy as e:
+        if lock is not None:
+            lock.release()
+        err.print(Text(str(e), style="red"))
+        return Executed(2, runner.run_dir, runner.run_id)
+    try:
+        return _execute(runner, plan, html, console, err, lock)
+    finally:
+        folder.release()
+
+
+def _execute(
+    runner: Runner, plan: ResumePlan | None, html: bool, console: Console, err: Console, lock: LabLock | None
+) -> Executed:
     if lock is not None:
         lock.describe(runner.run_id, runner.run_dir)
     err.print(Text(f"{'resuming run' if plan else 'run'} {runner.run_id} -> {runner.run_dir}"))

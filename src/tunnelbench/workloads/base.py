@@ -19,6 +19,12 @@ from tunnelbench.vpns.mesh import Mesh
 
 __all__ = ["CaseContext", "NotApplicable", "Params", "Workload", "WorkloadError"]
 
+# Typical, not bounds (`Workload.typical_seconds`), measured in the namespace lab on a shared 2-CPU machine
+# (runs 20261128-165704-tba4bb and 20261128-165852-tb1159: `run default --vpn internal,wireguard-go -n 2`, and
+# connect + tcp 8 s for the default's five VPNs):
+TOOL_START_S = 0.05  # one measuring tool's start, set-up and exit: iperf3 -t 1 probes took 1.03-1.08 s
+PING_LAG_S = 0.005  # ping -i I sends every I + this: 50 requests at -i 0.02 were spaced 25.2 ms apart
+
 
 class NotApplicable(WorkloadError):
     """The workload does not apply to this VPN (e.g. control_loss without a central control plane): the
@@ -94,6 +100,14 @@ class Workload(ABC):
     @abstractmethod
     def expected_seconds(self) -> float:
         """How long one case should take when all is well (the case timeout is derived from it)."""
+
+    def typical_seconds(self, cases: int = 1) -> float | None:
+        """How long one case typically takes, from the parameters (`tunnelbench plan`'s estimate when no
+        earlier run measured it; expected_seconds() is the timeout's upper bound): the mean over `cases`
+        consecutive cases of one VPN and condition (a workload that starts from its previous case's answer is
+        quicker after the first). The runner's own time per case is not in it. None: no model (the time is
+        the tunnel's, e.g. a fixed byte count); plan then takes the upper bound and says so."""
+        return None
 
     def hosts_needed(self) -> int:
         """Hosts of the VPN's mesh one case uses (client and server); `tunnelbench plan` counts a case whose VPN

@@ -33,7 +33,7 @@ from tunnelbench.core.results import Outcome, Series
 from tunnelbench.instruments import crr_agent
 from tunnelbench.instruments.common import script_argv
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
 
 CRR_PORT = 8400
 TW_REUSE = "net.ipv4.tcp_tw_reuse"
@@ -88,6 +88,9 @@ class Crr(Workload):
     def expected_seconds(self) -> float:
         p = self.params
         return p.duration_s + p.timeout_s + 5 + p.concurrency / 100
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        return self.params.duration_s + TOOL_START_S
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params

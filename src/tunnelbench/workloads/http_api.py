@@ -23,7 +23,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.instruments.common import add_percentiles, tool_on
 from tunnelbench.instruments.nginx import make_certificate, start_nginx, stop_nginx
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
 
 API_PORT = 8081
 HEY_VERSION = "v0.1.5"
@@ -124,6 +124,9 @@ class HttpApi(Workload):
     def expected_seconds(self) -> float:
         p = self.params
         return p.count / p.rate_per_s + 5
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        return self.params.count / self.params.rate_per_s + 2 * TOOL_START_S  # nginx, then hey
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params

@@ -14,7 +14,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.instruments.common import start_iperf3
 from tunnelbench.instruments.ping import parse_ping
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
 
 LOAD_PORT = 5211
 
@@ -61,6 +61,11 @@ class LatencyLoad(Workload):
     def expected_seconds(self) -> float:
         p = self.params
         return p.idle_s + p.warmup_s + 1.25 * p.load_s + 1 + 2 * p.timeout_s
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        """Idle pings, then the load's fixed length (it outlasts the loaded pings): see run()."""
+        p = self.params
+        return p.idle_s + p.warmup_s + 1.25 * p.load_s + 1 + 2 * TOOL_START_S
 
     def _ping(
         self, ctx: CaseContext, seconds: float, name: str, spacing_s: float | None = None

@@ -27,7 +27,14 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments.common import add_percentiles
 from tunnelbench.instruments.nginx import start_nginx, stop_nginx
-from tunnelbench.workloads.base import CaseContext, NotApplicable, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import (
+    TOOL_START_S,
+    CaseContext,
+    NotApplicable,
+    Params,
+    Workload,
+    WorkloadError,
+)
 
 REST_PORT = 8082
 
@@ -83,6 +90,9 @@ class ManyClients(Workload):
 
     def expected_seconds(self) -> float:
         return self.params.duration_s + self.params.timeout_s + 5 + self.params.clients / 100
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        return self.params.duration_s + TOOL_START_S
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params

@@ -15,7 +15,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.instruments.common import Iperf3Run, start_iperf3
 from tunnelbench.lab.host import Host
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
 
 TX_PORT, RX_PORT = 5301, 5501
 
@@ -63,6 +63,9 @@ class Multihost(Workload):
 
     def expected_seconds(self) -> float:
         return self.params.duration_s + self.params.omit_s + 3
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        return self.params.duration_s + self.params.omit_s + TOOL_START_S  # every iperf3 at once
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params

@@ -20,7 +20,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments.common import interface_of, link_counters
 from tunnelbench.instruments.iperf3 import run_client
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
 
 
 class OverheadParams(Params):
@@ -77,6 +77,10 @@ class Overhead(Workload):
 
     def expected_seconds(self) -> float:
         return self.params.duration_s + self.params.small_duration_s + 4
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        p = self.params  # the bulk transfer, then the small-packet one
+        return p.duration_s + TOOL_START_S + (p.small_duration_s + TOOL_START_S if p.small_duration_s else 0)
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params

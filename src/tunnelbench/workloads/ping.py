@@ -11,7 +11,7 @@ from pydantic import Field
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.instruments.ping import parse_ping
-from tunnelbench.workloads.base import CaseContext, Params, Workload
+from tunnelbench.workloads.base import PING_LAG_S, TOOL_START_S, CaseContext, Params, Workload
 
 
 def rtt_samples(parsed: dict[str, Any], out: Outcome) -> None:
@@ -64,6 +64,9 @@ class Ping(Workload):
 
     def expected_seconds(self) -> float:
         return self.params.count * self.params.interval_s + self.params.timeout_s
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        return self.params.count * (self.params.interval_s + PING_LAG_S) + TOOL_START_S
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params

@@ -35,7 +35,7 @@ from tunnelbench.instruments.common import start_iperf3
 from tunnelbench.instruments.iperf2 import wait_udp_bound
 from tunnelbench.instruments.iperf3 import wait_listening
 from tunnelbench.lab.host import CommandError, Host, Process
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
 
 RR_PORT = 11111  # sockperf's default
 LOAD_PORT = 5213
@@ -195,6 +195,10 @@ class Rr(Workload):
     def expected_seconds(self) -> float:
         sockperf = self.params.duration_s + SOCKPERF_PAUSE_S + 2
         return max(sockperf, self.load_seconds() + 1) if self.params.load == "tcp" else sockperf
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        sockperf = self.params.duration_s + SOCKPERF_PAUSE_S + TOOL_START_S
+        return max(sockperf, self.load_seconds()) if self.params.load == "tcp" else sockperf
 
     def load_seconds(self) -> int:
         """The bulk stream outlasts sockperf's run (its pause, -t and the client's start-up and exit)."""

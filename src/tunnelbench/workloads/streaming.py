@@ -25,7 +25,7 @@ from tunnelbench.core.results import Outcome
 from tunnelbench.instruments import stream_agent
 from tunnelbench.instruments.common import script_argv
 from tunnelbench.lab.host import Host
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
 
 RIST_PORT = 8200  # even: RIST uses the port and the next one
 SRC_PORT, SINK_PORT = 8300, 8310
@@ -78,6 +78,9 @@ class Streaming(Workload):
 
     def expected_seconds(self) -> float:
         return self.params.duration_s + self.params.playout_ms / 1000 + 5
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        return self.params.duration_s + self.params.playout_ms / 1000 + TOOL_START_S
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params

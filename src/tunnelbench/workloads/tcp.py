@@ -22,7 +22,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments import iperf2
 from tunnelbench.instruments.iperf3 import parse_tcp, run_client
-from tunnelbench.workloads.base import CaseContext, Params, Workload
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload
 
 TCP_METRICS = (
     MetricSpec("goodput_mbps", "Mbit/s", "higher", "application goodput at the receiver"),
@@ -108,6 +108,10 @@ class Tcp(Workload):
         if p.bytes:
             return byte_count(p.bytes) * 8 / (BYTES_FLOOR_MBPS * 1e6) + 2
         return p.duration_s + p.omit_s + 1
+
+    def typical_seconds(self, cases: int = 1) -> float | None:
+        p = self.params
+        return None if p.bytes else p.omit_s + p.duration_s + TOOL_START_S
 
     def run(self, ctx: CaseContext) -> Outcome:
         if self.params.engine == "iperf2":

@@ -19,7 +19,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments import iperf2
 from tunnelbench.instruments.iperf3 import parse_udp, run_client
-from tunnelbench.workloads.base import CaseContext, Workload
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Workload
 from tunnelbench.workloads.tcp import EngineParams, byte_count
 
 UNLIMITED_IPERF2 = "100g"  # iperf2 -b 0 is an error; this rate's gap between datagrams is ~0.1 us
@@ -89,6 +89,9 @@ class Udp(Workload):
             )
             return byte_count(p.bytes) * 8 / rate + 2
         return p.duration_s + 1
+
+    def typical_seconds(self, cases: int = 1) -> float | None:
+        return None if self.params.bytes else self.params.duration_s + TOOL_START_S
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params

@@ -35,7 +35,7 @@ from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.instruments.common import start_iperf3
 from tunnelbench.instruments.iperf3 import PORT, parse_udp, run_client
-from tunnelbench.workloads.base import CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
 
 # seconds one iperf3 run takes beyond -t (server spawn, listen wait, control connection, results exchange);
 # measured 0.3-0.6 s on a shared 2-core machine, 1.5 s keeps expected_seconds() an upper bound
@@ -353,6 +353,29 @@ class UdpCeiling(Workload):
         p = self.params
         one = p.step_s + PROBE_OVERHEAD_S
         return min(p.budget_s + one, (p.max_probes + MAX_MTU_RETRIES) * one) + PROBE_OVERHEAD_S
+
+    def typical_seconds(self, cases: int = 1) -> float:
+        """The probe-count model of search_ceiling. A cold search brackets the ceiling in two rates
+        (start_mbit, then one doubling or halving past it) and bisects that factor of 2 down to
+        resolution_pct; a warm one (every case after the first, with warm_start) tries the previous ceiling
+        and two galloping steps up (x s, x s^2, s = 1 + 2 x resolution_pct), then bisects s^2. About half the
+        rates pass (repeats probes each), the others fail at their first probe. Capped as run() caps it."""
+        p = self.params
+        res = 1 + p.resolution_pct / 100
+
+        def bisections(ratio: float) -> int:  # each halves the bracket's log; until it is within res
+            return math.ceil(math.log2(math.log(ratio) / math.log(res))) if ratio > res else 0
+
+        def seconds(rates: int) -> float:
+            probes = min(p.max_probes, (rates + 1) // 2 * p.repeats + rates // 2)
+            return min(p.budget_s + p.step_s, probes * (p.step_s + TOOL_START_S))
+
+        s = 1 + 2 * p.resolution_pct / 100
+        cold = seconds(2 + bisections(2.0))
+        if not p.warm_start or cases < 2:
+            return cold
+        warm = seconds(3 + bisections(min(2.0, s * s)))
+        return (cold + (cases - 1) * warm) / cases
 
     def run(self, ctx: CaseContext) -> Outcome:
         p = self.params
