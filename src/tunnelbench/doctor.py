@@ -301,10 +301,26 @@ def run_doctor() -> list[Check]:
     for tool, what in TOOLS.items():
         path = shutil.which(tool)
         checks.append(Check("tools", tool, path is not None, path or "missing", what))
+    checks.append(machine_load())
     if root and shutil.which("ip"):
         checks += _probe_kernel()
         checks += tunnel_checks()
     return checks + vpn_and_workload_checks()
+
+
+def machine_load(seconds: float = 1.0) -> Check:
+    """What else takes this machine's CPUs now (lab/interference.py), against the runs' default line: a busy
+    machine is said before a run, not found out in its numbers."""
+    from tunnelbench.lab.interference import DISTURBED_PCT, quick_reading
+
+    r = quick_reading(seconds)
+    return Check(
+        "system",
+        "machine load",
+        not r.disturbed(DISTURBED_PCT),
+        f"{r.text('this machine’s')} over {seconds:.0f} s",
+        f"cases measured while {DISTURBED_PCT:.0f}% or more is taken are measured again or labelled disturbed",
+    )
 
 
 # -- doctor --inventory: the same checks on each SSH host, plus clock, CPU and NICs --------------------------

@@ -162,7 +162,9 @@ def test_analysis_and_report_of_a_synthetic_run(tmp_path):
     assert a.variants == ["internal", "fastvpn", "slowvpn"]
     f = a.family("baseline", "tcp", "goodput_mbps")
     assert f is not None and f.tiering is not None
-    assert f.tiering.groups() == [["internal"], ["fastvpn"], ["slowvpn"]]  # 8 vs 8, clearly apart
+    # tiers among the VPNs (8 vs 8, clearly apart); the no-VPN baseline is the reference, shown first, untiered
+    assert f.tiering.groups() == [["fastvpn"], ["slowvpn"]]
+    assert f.order() == ["internal", "fastvpn", "slowvpn"] and f.tier_of("internal") is None
     g = a.groups[("fastvpn", "baseline", "tcp", "goodput_mbps")]
     assert g.ratio is not None and g.ratio[1] < 0.45 < g.ratio[2] and g.desc.n == 8
     # a difference to another reading (loaded minus idle) gets no "x times the baseline"; the RTT does

@@ -107,6 +107,11 @@ class RunData:
     specs: dict[tuple[str, str], tuple[MetricSpec, int]] = field(default_factory=dict)
 
     @functools.cached_property
+    def alone(self) -> Analysis:
+        """This run analysed on its own, once (compare and history read its groups)."""
+        return analyze([self])
+
+    @functools.cached_property
     def records(self) -> Records:
         """The run's recorded facts (calibration, engine tax, key hygiene, drift), read once."""
         return Records.of(self.env)

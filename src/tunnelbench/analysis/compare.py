@@ -9,7 +9,13 @@ A change is a *regression* (and makes `tunnelbench compare` exit 1) when all of 
     compared groups of the same metric;
   - the whole bootstrap 95% CI of the relative change of the median lies beyond the threshold in the
     metric's bad direction (below -threshold for "higher is better", above +threshold for "lower").
-So a flag means "we are confident B is worse than A by more than the threshold", not "B's median is lower"."""
+So a flag means "we are confident B is worse than A by more than the threshold", not "B's median is lower".
+
+Two runs share no rounds, so A and B are compared unpaired (within a run, VPNs are compared within rounds:
+analysis/blocked.py). The samples are the analysis' own (analysis/analyze.py): a repetition something outside
+the lab disturbed, or whose traffic took another path, is left out as the run's report leaves it out, and a
+group whose cell is disturbed or off-path in either run is shown but never gated (its numbers say what the
+machine or the path did, not the release)."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import numpy as np
 
 from tunnelbench.analysis.analyze import RATIO_UNITS, RunData, is_headline, metric_spec
 from tunnelbench.analysis.stats import ALPHA, cliffs_delta, holm, mann_whitney, min_attainable_p, ratio_ci
+from tunnelbench.analysis.verdict import DISTURBED, OFF_PATH
 
 DEFAULT_THRESHOLD_PCT = 10.0
 # pass/fail security checks (metric -> its passing value): no distribution to test, a pass in A that fails in B
@@ -50,6 +57,7 @@ class Change:
     p_holm: float = float("nan")
     cliffs_delta: float = float("nan")  # B vs A
     verdict: str = ""
+    limited: str = ""  # "A disturbed", "B off-path", ...: the group is shown, not gated
 
     @property
     def significant(self) -> bool:
@@ -98,17 +106,23 @@ class Comparison:
         }
 
 
-def _samples(run: RunData) -> tuple[dict[tuple[str, str, str, str], list[float]], dict[str, tuple[str, str]]]:
-    ok = {c.id: c for c in run.cases if c.status == "ok"}
-    out: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
+Key = tuple[str, str, str, str]  # (vpn, profile, label, metric)
+UNGATED_KINDS = (DISTURBED, OFF_PATH)
+
+
+def _samples(run: RunData) -> tuple[dict[Key, list[float]], dict[str, tuple[str, str]], dict[Key, str]]:
+    """The run's samples per group as its analysis has them, each metric's (unit, workload), and the groups
+    whose cell is disturbed or off-path (their verdict kind)."""
+    out: dict[Key, list[float]] = {}
     info: dict[str, tuple[str, str]] = {}  # metric -> (unit, workload)
-    for m in run.metrics:
-        c = ok.get(m["case_id"])
-        if c is None or m["host"] is not None:
-            continue
-        out[(c.vpn, c.profile, c.label, m["name"])].append(m["value"])
-        info[m["name"]] = (m["unit"], c.workload)
-    return out, info
+    limited: dict[Key, str] = {}
+    for g in run.alone.groups.values():
+        k = (g.vpn, g.profile, g.label, g.metric)
+        out[k] = list(g.values)
+        info[g.metric] = (g.unit, g.workload)
+        if g.verdict.kind in UNGATED_KINDS:
+            limited[k] = g.verdict.kind
+    return out, info, limited
 
 
 def default_gated(workload: str, metric: str, unit: str, run: RunData | None = None) -> bool:
@@ -125,10 +139,11 @@ def compare_runs(
 ) -> Comparison:
     """Compare run B against run A. `metrics` restricts the comparison (and the gate) to these metrics;
     `vpn_map` renames A's VPNs to B's (e.g. to compare two drivers) before matching."""
-    sa, info_a = _samples(a)
-    sb, info_b = _samples(b)
+    sa, info_a, lim_a = _samples(a)
+    sb, info_b, lim_b = _samples(b)
     if vpn_map:
         sa = {(vpn_map.get(k[0], k[0]), *k[1:]): v for k, v in sa.items()}
+        lim_a = {(vpn_map.get(k[0], k[0]), *k[1:]): v for k, v in lim_a.items()}
     info = {**info_a, **info_b}
     keys = [k for k in sa if k in sb and (not metrics or k[3] in metrics)]
     changes: list[Change] = []
@@ -161,6 +176,9 @@ def compare_runs(
                 (hi - 1) * 100,
                 p,
                 cliffs_delta=cliffs_delta(xb, xa),
+                limited=", ".join(
+                    f"{side} {kind}" for side, lim in (("A", lim_a), ("B", lim_b)) if (kind := lim.get(k))
+                ),
             )
         )
     # Holm within each metric: the family of all matched groups of that metric
@@ -220,6 +238,8 @@ def _security_b(
 def _verdict(c: Change, thr: float) -> str:
     if any(math.isnan(x) for x in (c.change_pct, c.ci_lo_pct, c.ci_hi_pct)):
         return "n/a"
+    if c.limited:
+        return f"not judged ({c.limited})"
     if not c.significant:
         return "no significant change"
     lo, hi = c.ci_lo_pct / 100, c.ci_hi_pct / 100

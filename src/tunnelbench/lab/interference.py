@@ -78,10 +78,10 @@ class Reading:
     def top_pct(self) -> list[tuple[str, float]]:
         return [(name, self._pct(s)) for name, s in self.top]
 
-    def text(self) -> str:
+    def text(self, whose: str = "the lab's") -> str:
         """'others took 48% of the lab's 2 CPUs (stress-ng 47%, chromium 1%); steal 0%' (plain text)."""
         who = ", ".join(f"{n} {p:.0f}%" for n, p in self.top_pct()[:TOP_N] if p >= 1)
-        s = f"others took {self.other_pct:.0f}% of the lab's {self.cpus} CPU{'s' if self.cpus != 1 else ''}"
+        s = f"others took {self.other_pct:.0f}% of {whose} {self.cpus} CPU{'s' if self.cpus != 1 else ''}"
         s += f" ({who})" if who else ""
         if self.steal_s > 0:
             s += f"; steal {self.steal_pct:.0f}%"

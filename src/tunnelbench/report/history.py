@@ -179,7 +179,7 @@ def build_history(
     trends: dict[tuple[str, str, str], Trend] = {}
     vpn_seen: list[str] = []
     for r in runs:
-        s, info = samples[r.run_id]
+        s, info, _limited = samples[r.run_id]
         for (vpn, profile, label, metric), vals in s.items():
             unit, workload = info[metric]
             if (vpns and vpn not in vpns) or not _wanted(metric, workload, metrics, r) or not vals:

@@ -252,8 +252,9 @@ def print_comparison(cmp: Comparison, console: Console, show_all: bool = False) 
         title=f"compare {cmp.run_a} (A) -> {cmp.run_b} (B); threshold {cmp.threshold_pct:g}%",
         title_justify="left",
         caption=(
-            "change = median B / median A - 1 with bootstrap 95% CI; p = two-sided Mann-Whitney U, "
-            f"Holm-corrected per metric; REGRESSION = gated, p < {ALPHA} and the whole CI beyond the threshold"
+            "change = median B / median A - 1 with bootstrap 95% CI; p = two-sided Mann-Whitney U (unpaired: two "
+            f"runs share no rounds), Holm-corrected per metric; REGRESSION = gated, p < {ALPHA} and the whole CI "
+            "beyond the threshold; a group disturbed or off-path in either run is not judged"
         ),
         caption_justify="left",
     )
