@@ -61,6 +61,13 @@ class RunCfg(Strict):
     target_ci_pct: float = Field(
         5.0, gt=0, le=100, description="adaptive repetitions: CI half-width goal, % of the mean"
     )
+    time_budget_s: float | None = Field(
+        None,
+        gt=0,
+        le=30 * 86_400,
+        description="adaptive repetitions: no further round starts when the run's time so far plus one more "
+        "round (its mean so far) would pass this many seconds; the headline says where it stopped",
+    )
     keep_keys: bool = Field(
         False,
         description="keep each VPN's private keys and the configs holding them in the run folder after its mesh "

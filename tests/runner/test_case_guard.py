@@ -118,3 +118,28 @@ def test_a_resumed_run_goes_on_counting():
     cg = CaseGuard(ctx, InterferenceCfg(), None)
     cg.resume({ENV_KEY: json.dumps({"cases": 40, "disturbed": 3, "spent_s": 50.0, "mode": "label"})})
     assert (cg.tally.cases, cg.tally.disturbed, cg.tally.spent_s, cg.tally.mode) == (40, 3, 50.0, "remeasure")
+
+
+def test_adaptive_rounds_stop_at_the_time_budget(monkeypatch):
+    """run.time_budget_s: no adaptive round starts when the time so far plus the mean round would pass it."""
+    import time as _time
+
+    from tunnelbench.runner.loop import Runner
+
+    said: list[str] = []
+    env: dict[str, Any] = {}
+    fake = SimpleNamespace(
+        sc=SimpleNamespace(run=SimpleNamespace(time_budget_s=600.0)),
+        t_start=1000.0,
+        _say=lambda m, _s="": said.append(m),
+        store=SimpleNamespace(set_env=lambda _r, d: env.update(d)),
+        run_id="r",
+    )
+    monkeypatch.setattr(_time, "monotonic", lambda: 1000.0 + 500.0)  # 500 s for 6 rounds: ~83 s a round
+    assert not Runner._over_budget(fake, 7)  # type: ignore[arg-type]
+    monkeypatch.setattr(_time, "monotonic", lambda: 1000.0 + 560.0)  # 560 + 80 > 600
+    assert Runner._over_budget(fake, 8)  # type: ignore[arg-type]
+    assert "adaptive round 8 not started: 560 s so far plus a round's 80 s" in said[0]
+    assert env["run.adaptive_stopped"] == said[0]
+    fake.sc.run.time_budget_s = None
+    assert not Runner._over_budget(fake, 8)  # type: ignore[arg-type]

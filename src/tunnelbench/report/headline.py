@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunnelbench.analysis.analyze import Analysis, Family, RunData, is_baseline
+from tunnelbench.analysis.records import json_value
 from tunnelbench.analysis.stats import ALPHA, Better, Tiering
 from tunnelbench.analysis.verdict import SHORT, limited_lines
 from tunnelbench.report.fmt import num
@@ -297,6 +298,8 @@ def _problems(a: Analysis) -> list[tuple[str, str]]:
         out += _path_changes(a, r)
         out += _machine(r)
         out += _drift(r)
+        if r.env.get("run.adaptive_stopped"):
+            out.append((str(json_value(r.env["run.adaptive_stopped"])), "warn"))
     return out
 
 

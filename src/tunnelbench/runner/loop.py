@@ -434,6 +434,8 @@ class Runner:
             pending = self.schedule.adaptive_pending(self.sc.vpns, self.dead, r)
             if not pending:
                 return
+            if self._over_budget(r):
+                return
             order = [v for v in self.sc.vpns if v in pending]
             rng.shuffle(order)
             orders.append(order)
@@ -448,6 +450,24 @@ class Runner:
                 self.conditions.drift_reference(f"round {r} (adaptive)")
             for vpn in todo:
                 self._vpn_session(vpn, [r], pending[vpn])
+
+    def _over_budget(self, r: int) -> bool:
+        """Would adaptive round r pass run.time_budget_s (the time so far plus the mean round so far)? Said
+        and recorded (`run.adaptive_stopped`) when it would."""
+        budget = self.sc.run.time_budget_s
+        if budget is None:
+            return False
+        elapsed = time.monotonic() - self.t_start
+        per_round = elapsed / max(r - 1, 1)
+        if elapsed + per_round <= budget:
+            return False
+        why = (
+            f"adaptive round {r} not started: {elapsed:.0f} s so far plus a round's {per_round:.0f} s would pass "
+            f"run.time_budget_s = {budget:.0f} s; groups still short of target_ci_pct keep {r - 1} repetitions"
+        )
+        self._say(why, "yellow")
+        self.store.set_env(self.run_id, {"run.adaptive_stopped": why})
+        return True
 
     # -- one VPN -----------------------------------------------------------------------------------
     def _skip_all(self, vpn: str, reason: str, profiles: list[str]) -> None:
