@@ -13,7 +13,6 @@ driver class, as a single run's Security table does."""
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.catalog import DRIVERS
+from tunnelbench.core.userfile import UserFileError, parse_toml, read_text
 from tunnelbench.report.security import COLUMNS, NOT_RUN, NOT_SUPPORTED, security_rows, tone
 from tunnelbench.scenario import (
     Scenario,
@@ -28,6 +28,7 @@ from tunnelbench.scenario import (
     builtin_scenarios,
     load_scenario,
     override_note,
+    plain_name,
     with_overrides,
 )
 
@@ -63,14 +64,14 @@ def load_suite(path: Path | None) -> Suite | None:
         source, base = f"built-in scenario {path}", None
     else:
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = read_text(path, "scenario")
+        except UserFileError:
             return None  # load_scenario says what is wrong with the path or the text
         source, base = str(path), Path(path).resolve().parent
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        return None
+        data = parse_toml(text, source)
+    except UserFileError:
+        return None  # load_scenario says what is wrong with the text
     if "suite" not in data:
         return None
     extra = sorted(set(data) - SUITE_KEYS)
@@ -85,9 +86,14 @@ def load_suite(path: Path | None) -> Suite | None:
             f"{source}: suite: a non-empty list of scenario names or files, e.g. "
             '["security-leak", "security-acl"]'
         )
-    return Suite(
-        str(data.get("name", Path(str(path)).stem)), str(data.get("description", "")), parts, source, base
-    )
+    name = data.get("name", Path(str(path)).stem)
+    try:  # it names the merged matrix's folder beside the runs
+        if not isinstance(name, str):
+            raise ValueError(f'suite name {name!r}: a string, e.g. "security"')
+        plain_name(name, "suite", "it names the folder of the merged matrix beside the runs")
+    except ValueError as e:
+        raise ScenarioError(f"{source}: name: {e}") from None
+    return Suite(name, str(data.get("description", "")), parts, source, base)
 
 
 def capable(vpn: str, sc: Scenario) -> str | None:
@@ -167,8 +173,8 @@ def matrix_markdown(suite: Suite, runs: list[RunData], rows: list[dict[str, Any]
 
 def _scenario_name(run: RunData) -> str:
     try:
-        return str(tomllib.loads(run.run.get("scenario") or "").get("name", ""))
-    except tomllib.TOMLDecodeError:
+        return str(parse_toml(run.run.get("scenario") or "", run.run_id).get("name", ""))
+    except UserFileError:
         return ""
 
 
