@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.text import Text
 
-from tunnelbench.cli.common import OutFile, console, err, find_run, main
+from tunnelbench.cli.common import Number, OutFile, console, err, find_run, main
 
 
 @main.command()
@@ -61,7 +61,7 @@ def report(
 )
 @click.option(
     "--threshold",
-    type=float,
+    type=Number(0, 1000),
     default=10.0,
     show_default=True,
     help="flag regressions whose whole 95% CI is beyond this many percent",
@@ -126,7 +126,7 @@ def compare(
 )
 @click.option(
     "--threshold",
-    type=float,
+    type=Number(0, 1000),
     default=10.0,
     show_default=True,
     help="flag changes whose whole 95% CI is beyond this many percent (as compare)",
