@@ -21,6 +21,7 @@ from typing import Any
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.core.userfile import UserFileError, parse_toml, read_text
+from tunnelbench.report.fmt import code, md
 from tunnelbench.report.security import COLUMNS, NOT_RUN, NOT_SUPPORTED, security_rows, tone
 from tunnelbench.scenario import (
     Scenario,
@@ -153,21 +154,19 @@ def merged_rows(runs: list[RunData]) -> list[dict[str, Any]]:
 
 def matrix_markdown(suite: Suite, runs: list[RunData], rows: list[dict[str, Any]], notes: list[str]) -> str:
     lines = [
-        f"# {suite.name}: security matrix",
+        f"# {md(suite.name)}: security matrix",
         "",
-        suite.description,
+        md(suite.description),
         "",
         "Parts (each its own run folder):",
         "",
     ]
-    lines += [f"- `{r.run_id}`: {_scenario_name(r)} ({r.run_dir})" for r in runs]
-    lines += [f"- {n}" for n in notes]
+    lines += [f"- {code(r.run_id)}: {md(_scenario_name(r))} ({md(r.run_dir)})" for r in runs]
+    lines += [f"- {md(n)}" for n in notes]
     lines += ["", "| VPN | version | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---|" * len(COLUMNS)]
-    for r in rows:
-        cells = [f"{v}" + (f" <br><sub>{e}</sub>" if e else "") for v, e in r["cells"].values()]
-        lines.append(
-            f"| {r['vpn']} | {r['version']} | " + " | ".join(c.replace("|", "/") for c in cells) + " |"
-        )
+    for r in rows:  # the stored verdicts and evidence are text; the line break between them is the matrix's
+        cells = [md(v) + (f" <br><sub>{md(e)}</sub>" if e else "") for v, e in r["cells"].values()]
+        lines.append(f"| {md(r['vpn'])} | {md(r['version'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

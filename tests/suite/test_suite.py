@@ -174,3 +174,18 @@ def test_a_suite_name_that_would_put_the_matrix_outside_the_results_is_refused(t
         load_suite(f)
     f.write_text('name = "security-2"\nsuite = ["security-leak"]\n')
     assert load_suite(f).name == "security-2"  # type: ignore[union-attr]
+
+
+def test_the_matrix_markdown_holds_stored_text_as_text():
+    from tunnelbench.report.security import COLUMNS
+    from tunnelbench.suite import Suite, matrix_markdown
+
+    suite = Suite("s", "<script>alert(1)</script>", ["security-leak"], "s.toml", None)
+    cells = dict.fromkeys(COLUMNS, ("blocked", "<img src=x onerror=alert(1)> | 2"))
+    text = matrix_markdown(suite, [], [{"vpn": "<b>vpn", "version": "1|2", "cells": cells}], ["note *x*"])
+    assert "<script>" not in text and "<img" not in text and "<b>" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "- note \\*x\\*" in text
+    row = next(x for x in text.splitlines() if x.startswith("| &lt;b&gt;vpn"))
+    header = next(x for x in text.splitlines() if x.startswith("| VPN |"))
+    assert row.count("<br><sub>") == len(COLUMNS)  # the matrix's own line break, one per cell
+    assert len(re.findall(r"(?<!\\)\|", row)) == len(re.findall(r"(?<!\\)\|", header))

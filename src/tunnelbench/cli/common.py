@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 from rich.text import Text
 
 from tunnelbench import __version__
+from tunnelbench.report.fmt import Terminal
 
 if TYPE_CHECKING:
     from tunnelbench.builds import Build
@@ -23,10 +23,11 @@ if TYPE_CHECKING:
 
 
 # tables are wide: keep them readable when piped or in CI logs (rich assumes 80 columns off a terminal)
-# a pipe or a log file gets 160 columns (rich's 80 would fold every table), unless COLUMNS says otherwise
+# a pipe or a log file gets 160 columns (rich's 80 would fold every table), unless COLUMNS says otherwise.
+# Both print names as text, never markup or control codes (report/fmt.py Terminal): style is a Text's.
 _wide = not os.environ.get("COLUMNS", "").isdigit()
-console = Console() if sys.stdout.isatty() or not _wide else Console(width=160)
-err = Console(stderr=True) if sys.stderr.isatty() or not _wide else Console(stderr=True, width=160)
+console = Terminal() if sys.stdout.isatty() or not _wide else Terminal(width=160)
+err = Terminal(stderr=True) if sys.stderr.isatty() or not _wide else Terminal(stderr=True, width=160)
 
 
 class Number(click.FloatRange):
