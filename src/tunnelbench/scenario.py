@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 import typing
 from collections.abc import Mapping
 from importlib import resources
@@ -25,6 +24,7 @@ from pydantic import (
 
 from tunnelbench.catalog import DRIVERS, WORKLOADS, resolve
 from tunnelbench.core.schema import Strict
+from tunnelbench.core.userfile import UserFileError, parse_toml, read_text
 from tunnelbench.impair.profiles import PROFILES, Profile
 from tunnelbench.lab.spec import LabCfg
 from tunnelbench.vpns.base import option_problems
@@ -39,7 +39,7 @@ class RunCfg(Strict):
     repetitions: int = Field(3, ge=1, le=10_000, description="repetitions of every case")
     retries: int = Field(1, ge=0, le=5, description="retries of a failed case (daemon logs are kept)")
     case_timeout_s: float | None = Field(
-        None, gt=0, description="per-case limit; default: expected time x 2 + 30 s"
+        None, gt=0, le=86_400, description="per-case limit, up to a day; default: expected time x 2 + 30 s"
     )
     tunnel_timeout_s: float = Field(60.0, gt=0, le=3600, description="limit for a mesh to come up")
     unreachable: Literal["skip", "fail", "measure"] = Field(
@@ -80,7 +80,7 @@ class RunCfg(Strict):
         "then the next",
     )
     seed: int | None = Field(
-        None, ge=0, description="seed of the per-round VPN order; default: random, recorded"
+        None, ge=0, le=2**32 - 1, description="seed of the per-round VPN order; default: random, recorded"
     )
     drift_check_s: int = Field(
         2,
@@ -152,7 +152,7 @@ class InterferenceCfg(Strict):
     interval_s: float = Field(1.0, ge=0.1, le=10, description="how often the machine is sampled")
 
 
-CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+CPU_LIST = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")  # ASCII digits (`\d` takes any script's)
 
 
 class CpuCfg(Strict):
@@ -196,7 +196,7 @@ class CpuCfg(Strict):
             raise ValueError(
                 f'{v!r} is not a CPU list: write CPU numbers and ranges, e.g. "1", "0-2" or "0,2-3"'
             )
-        for a, b in re.findall(r"(\d+)-(\d+)", v):
+        for a, b in re.findall(r"([0-9]+)-([0-9]+)", v):
             if int(a) > int(b):
                 raise ValueError(f"{v!r}: the range {a}-{b} runs backwards; write {b}-{a}")
         return v
@@ -234,15 +234,16 @@ class ImpairCfg(Strict):
         return v
 
 
-# a name the run turns into a folder (profiles, tunings): letters, digits, '.', '_', '-', never a path
-PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# a name the run turns into a folder or shows in its report (scenario, suite, profiles, tunings): ASCII
+# letters, digits, '.', '_', '-'; never a path, markup or a control character
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def plain_name(name: str, what: str) -> str:
-    if not PLAIN_NAME.match(name) or ".." in name:
+def plain_name(name: str, what: str, why: str = "it names the run's case folders") -> str:
+    if not PLAIN_NAME.fullmatch(name) or ".." in name:
         raise ValueError(
             f"{what} name {name!r}: use a plain name (letters, digits, '.', '_', '-'; up to 64; no '..' or '/'): "
-            "it names the run's case folders"
+            + why
         )
     return name
 
@@ -332,7 +333,7 @@ class WorkloadCfg(BaseModel):
 
 
 class Scenario(Strict):
-    name: str = "unnamed"
+    name: str = Field("unnamed", description="the scenario's name: letters, digits, '.', '_', '-'")
     description: str = ""
     vpns: list[str] = Field(default_factory=lambda: ["internal"], min_length=1)
     profiles: list[str] = Field(default_factory=lambda: ["baseline"], min_length=1)
@@ -351,6 +352,11 @@ class Scenario(Strict):
         description='host sysctl tunings to run, a dimension next to profiles: "default" (= [hosts] sysctl '
         "only) or names defined under [hosts.tunings.NAME]",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return plain_name(v, "scenario", "it heads the report and names the suite's parts")
 
     @model_validator(mode="after")
     def _vpns(self) -> Scenario:
@@ -576,17 +582,24 @@ def _validate_workload_params(sc: Scenario, source: str) -> None:
                     )
                 else:
                     got = f" (got {err['input']!r})" if "input" in err else ""
-                    problems.append(f"workloads[{i}].{key}: {err['msg']}{got}")
+                    msg = err["msg"].removeprefix("Value error, ")
+                    problems.append(f"workloads[{i}].{key}: {msg}{got}")
     if problems:
-        raise ScenarioError(f"{source}: invalid scenario\n  " + "\n  ".join(problems))
+        raise ScenarioError(invalid(source, problems))
+
+
+def invalid(source: str, problems: list[str]) -> str:
+    """The error of a scenario: one problem on one line with the file, several one per line below it."""
+    if len(problems) == 1:
+        return f"{source}: invalid scenario: {problems[0]}"
+    return f"{source}: invalid scenario\n  " + "\n  ".join(problems)
 
 
 def parse_scenario(data: dict[str, Any], source: str = "scenario") -> Scenario:
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as e:
-        lines = [_explain(err, data) for err in e.errors()]
-        raise ScenarioError(f"{source}: invalid scenario\n  " + "\n  ".join(lines)) from None
+        raise ScenarioError(invalid(source, [_explain(err, data) for err in e.errors()])) from None
     _validate_workload_params(sc, source)
     return sc
 
@@ -602,28 +615,28 @@ def load_scenario(path: Path | None = None) -> tuple[Scenario, str]:
         source = f"built-in scenario {path}"
     else:
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
+            text = read_text(path, "scenario")
+        except UserFileError as e:
             hint = (
                 f" (built-in scenarios: {', '.join(builtin_scenarios())})" if not Path(path).exists() else ""
             )
-            raise ScenarioError(f"cannot read scenario {path}: {e.strerror}{hint}") from None
-        except UnicodeDecodeError as e:
-            raise ScenarioError(
-                f"{path}: not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}); a scenario is a TOML "
-                "file saved as UTF-8"
-            ) from None
+            raise ScenarioError(f"{e}{hint}") from None
         source = str(path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"{source}: not valid TOML: {e}") from None
+    data = toml_data(text, source)
     if "suite" in data:  # tunnelbench/suite.py: only `run` and `plan` take a suite
         raise ScenarioError(
             f"{source} is a suite of {len(data['suite'])} scenarios ({', '.join(data['suite'])}): "
             "`tunnelbench run` and `tunnelbench plan` take it; give one of its parts here"
         )
     return parse_scenario(data, source), text
+
+
+def toml_data(text: str, source: str) -> dict[str, Any]:
+    """A scenario's TOML as data (core/userfile.py: bad TOML and deep nesting named), or ScenarioError."""
+    try:
+        return parse_toml(text, source)
+    except UserFileError as e:
+        raise ScenarioError(str(e)) from None
 
 
 def builtin_scenarios() -> list[str]:
@@ -636,7 +649,7 @@ def builtin_scenarios() -> list[str]:
 
 def with_overrides(text: str, overrides: dict[str, Any], source: str) -> Scenario:
     """The scenario of `text` with the command-line overrides of `run` (as kept in run.overrides)."""
-    data = tomllib.loads(text)
+    data = toml_data(text, source)
     if overrides.get("inventory"):
         data.setdefault("lab", {}).update(backend="ssh", inventory=overrides["inventory"])
     if overrides.get("insecure"):

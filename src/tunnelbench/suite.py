@@ -13,7 +13,6 @@ driver class, as a single run's Security table does."""
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,6 +21,8 @@ from typing import Any
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.core.files import write_atomic
+from tunnelbench.core.userfile import UserFileError, parse_toml, read_text
+from tunnelbench.report.fmt import code, md
 from tunnelbench.report.security import COLUMNS, NOT_RUN, NOT_SUPPORTED, security_rows, tone
 from tunnelbench.scenario import (
     Scenario,
@@ -29,6 +30,7 @@ from tunnelbench.scenario import (
     builtin_scenarios,
     load_scenario,
     override_note,
+    plain_name,
     with_overrides,
 )
 
@@ -64,14 +66,14 @@ def load_suite(path: Path | None) -> Suite | None:
         source, base = f"built-in scenario {path}", None
     else:
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = read_text(path, "scenario")
+        except UserFileError:
             return None  # load_scenario says what is wrong with the path or the text
         source, base = str(path), Path(path).resolve().parent
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        return None
+        data = parse_toml(text, source)
+    except UserFileError:
+        return None  # load_scenario says what is wrong with the text
     if "suite" not in data:
         return None
     extra = sorted(set(data) - SUITE_KEYS)
@@ -86,9 +88,14 @@ def load_suite(path: Path | None) -> Suite | None:
             f"{source}: suite: a non-empty list of scenario names or files, e.g. "
             '["security-leak", "security-acl"]'
         )
-    return Suite(
-        str(data.get("name", Path(str(path)).stem)), str(data.get("description", "")), parts, source, base
-    )
+    name = data.get("name", Path(str(path)).stem)
+    try:  # it names the merged matrix's folder beside the runs
+        if not isinstance(name, str):
+            raise ValueError(f'suite name {name!r}: a string, e.g. "security"')
+        plain_name(name, "suite", "it names the folder of the merged matrix beside the runs")
+    except ValueError as e:
+        raise ScenarioError(f"{source}: name: {e}") from None
+    return Suite(name, str(data.get("description", "")), parts, source, base)
 
 
 def capable(vpn: str, sc: Scenario) -> str | None:
@@ -148,28 +155,26 @@ def merged_rows(runs: list[RunData]) -> list[dict[str, Any]]:
 
 def matrix_markdown(suite: Suite, runs: list[RunData], rows: list[dict[str, Any]], notes: list[str]) -> str:
     lines = [
-        f"# {suite.name}: security matrix",
+        f"# {md(suite.name)}: security matrix",
         "",
-        suite.description,
+        md(suite.description),
         "",
         "Parts (each its own run folder):",
         "",
     ]
-    lines += [f"- `{r.run_id}`: {_scenario_name(r)} ({r.run_dir})" for r in runs]
-    lines += [f"- {n}" for n in notes]
+    lines += [f"- {code(r.run_id)}: {md(_scenario_name(r))} ({md(r.run_dir)})" for r in runs]
+    lines += [f"- {md(n)}" for n in notes]
     lines += ["", "| VPN | version | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---|" * len(COLUMNS)]
-    for r in rows:
-        cells = [f"{v}" + (f" <br><sub>{e}</sub>" if e else "") for v, e in r["cells"].values()]
-        lines.append(
-            f"| {r['vpn']} | {r['version']} | " + " | ".join(c.replace("|", "/") for c in cells) + " |"
-        )
+    for r in rows:  # the stored verdicts and evidence are text; the line break between them is the matrix's
+        cells = [md(v) + (f" <br><sub>{md(e)}</sub>" if e else "") for v, e in r["cells"].values()]
+        lines.append(f"| {md(r['vpn'])} | {md(r['version'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _scenario_name(run: RunData) -> str:
     try:
-        return str(tomllib.loads(run.run.get("scenario") or "").get("name", ""))
-    except tomllib.TOMLDecodeError:
+        return str(parse_toml(run.run.get("scenario") or "", run.run_id).get("name", ""))
+    except UserFileError:
         return ""
 
 

@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from conftest import tb
 from hypothesis import HealthCheck, given, settings
@@ -85,7 +86,7 @@ def test_a_malformed_scenario_is_a_scenario_error_and_accepted_names_are_plain(d
         assert str(e).startswith("fuzz.toml"), e  # names the file, then the field
         return
     for name in sc.impair.profiles:
-        assert PLAIN_NAME.match(name) and ".." not in name, name
+        assert PLAIN_NAME.fullmatch(name) and ".." not in name, name
 
 
 @settings(max_examples=200, deadline=None)
@@ -190,11 +191,21 @@ def test_a_plain_name_is_accepted_and_used():
 @pytest.mark.parametrize(
     "argv, said",
     [
-        (["run", "-n", "0"], "Invalid value for '--repetitions' / '-n': 0 is not in the range x>=1"),
-        (["plan", "-n", "0"], "Invalid value for '--repetitions' / '-n': 0 is not in the range x>=1"),
-        (["calibrate", "--probes", "0"], "Invalid value for '--probes': 0 is not in the range x>=100"),
-        (["bench-engine", "--rounds", "0"], "Invalid value for '--rounds': 0 is not in the range x>=1"),
+        (["run", "-n", "0"], "Invalid value for '--repetitions' / '-n': 0 is not in the range 1<=x<=10000"),
+        (["plan", "-n", "0"], "Invalid value for '--repetitions' / '-n': 0 is not in the range 1<=x<=10000"),
+        (["calibrate", "--probes", "0"], "Invalid value for '--probes': 0 is not in the range 100<=x<=1000000"),
+        (["bench-engine", "--rounds", "0"], "Invalid value for '--rounds': 0 is not in the range 1<=x<=100"),
         (["bench-engine", "--seconds", "0"], "Invalid value for '--seconds': 0.0 is not in the range 1<=x<=600"),
+        # NaN passed every range (each comparison with it is false), the infinities an open one (2026-11-28)
+        (["compare", "a", "b", "--threshold", "nan"], "Invalid value for '--threshold': 'nan' is not a finite number in the range 0<=x<=1000"),
+        (["compare", "a", "b", "--threshold", "-5"], "Invalid value for '--threshold': -5.0 is not in the range 0<=x<=1000"),
+        (["history", "--threshold", "inf"], "Invalid value for '--threshold': 'inf' is not a finite number in the range 0<=x<=1000"),
+        (["bench-engine", "--seconds", "nan"], "Invalid value for '--seconds': 'nan' is not a finite number in the range 1<=x<=600"),
+        (["bench-engine", "--seconds", "1e999"], "Invalid value for '--seconds': 1e999 is not a finite number in the range 1<=x<=600"),
+        (["mesh-scale", "--vpn", "nebula", "--idle-s", "nan"], "Invalid value for '--idle-s': 'nan' is not a finite number in the range 1<=x<=600"),
+        (["mesh-scale", "--vpn", "nebula", "--sizes", "١٠,٢٠"], "--sizes: comma-separated host counts"),
+        (["run", "-n", "١٠"], "Invalid value for '--repetitions' / '-n': '١٠' is not an integer in the range 1<=x<=10000"),
+        (["up", "--hosts", "100000"], "Invalid value for '--hosts': 100000 is not in the range 2<=x<=1023"),
         (["calibrate", "--json", "{gone}/c.json"], "Invalid value for '--json': the folder '{gone}' does not exist"),
         (["compare", "a", "b", "--json", "{gone}/c.json"], "Invalid value for '--json': the folder '{gone}' does not exist"),
         (["export", "--out", "{gone}/m.csv"], "Invalid value for '--out': the folder '{gone}' does not exist"),
@@ -210,6 +221,7 @@ def test_an_option_value_the_command_cannot_use_is_refused_before_any_work(tmp_p
 
     for verbs in (app.run, app.lab):  # the verb modules that build labs
         monkeypatch.setattr(verbs, "hold_lab", no_lab)
+    monkeypatch.setattr(app.lab, "need_root", lambda: None)  # the checks come first for any user
     gone = tmp_path / "missing"
     res = CliRunner().invoke(app.main, [a.format(gone=gone) for a in argv])
     assert res.exit_code == 2, res.output
@@ -242,3 +254,25 @@ def test_path_nat_refuses_more_hosts_than_its_lan_addresses_hold():
         parse_scenario(tomllib.loads(text.format(n=257)))
     assert 'lab: hosts: 257 with path = "nat"' in str(e.value) and "hosts <= 256" in str(e.value)
     assert parse_scenario(tomllib.loads(text.format(n=256))).lab.hosts == 256
+
+
+def test_every_numeric_option_of_every_verb_is_a_finite_ranged_number():
+    """One type for them all (cli/common.py Number): a plain int or float, or click's ranges (which NaN
+    passes), on any verb's option is named here."""
+    from tunnelbench.cli import app
+    from tunnelbench.cli.common import Number
+
+    numeric = [
+        f"{name} {p.opts[0]}"
+        for name, cmd in app.main.commands.items()
+        for p in cmd.params
+        if isinstance(p.type, click.types.IntParamType | click.types.FloatParamType)
+    ]
+    loose = [
+        f"{name} {p.opts[0]}"
+        for name, cmd in app.main.commands.items()
+        for p in cmd.params
+        if isinstance(p.type, click.types.IntParamType | click.types.FloatParamType)
+        and not isinstance(p.type, Number)
+    ]
+    assert len(numeric) >= 9 and loose == [], loose

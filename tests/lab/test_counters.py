@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import Field
 from rich.console import Console
 
 from tunnelbench.analysis.analyze import analyze, load_run
@@ -480,8 +481,8 @@ def test_headline_splits_host_drops_into_interface_queues_and_socket_buffers(tmp
 
 
 class OverflowParams(Params):
-    datagrams: int = 400  # sent to a receiver whose tiny buffer holds a few
-    closed: int = 25  # sent to a port nothing listens on
+    datagrams: int = Field(400, ge=0, le=100_000)  # sent to a receiver whose tiny buffer holds a few
+    closed: int = Field(25, ge=0, le=100_000)  # sent to a port nothing listens on
 
 
 class Overflow(Workload):

@@ -23,6 +23,7 @@ from typing import Literal
 
 import pytest
 from conftest import lab_missing
+from pydantic import Field
 from rich.console import Console
 
 from tunnelbench.catalog import DRIVERS, WORKLOADS, resolve
@@ -129,7 +130,7 @@ class Litters(FakeVpn):
 # -- a test-only workload ---------------------------------------------------------------------------------
 class ProbeParams(Params):
     mode: Literal["ok", "kill-once", "overrun-once", "not-applicable", "fail"] = "ok"
-    pings: int = 0  # echo requests of PING_SIZE B from the client to the server's underlay address
+    pings: int = Field(0, ge=0, le=10_000)  # echo requests of PING_SIZE B from the client to the server
 
 
 PING_SIZE = 1000  # ICMP payload: each request and reply is PING_SIZE + 28 B of IP on the router

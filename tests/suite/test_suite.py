@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,36 @@ def test_a_suite_none_of_whose_parts_can_take_the_requested_vpns_says_so_and_run
     assert "acl.toml: skipped, none of the requested VPNs can take its check" in res.stderr, res.stderr
     assert "--vpn: no part of suite mini can take internal" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ('"../../outside"', "name: suite name '../../outside': use a plain name"),
+        ('"a/b"', "name: suite name 'a/b': use a plain name"),
+        ("7", "name: suite name 7: a string"),
+    ],
+)
+def test_a_suite_name_that_would_put_the_matrix_outside_the_results_is_refused(tmp_path, name, said):
+    """The merged matrix goes to RESULTS/<name>-suite-<first run>: a name with '../' put it elsewhere."""
+    f = tmp_path / "s.toml"
+    f.write_text(f'name = {name}\nsuite = ["security-leak"]\n')
+    with pytest.raises(ScenarioError, match=re.escape(said)):
+        load_suite(f)
+    f.write_text('name = "security-2"\nsuite = ["security-leak"]\n')
+    assert load_suite(f).name == "security-2"  # type: ignore[union-attr]
+
+
+def test_the_matrix_markdown_holds_stored_text_as_text():
+    from tunnelbench.report.security import COLUMNS
+    from tunnelbench.suite import Suite, matrix_markdown
+
+    suite = Suite("s", "<script>alert(1)</script>", ["security-leak"], "s.toml", None)
+    cells = dict.fromkeys(COLUMNS, ("blocked", "<img src=x onerror=alert(1)> | 2"))
+    text = matrix_markdown(suite, [], [{"vpn": "<b>vpn", "version": "1|2", "cells": cells}], ["note *x*"])
+    assert "<script>" not in text and "<img" not in text and "<b>" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "- note \\*x\\*" in text
+    row = next(x for x in text.splitlines() if x.startswith("| &lt;b&gt;vpn"))
+    header = next(x for x in text.splitlines() if x.startswith("| VPN |"))
+    assert row.count("<br><sub>") == len(COLUMNS)  # the matrix's own line break, one per cell
+    assert len(re.findall(r"(?<!\\)\|", row)) == len(re.findall(r"(?<!\\)\|", header))

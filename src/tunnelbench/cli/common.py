@@ -3,17 +3,19 @@ root, the lab lock, inventories and first-use builds."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 from rich.text import Text
 
 from tunnelbench import __version__
 from tunnelbench.core.files import FileRefused, check_destination
+from tunnelbench.report.fmt import Terminal
 
 if TYPE_CHECKING:
     from tunnelbench.builds import Build
@@ -22,10 +24,42 @@ if TYPE_CHECKING:
 
 
 # tables are wide: keep them readable when piped or in CI logs (rich assumes 80 columns off a terminal)
-# a pipe or a log file gets 160 columns (rich's 80 would fold every table), unless COLUMNS says otherwise
+# a pipe or a log file gets 160 columns (rich's 80 would fold every table), unless COLUMNS says otherwise.
+# Both print names as text, never markup or control codes (report/fmt.py Terminal): style is a Text's.
 _wide = not os.environ.get("COLUMNS", "").isdigit()
-console = Console() if sys.stdout.isatty() or not _wide else Console(width=160)
-err = Console(stderr=True) if sys.stderr.isatty() or not _wide else Console(stderr=True, width=160)
+console = Terminal() if sys.stdout.isatty() or not _wide else Terminal(width=160)
+err = Terminal(stderr=True) if sys.stderr.isatty() or not _wide else Terminal(stderr=True, width=160)
+
+
+class Number(click.FloatRange):
+    """The type of every numeric option: a finite number (ASCII digits; an integer where `integer`) from
+    `lo` to `hi`. NaN and the infinities pass a plain float range (every comparison with NaN is false), so
+    they are refused here; the error names the option and its range (click: exit 2)."""
+
+    _INT = re.compile(r"[+-]?[0-9]+")
+    _FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+    def __init__(self, lo: float, hi: float, *, integer: bool = False) -> None:
+        super().__init__(lo, hi)
+        self.lo, self.hi, self.integer = lo, hi, integer
+        self.name = "integer" if integer else "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value).strip()
+        pattern = self._INT if self.integer else self._FLOAT
+        if isinstance(value, bool) or not pattern.fullmatch(text):
+            what = "an integer" if self.integer else "a finite number"
+            self.fail(f"{value!r} is not {what} in the range {self._describe_range()}", param, ctx)
+        n = int(text) if self.integer else float(text)
+        if not math.isfinite(n):  # 1e999
+            self.fail(f"{value} is not a finite number in the range {self._describe_range()}", param, ctx)
+        if not self.lo <= n <= self.hi:
+            self.fail(f"{n} is not in the range {self._describe_range()}", param, ctx)
+        return n
+
+    def _describe_range(self) -> str:
+        lo, hi = (f"{x:g}" if x % 1 else f"{int(x)}" for x in (self.lo, self.hi))
+        return f"{lo}<=x<={hi}"
 
 
 class OutFile(click.Path):
@@ -47,7 +81,9 @@ class OutFile(click.Path):
 def need_root() -> None:
     if os.geteuid() != 0:
         err.print(
-            "[red]tunnelbench needs root: it creates network namespaces, veth pairs and nftables rules[/]"
+            Text(
+                "tunnelbench needs root: it creates network namespaces, veth pairs and nftables rules", "red"
+            )
         )
         sys.exit(2)
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tunnelbench.cli.common import (
+    Number,
     OutFile,
     console,
     ensure_engine,
@@ -42,7 +43,7 @@ from tunnelbench.cli.common import (
 )
 @click.option(
     "--probes",
-    type=click.IntRange(min=100),
+    type=Number(100, 1_000_000, integer=True),
     default=4000,
     show_default=True,
     help="UDP probes per profile (at least 100: fewer cannot estimate a 1% loss)",
@@ -106,7 +107,7 @@ def calibrate(
 @main.command("bench-engine")
 @click.option(
     "--seconds",
-    type=click.FloatRange(min=1, max=600),
+    type=Number(1, 600),
     default=5.0,
     show_default=True,
     help="iperf3 duration per cell",
@@ -127,7 +128,7 @@ def calibrate(
 )
 @click.option(
     "--rounds",
-    type=click.IntRange(min=1),
+    type=Number(1, 100, integer=True),
     default=3,
     show_default=True,
     help="off/on alternations of the tax check",
@@ -193,7 +194,7 @@ def clean(force: bool, inventory: Path | None = None, insecure: bool = False) ->
     help="the VPN whose mesh to bring up (NAME, NAME@debian, NAME@X.Y.Z); internal = no VPN",
 )
 @click.option("--profile", "-p", default="baseline", show_default=True, help="impairment profile on the path")
-@click.option("--hosts", type=click.IntRange(min=2), help="override lab.hosts")
+@click.option("--hosts", type=Number(2, 1023, integer=True), help="override lab.hosts")
 @click.option(
     "--results",
     type=click.Path(file_okay=False, path_type=Path),
@@ -323,7 +324,7 @@ def nat_matrix(vpns: tuple[str, ...], pairs: str, out: Path, no_record: bool) ->
 )
 @click.option(
     "--idle-s",
-    type=click.FloatRange(1, 600),
+    type=Number(1, 600),
     default=10.0,
     show_default=True,
     help="seconds of idle after the mesh is ready over which daemon CPU and RSS are read",
@@ -352,12 +353,10 @@ def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> N
     star_only = [n for n in names if "mesh" not in DRIVERS[n].topologies]
     if star_only:
         raise click.UsageError(f"--vpn: {', '.join(star_only)} cannot build a full mesh")
-    try:
-        ns = [int(x) for x in sizes.split(",") if x.strip()]
-    except ValueError:
-        raise click.UsageError(
-            f"--sizes: comma-separated host counts, e.g. 10,25,50,100 (got {sizes!r})"
-        ) from None
+    counts = [x.strip() for x in sizes.split(",") if x.strip()]
+    if not all(x.isascii() and x.isdigit() for x in counts):
+        raise click.UsageError(f"--sizes: comma-separated host counts, e.g. 10,25,50,100 (got {sizes!r})")
+    ns = [int(x) for x in counts]
     if not ns or any(n < 2 or n > 1000 for n in ns) or ns != sorted(ns):
         raise click.UsageError(
             f"--sizes: increasing host counts from 2 to 1000, e.g. 10,25,50,100 (got {sizes!r})"

@@ -32,7 +32,11 @@ def doctor(inventory: Path | None = None, insecure: bool = False) -> None:
         t.add_column(col)
     for c in checks:
         t.add_row(
-            c.group, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail, "" if c.ok else c.meaning
+            c.group,
+            c.name,
+            Text("yes", "green") if c.ok else Text("no", "red"),
+            c.detail,
+            "" if c.ok else c.meaning,
         )
     console.print(t)
     required = {"root", "ip", "nft", "iperf3", "ping", "fping", "ss", "network namespaces", "veth"}
@@ -58,7 +62,7 @@ def _doctor_inventory(path: Path, insecure: bool) -> int:
             t.add_row(
                 c.group,
                 c.name,
-                "[green]yes[/]" if c.ok else "[red]no[/]",
+                Text("yes", "green") if c.ok else Text("no", "red"),
                 c.detail,
                 "" if c.ok else c.meaning,
             )
@@ -157,7 +161,7 @@ def _install_here(names: list[str], bad: list[str], force: bool) -> int:
         cls = resolve(n)
         why = cls.impossible_here()
         if why:
-            t.add_row(n, "", "[red]impossible here[/]", "", why)
+            t.add_row(n, "", Text("impossible here", "red"), "", why)
             continue
         for src in cls.installs:
             err.print(f"{n}: {src.label} ...")
@@ -166,7 +170,7 @@ def _install_here(names: list[str], bad: list[str], force: bool) -> int:
             failed |= r.status == "failed"
             colour = {"cached": "green", "installed": "green", "failed": "red"}[r.status]
             detail = r.detail + (f" (log: {logdir / (src.name + '.log')})" if r.status == "failed" else "")
-            t.add_row(n, r.source, f"[{colour}]{r.status}[/]", f"{r.seconds:.0f}", detail)
+            t.add_row(n, r.source, Text(r.status, colour), f"{r.seconds:.0f}", detail)
     console.print(t)
     return 1 if failed else 0
 
@@ -190,7 +194,7 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
         return 1
     for r in results:
         failed |= r.status == "failed"
-        t.add_row(r.host, r.what, r.source, f"[{colour[r.status]}]{r.status}[/]", r.detail)
+        t.add_row(r.host, r.what, r.source, Text(r.status, colour[r.status]), r.detail)
     console.print(t)
     console.print(
         "Ansible, per host: " + ", ".join(f"{h} {n} changed in {s:.1f} s" for h, (n, s) in changed.items())
@@ -229,7 +233,7 @@ def list_() -> None:
             alt = f"{name}@debian: " + ((d.version or "") if d.ok else d.reason)
         t.add_row(
             name,
-            f"[{colour[a.state]}]{a.state}[/]",
+            Text(a.state, colour[a.state]),
             a.detail.removeprefix(f"{a.state}: "),
             pin,
             alt,
@@ -239,7 +243,7 @@ def list_() -> None:
     for name in IMPOSSIBLE:
         a = vpn_rows[name]
         t.add_row(
-            name, "[red]impossible here[/]", a.detail.removeprefix(f"{a.state}: "), "", "", "", a.meaning
+            name, Text("impossible here", "red"), a.detail.removeprefix(f"{a.state}: "), "", "", "", a.meaning
         )
     console.print(t)
     from tunnelbench.vpns.base import describe_options
@@ -265,7 +269,7 @@ def list_() -> None:
         t.add_row(
             name,
             wl.summary,
-            "[green]yes[/]" if w.ok else f"[red]no: {w.detail}[/]",
+            Text("yes", "green") if w.ok else Text(f"no: {w.detail}", "red"),
             params,
             ", ".join(m.name for m in wl.metrics),
         )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.text import Text
 
-from tunnelbench.cli.common import OutFile, console, err, find_run, main
+from tunnelbench.cli.common import Number, OutFile, console, err, find_run, main
 from tunnelbench.core.files import FileRefused, check_destination, check_private_folder, write_atomic
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def report(
 )
 @click.option(
     "--threshold",
-    type=float,
+    type=Number(0, 1000),
     default=10.0,
     show_default=True,
     help="flag regressions whose whole 95% CI is beyond this many percent",
@@ -185,7 +185,7 @@ def compare(
 )
 @click.option(
     "--threshold",
-    type=float,
+    type=Number(0, 1000),
     default=10.0,
     show_default=True,
     help="flag changes whose whole 95% CI is beyond this many percent (as compare)",

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from tunnelbench.cli.common import console, err, find_run, hold_lab, main, need_root
+from tunnelbench.cli.common import Number, console, err, find_run, hold_lab, main, need_root
 from tunnelbench.core.files import check_private_folder
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 @click.option(
     "--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all'); overrides the scenario"
 )
-@click.option("--repetitions", "-n", type=click.IntRange(min=1), help="override run.repetitions")
+@click.option("--repetitions", "-n", type=Number(1, 10_000, integer=True), help="override run.repetitions")
 @click.option("--profile", "-p", "profiles", multiple=True,
               help="impairment profile(s) to run under (repeat or comma-separate); overrides the scenario")  # fmt: skip
 @click.option(
@@ -268,7 +268,7 @@ def _run_suite(
 @main.command()
 @click.argument("scenario", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--vpn", "vpns", multiple=True, help="only these VPNs (repeat, or 'all')")
-@click.option("--repetitions", "-n", type=click.IntRange(min=1), help="override run.repetitions")
+@click.option("--repetitions", "-n", type=Number(1, 10_000, integer=True), help="override run.repetitions")
 @click.option(
     "--results",
     type=click.Path(file_okay=False, path_type=Path),

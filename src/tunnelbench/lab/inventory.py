@@ -27,15 +27,18 @@ other names are numbered in file order."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import shlex
 import socket
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
+
+from tunnelbench.core.userfile import KEY_LIMIT, TEXT_LIMIT, UserFileError, read_bytes, read_text
 
 ROLE_GROUPS = {
     "peer": ("peers", "peer"),
@@ -122,6 +125,27 @@ def parse_inventory(data: Any, where: str = "inventory") -> Inventory:
         return _read(f, where)
 
 
+def _port(value: Any, at: str) -> int:
+    """A TCP port, 1 to 65535 (a larger one overflows the socket call at connect time, after the lab began)."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise InventoryError(f"{at}: ansible_port must be a TCP port from 1 to 65535 (got {value!r})")
+    return int(text)
+
+
+def _workdir_root(value: Any, at: str) -> str:
+    """The folder under which every run's work folders go on the host: absolute, below the root (a run's
+    teardown removes what it made there), no '..' and no control characters."""
+    root = str(value).rstrip("/")
+    parts = PurePosixPath(root).parts
+    if not root.startswith("/") or len(parts) < 2 or ".." in parts or not root.isprintable():
+        raise InventoryError(
+            f"{at}: tunnelbench_workdir_root must be an absolute folder below / without '..', e.g. "
+            f"{DEFAULT_WORKDIR_ROOT} (got {value!r})"
+        )
+    return root
+
+
 def _seconds(value: Any, at: str) -> float:
     try:
         s = float(value)
@@ -139,6 +163,8 @@ def _read(path: Path, where: str) -> Inventory:
         found, _ = read(path)
     except AnsibleInventoryError as e:
         raise InventoryError(f"{where}: {e}") from None
+    except RecursionError:
+        raise InventoryError(f"{where}: nested too deeply (groups or values inside each other)") from None
     check_default = host_key_checking_default()
     hosts = {h.name: _make_host(h.name, h.vars, h.groups, where, check_default) for h in found}
     inv = Inventory(Path(where), hosts, [h.name for h in found])
@@ -213,10 +239,7 @@ def _make_host(name: str, v: dict[str, Any], groups: set[str], where: str, check
     args = " ".join(str(v[k]) for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args") if v.get(k))
     opts = ssh_options(args, at) if args else {}
     address = str(v.get("ansible_host", name))
-    try:
-        port = int(v.get("ansible_port", v.get("ansible_ssh_port", opts.get("port", 22))))
-    except (TypeError, ValueError):
-        raise InventoryError(f"{at}: ansible_port must be a number") from None
+    port = _port(v.get("ansible_port", v.get("ansible_ssh_port", opts.get("port", 22))), at)
     check = check_default
     if "stricthostkeychecking" in opts:
         strict = opts["stricthostkeychecking"].lower()
@@ -259,7 +282,7 @@ def _make_host(name: str, v: dict[str, Any], groups: set[str], where: str, check
         known_hosts=str(Path(str(known)).expanduser()) if known else None,
         host_key_check=check,
         underlay_ip=underlay,
-        workdir_root=str(v.get("tunnelbench_workdir_root", DEFAULT_WORKDIR_ROOT)).rstrip("/"),
+        workdir_root=_workdir_root(v.get("tunnelbench_workdir_root", DEFAULT_WORKDIR_ROOT), at),
         connect_timeout_s=_seconds(timeout, f"{at}: {timeout_key or 'ConnectTimeout'}"),
         roles=roles,
         vars=dict(v),
@@ -282,20 +305,30 @@ def load_inventory(path: Path | str) -> Inventory:
     """Read an Ansible inventory (INI or YAML, host ranges, group_vars/ and host_vars/ beside it) with
     Ansible's own inventory and variable managers, so one file serves both tools."""
     path = Path(path)
-    try:
-        path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise InventoryError(f"cannot read inventory {path}: {e}") from None
-    except UnicodeDecodeError as e:
-        raise InventoryError(
-            f"{path}: not UTF-8 text (byte {e.start}); an inventory is an INI or YAML file"
-        ) from None
+    try:  # a FIFO, a device or a huge file is refused before Ansible opens it
+        read_text(path, "inventory", TEXT_LIMIT)
+    except UserFileError as e:
+        raise InventoryError(str(e)) from None
     inv = _read(path, str(path))
     inv.path = path
     # relative key and known_hosts paths are relative to the inventory file, as a user would expect
     for h in inv.hosts.values():
-        for attr in ("key_file", "known_hosts"):
+        for attr, var in (
+            ("key_file", "ansible_ssh_private_key_file"),
+            ("known_hosts", "tunnelbench_known_hosts"),
+        ):
             val = getattr(h, attr)
             if val and not Path(val).is_absolute():
                 setattr(h, attr, str((path.parent / val).resolve()))
+            _small_file(getattr(h, attr), f"{path}: host {h.name}: {var}")
     return inv
+
+
+def _small_file(path: str | None, at: str) -> None:
+    """A key or known_hosts file that exists must be a regular file of at most 64 KiB: the SSH library reads
+    it whole, and /dev/zero or a FIFO there would never end (a missing one is the connection's error)."""
+    if path and os.path.lexists(path):
+        try:
+            read_bytes(path, "file", KEY_LIMIT)
+        except UserFileError as e:
+            raise InventoryError(f"{at}: {e}") from None

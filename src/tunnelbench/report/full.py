@@ -21,7 +21,7 @@ from tunnelbench.analysis.verdict import SHORT
 from tunnelbench.core.files import write_atomic
 from tunnelbench.report import plots
 from tunnelbench.report.flamegraphs import render_all as render_flamegraphs
-from tunnelbench.report.fmt import num
+from tunnelbench.report.fmt import code, md, num
 from tunnelbench.report.headline import CAPTION
 from tunnelbench.report.headline import build as build_headline
 from tunnelbench.report.security import COLUMNS as SECURITY_COLUMNS
@@ -685,19 +685,19 @@ def write_report(run_dirs: list[Path], out: Path, markdown: Path | None = None) 
 def render_markdown(a: Analysis) -> str:
     lines = []
     for r in a.runs:
-        vers = ", ".join(f"{v['name']} {v['version'] or ''}".strip() for v in r.vpns)
+        vers = md(", ".join(f"{v['name']} {v['version'] or ''}".strip() for v in r.vpns))
         lines.append(
-            f"**tunnelbench run `{r.run_id}`** — scenario `{r.scenario_name}`, status {r.run['status']}, "
-            f"{_ts(r.run['started'])}; {vers}; kernel {r.env.get('kernel', '?')}, "
-            f"{r.env.get('cpu_count', '?')} CPUs ({r.env.get('cpu_model', '?')})"
+            f"**tunnelbench run {code(r.run_id)}** — scenario {code(r.scenario_name)}, status "
+            f"{md(r.run['status'])}, {_ts(r.run['started'])}; {vers}; kernel {md(r.env.get('kernel', '?'))}, "
+            f"{md(r.env.get('cpu_count', '?'))} CPUs ({md(r.env.get('cpu_model', '?'))})"
         )
     hd = headline_ctx(a)
     for t in hd["tables"]:
         lines += [
             "",
-            f"**Headline** (profile `{t['profile']}`)",
+            f"**Headline** (profile {code(t['profile'])})",
             "",
-            "| VPN | " + " | ".join(" ".join(c) for c in t["columns"]) + " |",
+            "| VPN | " + " | ".join(md(" ".join(c)) for c in t["columns"]) + " |",
             "|---|" + "---:|" * len(t["columns"]),
         ]
         for r in t["rows"]:
@@ -706,9 +706,9 @@ def render_markdown(a: Analysis) -> str:
                 + (" (no VPN)" if r["baseline"] else "")
                 + (f" {r['version']}" if r["version"] else "")
             )
-            lines.append(f"| {name} | " + " | ".join(text for text, _ in r["cells"]) + " |")
+            lines.append(f"| {md(name)} | " + " | ".join(md(text) for text, _ in r["cells"]) + " |")
     if hd["tables"]:
-        lines += ["", hd["caption"], ""] + [f"- {text}" for text, _ in hd["findings"]]
+        lines += ["", hd["caption"], ""] + [f"- {md(text)}" for text, _ in hd["findings"]]
     lines.append("")
     lines.append(
         f"Median over repetitions with bootstrap 95% CI; × internal = ratio of medians to the no-VPN "
@@ -718,7 +718,7 @@ def render_markdown(a: Analysis) -> str:
     for p in a.profiles:
         lines += [
             "",
-            f"### Profile `{p}`",
+            f"### Profile {code(p)}",
             "",
             "| VPN | workload | metric | median [95% CI] | n | × internal [95% CI] | tier | compared by |",
             "|---|---|---|---:|---:|---:|---:|---|",
@@ -738,10 +738,12 @@ def render_markdown(a: Analysis) -> str:
                     else ("" if f.better == "none" or is_baseline(v) else SHORT.get(g.verdict.kind, "–"))
                 )
                 lines.append(
-                    f"| {v} | {f.label} | {f.metric} [{f.unit}] | {num(d.median, f.unit)} "
-                    f"{ci(d.ci_lo, d.ci_hi, f.unit)} | {d.n} | {ratio_txt(g.ratio)} | {tier} | {how} |"
+                    f"| {md(v)} | {md(f.label)} | {md(f.metric)} [{md(f.unit)}] | {num(d.median, f.unit)} "
+                    f"{ci(d.ci_lo, d.ci_hi, f.unit)} | {d.n} | {ratio_txt(g.ratio)} | {tier} | {md(how)} |"
                 )
-        under = [f"{f.label}/{f.metric}" for f in a.headline_families() if f.profile == p and f.underpowered]
+        under = [
+            md(f"{f.label}/{f.metric}") for f in a.headline_families() if f.profile == p and f.underpowered
+        ]
         if under:
             lines += [
                 "",
@@ -753,7 +755,7 @@ def render_markdown(a: Analysis) -> str:
             "",
             "Parallel scaling (goodput N streams / 1 stream): "
             + "; ".join(
-                f"{d.variant} {d.label} @ {d.profile}: {d.value:.2f} [{d.lo:.2f}, {d.hi:.2f}]"
+                f"{md(d.variant)} {md(d.label)} @ {md(d.profile)}: {d.value:.2f} [{d.lo:.2f}, {d.hi:.2f}]"
                 for d in a.scaling
             ),
         ]
@@ -762,7 +764,8 @@ def render_markdown(a: Analysis) -> str:
             "",
             "CPU efficiency (Mbit/s per daemon CPU-core, client + server; multihost: all hosts): "
             + "; ".join(
-                f"{d.variant} {d.label} @ {d.profile}: {num(d.value)} {ci(d.lo, d.hi)}" for d in a.efficiency
+                f"{md(d.variant)} {md(d.label)} @ {md(d.profile)}: {num(d.value)} {ci(d.lo, d.hi)}"
+                for d in a.efficiency
             ),
         ]
     for r in a.runs:
@@ -770,34 +773,38 @@ def render_markdown(a: Analysis) -> str:
         if facts:
             lines += [
                 "",
-                f"Order: {r.env.get('run.order', 'block')}"
-                + (f" (seed {r.env['run.seed']})" if r.env.get("run.seed") else ""),
+                f"Order: {md(r.env.get('run.order', 'block'))}"
+                + (f" (seed {md(r.env['run.seed'])})" if r.env.get("run.seed") else ""),
             ]
-            lines += [f"- {x.strip()}" for x in facts]
+            lines += [f"- {md(x.strip())}" for x in facts]
     for sec in _security(a):
         lines += [
             "",
-            f"### Security (run `{sec['run']}`)",
+            f"### Security (run {code(sec['run'])})",
             "",
             "| VPN | version | " + " | ".join(SECURITY_COLUMNS) + " |",
             "|---|---|" + "---|" * len(SECURITY_COLUMNS),
         ]
         for row in sec["rows"]:
-            cells = [f"{v} ({e})" if e else v for v, e in row["cells"].values()]
-            lines.append(f"| {row['variant']} | {row['version']} | " + " | ".join(cells) + " |")
+            cells = [md(f"{v} ({e})" if e else v) for v, e in row["cells"].values()]
+            lines.append(f"| {md(row['variant'])} | {md(row['version'])} | " + " | ".join(cells) + " |")
         if sec["scan"]:
-            lines += ["", f"Key scan: {sec['scan'][0]}"]
+            lines += ["", f"Key scan: {md(sec['scan'][0])}"]
     for r in a.runs:  # drawn by the HTML report (report/flamegraphs.py), named here
         svgs = sorted((r.run_dir / "flamegraphs").glob("*.svg"))
         if svgs:
-            names = ", ".join(f"`flamegraphs/{p.name}`" for p in svgs)
-            lines += ["", f"Flame graphs (run `{r.run_id}`): {names}"]
+            names = ", ".join(code(f"flamegraphs/{p.name}") for p in svgs)
+            lines += ["", f"Flame graphs (run {code(r.run_id)}): {names}"]
     fails = [(r, c) for r in a.runs for c in r.cases if c.status not in ("ok", "running")]
     if fails:
         lines += ["", f"{len(fails)} case(s) failed or were skipped:"]
         for r, c in fails[:20]:
+            error = (c.error or "").splitlines()[0][:200] if c.error else ""
             lines.append(
-                f"- {a.variant_of.get((r.run_id, c.vpn), c.vpn)} · {c.profile} · {c.label} rep "
-                f"{c.repetition}: {c.status}: {(c.error or '').splitlines()[0][:200] if c.error else ''}"
+                "- "
+                + md(
+                    f"{a.variant_of.get((r.run_id, c.vpn), c.vpn)} · {c.profile} · {c.label} rep "
+                    f"{c.repetition}: {c.status}: {error}"
+                )
             )
     return "\n".join(lines) + "\n"

@@ -73,7 +73,7 @@ def summary_table(a: Analysis, run: RunData) -> Table:
                 t.add_section()
         last_vpn = (g.vpn, g.profile)
         fails = failures.get((g.vpn, g.profile, g.label))
-        label = g.label + (f" [red]({fails} failed)[/]" if fails else "")
+        label = Text(g.label).append(f" ({fails} failed)" if fails else "", "red")
         t.add_row(
             vpn_cell,
             label,
@@ -164,12 +164,15 @@ def print_summary(store: Store, run_id: str, console: Console, full: bool = Fals
     queue, kernel = (tot.get(n, (0.0, 0))[0] for n in ("engine_overflow_drops", "engine_kernel_drops"))
     if queue or kernel:
         console.print(
-            f"[bold red]the impairment engine dropped packets the profiles did not ask for "
-            f"(its queue {queue:.0f}, the kernel's {kernel:.0f}): the emulator was a bottleneck[/]"
+            Text(
+                f"the impairment engine dropped packets the profiles did not ask for "
+                f"(its queue {queue:.0f}, the kernel's {kernel:.0f}): the emulator was a bottleneck",
+                "bold red",
+            )
         )
     rt_sum, rt_cases = tot.get("engine_realtime", (0.0, 0))
     if rt_sum < rt_cases:  # engine_realtime is 1 per case that held SCHED_FIFO
-        console.print("[yellow]the impairment engine ran without real-time priority in some cases[/]")
+        console.print(Text("the impairment engine ran without real-time priority in some cases", "yellow"))
     for line in facts_lines(emulator_facts(env, [dict(m) for m in store.metrics(run_id)])):
         style = "yellow" if ("(>10%)" in line or "emulator-bound" in line or "failed" in line) else ""
         console.print(Text(line, style=style))
@@ -277,15 +280,15 @@ def print_comparison(cmp: Comparison, console: Console, show_all: bool = False) 
     shown = [c for c in cmp.changes if c.gated or show_all]
     for c in shown:
         style = {"REGRESSION": "bold red", "improvement": "green"}.get(c.verdict, "")
-        verdict = f"[{style}]{c.verdict}[/]" if style else c.verdict
+        verdict = Text(c.verdict, style)
         ci = "–" if math.isnan(c.ci_lo_pct) else f"{c.ci_lo_pct:+.1f}% … {c.ci_hi_pct:+.1f}%"
         p = "–" if math.isnan(c.p_holm) else f"{c.p_holm:.2g}"
-        metric = c.metric + ("" if c.gated else " [dim](not gated)[/]")
+        metric = Text(c.metric).append("" if c.gated else " (not gated)", "dim").append(f" [{c.unit}]")
         t.add_row(
             c.vpn,
             c.profile,
             c.label,
-            f"{metric} [{c.unit}]",
+            metric,
             num(c.median_a, c.unit),
             num(c.median_b, c.unit),
             f"{c.n_a}/{c.n_b}",
@@ -301,24 +304,27 @@ def print_comparison(cmp: Comparison, console: Console, show_all: bool = False) 
         console.print(f"{hidden} non-gated metric(s) not shown (--all lists them)")
     for m in cmp.underpowered:
         console.print(
-            f"[yellow]{m}: too few repetitions for any significant result after Holm correction; "
-            "this comparison cannot detect a regression (use more repetitions)[/]"
+            Text(
+                f"{m}: too few repetitions for any significant result after Holm correction; "
+                "this comparison cannot detect a regression (use more repetitions)",
+                "yellow",
+            )
         )
     for k in cmp.only_a:
-        console.print(f"[yellow]only in A: {' · '.join(k)}[/]")
+        console.print(Text(f"only in A: {' · '.join(k)}", "yellow"))
     for k in cmp.only_b:
-        console.print(f"[yellow]only in B: {' · '.join(k)}[/]")
+        console.print(Text(f"only in B: {' · '.join(k)}", "yellow"))
     for k in cmp.failed_b:
         console.print(
-            f"[bold red]FAILED in B: {' · '.join(k)} was measured in A; every attempt in B failed[/]"
+            Text(f"FAILED in B: {' · '.join(k)} was measured in A; every attempt in B failed", "bold red")
         )
     for vpn, profile, label, check in cmp.security_b:
         where = " · ".join(x for x in (vpn, profile, label) if x)
-        console.print(f"[bold red]SECURITY REGRESSION: {check} passed in A and fails in B ({where})[/]")
+        console.print(Text(f"SECURITY REGRESSION: {check} passed in A and fails in B ({where})", "bold red"))
     n = len(cmp.regressions)
     if cmp.failed_b:
-        console.print(f"[bold red]{len(cmp.failed_b)} case group(s) broken in B[/]")
+        console.print(Text(f"{len(cmp.failed_b)} case group(s) broken in B", "bold red"))
     if n:
-        console.print(f"[bold red]{n} significant regression(s) beyond {cmp.threshold_pct:g}%[/]")
+        console.print(Text(f"{n} significant regression(s) beyond {cmp.threshold_pct:g}%", "bold red"))
     elif not cmp.failed_b and not cmp.security_b:
-        console.print(f"[green]no significant regression beyond {cmp.threshold_pct:g}%[/]")
+        console.print(Text(f"no significant regression beyond {cmp.threshold_pct:g}%", "green"))

@@ -359,7 +359,12 @@ class Runner:
                 "yellow",
             )
         total = sched.total()
-        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        cols = (
+            TextColumn("{task.description}", markup=False),  # it holds VPN and profile names: text
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
         with Progress(*cols, console=self.console, transient=False) as progress:
             self.ctx.progress, self.ctx.task = progress, progress.add_task("starting", total=total)
             self.conditions.prepare_impairment()  # places CPUs before calibrating

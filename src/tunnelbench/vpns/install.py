@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import ClassVar, TextIO, TypeGuard
 
 # versions a user may ask for (NAME@VERSION): semver-like, optional "v", Go pseudo-versions included
-VERSION_RE = re.compile(r"v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.+-]+)?")
+VERSION_RE = re.compile(r"v?[0-9]+\.[0-9]+\.[0-9]+(?:[-+][0-9A-Za-z.+-]+)?")  # ASCII (`\d`: any script)
 
 # the Go toolchain of every Go build (GOTOOLCHAIN): served by the module proxy; scripts/setup.sh and the README's
 # hand-run `go install` commands export the same value

@@ -13,7 +13,7 @@ import re
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
 
-MTU_VARIANT = re.compile(r"mtu(\d{3,4})")
+MTU_VARIANT = re.compile(r"mtu([0-9]{3,4})")  # ASCII digits: `\d` takes any script's
 MTU_RANGE = (576, 9000)  # IPv4 minimum (below 1280 the kernel takes IPv6 off the link; internal is IPv4)
 
 

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
-
 from tunnelbench.core.metrics import MetricSpec, declare
 from tunnelbench.core.results import Outcome, WorkloadError
+from tunnelbench.core.schema import Strict
 from tunnelbench.lab.base import Lab
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.mesh import Mesh
@@ -31,8 +30,9 @@ class NotApplicable(WorkloadError):
     runner records the case as n/a with the reason, neither failed nor measured (nor a reason to exit 1)."""
 
 
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Params(Strict):
+    """A workload's parameters: a file schema like the scenario's (core/schema.py: unknown keys refused, every
+    number finite and bounded)."""
 
 
 _Params = Params  # Workload's own `Params` (the class attribute) hides this name in its body

@@ -35,7 +35,12 @@ class HttpDownloadParams(Params):
     large_files: int = Field(3, ge=0, le=1000, description="number of large files")
     large_mib: float = Field(16.0, gt=0, le=4096, description="size of each large file (MiB)")
     connections: int = Field(8, ge=1, le=256, description="parallel connections (curl --parallel-max)")
-    seed: int = Field(3, description="file-set seed: same parameters + seed = same bytes")
+    seed: int = Field(
+        3,
+        ge=0,
+        le=2**32 - 1,
+        description="file-set seed: same parameters + seed = same bytes (numpy's range)",
+    )
 
 
 def fileset_name(p: HttpDownloadParams) -> str:

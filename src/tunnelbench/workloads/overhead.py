@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import time
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
 from tunnelbench.instruments.common import interface_of, link_counters
 from tunnelbench.instruments.iperf3 import run_client
 from tunnelbench.workloads.base import TOOL_START_S, CaseContext, Params, Workload, WorkloadError
+from tunnelbench.workloads.udp import checked_bitrate
 
 
 class OverheadParams(Params):
@@ -32,6 +33,11 @@ class OverheadParams(Params):
     small_bitrate: str = Field(
         "0", description="iperf3 -b of the small-packet test (0 = as fast as possible)"
     )
+
+    @field_validator("small_bitrate")
+    @classmethod
+    def _rate(cls, v: str) -> str:
+        return checked_bitrate(v)
 
 
 class Overhead(Workload):

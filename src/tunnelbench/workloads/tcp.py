@@ -35,7 +35,8 @@ TCP_METRICS = (
     MetricSpec("iperf_cpu_client_pct", "%", "none", "iperf3 client CPU (saturation check; iperf3 only)"),
     MetricSpec("iperf_cpu_server_pct", "%", "none", "iperf3 server CPU (saturation check; iperf3 only)"),
 )
-BYTES = re.compile(r"\d+[kmgKMG]?")
+BYTES = re.compile(r"[0-9]+[kmgKMG]?")  # ASCII digits (`\d` takes any script's)
+MAX_BYTES = 1 << 40  # 1 TiB
 BYTES_FLOOR_MBPS = 20  # a byte-count case's expected time assumes at least this rate
 
 
@@ -56,8 +57,8 @@ class EngineParams(Params):
     @field_validator("bytes")
     @classmethod
     def _bytes(cls, v: str | None) -> str | None:
-        if v is not None and (not BYTES.fullmatch(v) or byte_count(v) == 0):
-            raise ValueError("bytes must look like 100M (MiB), 500K, 1G or 100m (10^6 bytes)")
+        if v is not None and (not BYTES.fullmatch(v) or not 0 < byte_count(v) <= MAX_BYTES):
+            raise ValueError("bytes must look like 100M (MiB), 500K, 1G or 100m (10^6 bytes), at most 1024G")
         return v
 
     @model_validator(mode="after")

@@ -33,9 +33,7 @@ class UdpParams(EngineParams):
     @field_validator("bitrate")
     @classmethod
     def _rate(cls, v: str) -> str:
-        if not re.fullmatch(r"\d+(\.\d+)?[KMG]?", v):
-            raise ValueError("bitrate must look like 0, 500K, 100M or 1G")
-        return v
+        return checked_bitrate(v)
 
     @model_validator(mode="after")
     def _fixed_rate(self) -> UdpParams:
@@ -46,8 +44,26 @@ class UdpParams(EngineParams):
         return self
 
 
+# ASCII digits only (`\d` takes any script's digits, which iperf3 does not read); at most 100 Gbit/s
+BITRATE = re.compile(r"[0-9]+(\.[0-9]+)?[KMG]?")
+MAX_BITRATE = 100e9
+
+
+def bits_per_s(bitrate: str) -> float:
+    return float(bitrate.rstrip("KMG")) * {"K": 1e3, "M": 1e6, "G": 1e9}.get(bitrate[-1], 1)
+
+
+def checked_bitrate(v: str) -> str:
+    """An iperf3 -b value as the Params take it (a field validator's check: the error names the field)."""
+    if not BITRATE.fullmatch(v):
+        raise ValueError("must look like 0, 500K, 100M or 1G (ASCII digits)")
+    if bits_per_s(v) > MAX_BITRATE:
+        raise ValueError("at most 100G (100 Gbit/s)")
+    return v
+
+
 def unlimited(bitrate: str) -> bool:
-    return float(re.sub(r"[KMG]", "", bitrate)) == 0
+    return bits_per_s(bitrate) == 0
 
 
 def iperf2_rate(bitrate: str) -> str:
@@ -84,10 +100,7 @@ class Udp(Workload):
     def expected_seconds(self) -> float:
         p = self.params
         if p.bytes:
-            rate = float(re.sub(r"[KMG]", "", p.bitrate)) * {"K": 1e3, "M": 1e6, "G": 1e9}.get(
-                p.bitrate[-1], 1
-            )
-            return byte_count(p.bytes) * 8 / rate + 2
+            return byte_count(p.bytes) * 8 / bits_per_s(p.bitrate) + 2
         return p.duration_s + 1
 
     def typical_seconds(self, cases: int = 1) -> float | None:

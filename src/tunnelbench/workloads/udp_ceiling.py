@@ -245,9 +245,11 @@ class UdpCeilingParams(Params):
     step_s: int = Field(2, ge=1, le=60, description="seconds per probe (iperf3 -t takes whole seconds)")
     repeats: int = Field(3, ge=1, le=10, description="probes per rate; every one must pass")
     start_mbit: float = Field(
-        100.0, gt=0, description="first rate tried (Mbit/s); doubled or halved to bracket"
+        100.0, gt=0, le=100_000, description="first rate tried (Mbit/s); doubled or halved to bracket"
     )
-    lo_mbit: float = Field(1.0, gt=0, description="lowest rate tried: if it fails, the ceiling is 0")
+    lo_mbit: float = Field(
+        1.0, gt=0, le=100_000, description="lowest rate tried: if it fails, the ceiling is 0"
+    )
     hi_mbit: float = Field(10_000.0, gt=0, le=100_000, description="highest rate tried")
     resolution_pct: float = Field(
         5.0, gt=0, le=100, description="stop when the lowest failing rate is within this of the ceiling"
