@@ -146,3 +146,35 @@ def test_offlab_evidence_names_the_destinations_most_packets_first(tmp_path):
         "28 packet(s) dropped at the router, to 198.51.100.7 (7), "
         "198.51.100.6 (6), 198.51.100.5 (5), 198.51.100.4 (4), 198.51.100.3 (3) and 2 more address(es)",
     )
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"keys.nebula": "not json"},
+        {"keys.nebula": "null"},
+        {"keys.nebula": '{"violations": ["x"], "files_checked": 2}'},
+        {"keys.scan": "text"},
+        {"keys.scan": '{"hits": "oops"}'},
+        {"offlab_drops.nebula": "lots", "offlab_dests.nebula": "{bad"},
+        {"offlab_drops.nebula": "3", "offlab_dests.nebula": '["1.2.3.4"]'},
+    ],
+)
+def test_a_damaged_security_record_is_no_verdict_not_a_traceback(tmp_path, env):
+    """Values a store may hold that the writers never wrote (text, another JSON type): the table is still
+    drawn, without the damaged cell's verdict; the key scan says its record is unreadable."""
+    import dataclasses
+
+    from tunnelbench.report.security import key_scan
+
+    run = hand_made_run(tmp_path, {"nebula": [("leak", "ok", None, {"leak_pass": 1})]})
+    run = dataclasses.replace(run, env=env)
+    (row,) = security_rows(run)
+    assert row["cells"]["plaintext leak"][0].startswith("pass")
+    if env.get("offlab_drops.nebula") == "3":
+        assert row["cells"]["off-lab drops"] == ("fail", "3 packet(s) dropped at the router")
+    if "keys.nebula" in env and "violations" in env["keys.nebula"]:
+        assert row["cells"]["key hygiene"][0] == "pass"  # a violation that is not a record is not counted
+    scan = key_scan(run)
+    if "keys.scan" in env:
+        assert scan is not None and scan[1] is False and "unreadable" in scan[0]

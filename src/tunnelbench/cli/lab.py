@@ -21,6 +21,7 @@ from tunnelbench.cli.common import (
     main,
     need_root,
 )
+from tunnelbench.core.files import write_atomic
 
 
 @main.command()
@@ -97,7 +98,7 @@ def calibrate(
         sys.exit(2)
     console.print(calibration_table(results, names, known))
     if json_out:
-        json_out.write_text("[" + ",\n".join(c.to_json() for c in results) + "]\n")
+        write_atomic(json_out, "[" + ",\n".join(c.to_json() for c in results) + "]\n")
     flagged = sum(not c.ok for c in results)
     if flagged:
         err.print(Text(f"{flagged} profile calibration(s) out of tolerance", style="red"))
@@ -376,6 +377,6 @@ def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> N
     console.print(t)
     svg = ms.plot_svg(result)
     if svg:
-        out.with_suffix(".svg").write_text(svg)
+        write_atomic(out.with_suffix(".svg"), svg)
         err.print(Text(f"plot: {out.with_suffix('.svg')}"))
     err.print(Text(f"mesh scale: {out}"))

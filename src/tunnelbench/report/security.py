@@ -7,11 +7,11 @@ workload's acl_enforced and the `revoke` workload's revocation_s (or its failed 
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from typing import Any
 
 from tunnelbench.analysis.analyze import RunData
+from tunnelbench.analysis.records import json_value
 from tunnelbench.catalog import DRIVERS
 
 NOT_RUN = ("not run", "")
@@ -70,10 +70,15 @@ def security_rows(run: RunData) -> list[dict[str, Any]]:
                 VERDICTS.get(worst, str(worst)),
                 f"{frames:.0f} plaintext frame(s); {_rel(run, d)}/leak.json",
             )
-        drops = run.env.get(f"offlab_drops.{vpn}")
-        if drops is not None:
-            ev = f"{drops} packet(s) dropped at the router"
-            dests = json.loads(run.env.get(f"offlab_dests.{vpn}", "{}"))
+        drops = json_value(run.env.get(f"offlab_drops.{vpn}"), keep_text=False)
+        if isinstance(drops, int | float) and not isinstance(drops, bool):
+            ev = f"{drops:.0f} packet(s) dropped at the router"
+            raw = json_value(run.env.get(f"offlab_dests.{vpn}"), keep_text=False)
+            dests = (
+                {str(a): n for a, n in raw.items() if isinstance(n, int | float)}
+                if isinstance(raw, dict)
+                else {}
+            )
             if dests:  # where the VPN tried to go, most packets first
                 top = sorted(dests.items(), key=lambda kv: -kv[1])
                 ev += (
@@ -82,12 +87,11 @@ def security_rows(run: RunData) -> list[dict[str, Any]]:
                     + (f" and {len(top) - 5} more address(es)" if len(top) > 5 else "")
                 )
             cells["off-lab drops"] = ("pass" if int(drops) == 0 else "fail", ev)
-        rec = run.env.get(f"keys.{vpn}")
-        if rec is not None:
-            k = json.loads(rec)
-            bad = k.get("violations", [])
+        k = run.records.keys.get(vpn)
+        if isinstance(k, dict):  # a record that is not one (damaged, text) is no verdict either way
+            bad = [b for b in k.get("violations", []) if isinstance(b, dict)]
             ev = f"{k.get('files_checked', 0)} file(s) checked, {len(bad)} violation(s)"
-            ev += "".join(f"; {b['path']} {b['mode']}: {b['why']}" for b in bad[:3])
+            ev += "".join(f"; {b.get('path')} {b.get('mode')}: {b.get('why')}" for b in bad[:3])
             ev += "; kept" if k.get("kept") else f"; {len(k.get('removed', []))} removed at teardown"
             if k.get("error"):
                 ev = f"check failed: {k['error']}"
@@ -149,14 +153,18 @@ def _revocation(run: RunData, got: dict[str, Any], errors: list[str], unsupporte
 
 def key_scan(run: RunData) -> tuple[str, bool] | None:
     """The output key scan's line and whether it passed; None when the run had none."""
-    raw = run.env.get("keys.scan")
-    if raw is None:
+    s = run.records.key_scan
+    if s is None:
         return None
-    s = json.loads(raw)
+    if not isinstance(s, dict) or not isinstance(s.get("hits"), list):
+        return f"the key scan's record is unreadable ({str(s)[:80]!r})", False
     if s["hits"]:
-        where = ", ".join(f"{h['output']} at byte {h['offset']}" for h in s["hits"][:8])
+        where = ", ".join(
+            f"{h.get('output')} at byte {h.get('offset')}" for h in s["hits"][:8] if isinstance(h, dict)
+        )
         return f"key material found in the outputs: {where}", False
-    return f"no key material in the outputs ({s['secrets']} secret values; {', '.join(s['outputs'])})", True
+    outputs = ", ".join(str(o) for o in s.get("outputs", []) if isinstance(o, str))
+    return f"no key material in the outputs ({s.get('secrets')} secret values; {outputs})", True
 
 
 def _rel(run: RunData, path: str) -> str:

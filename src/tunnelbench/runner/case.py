@@ -11,6 +11,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.core.files import write_atomic
 from tunnelbench.core.results import Outcome, Series
 from tunnelbench.diagnostics.case import CaseDiagnostics
 from tunnelbench.impair.backend import ImpairError, NativeBackend
@@ -169,7 +170,7 @@ class CaseRunner:
                 ctx.say(f"{mesh.vpn} · {wl.label()}: n/a: {e}"[:400], "yellow")
                 return "n/a"
             except CASE_ERRORS as e:
-                (adir / "error.txt").write_text(traceback.format_exc())
+                write_atomic(adir / "error.txt", traceback.format_exc())
                 # the verdict first: a host that stopped answering (SSH) must not leave the case "running";
                 # a case on the wrong path keeps the path share it saw (failed cases never count as results)
                 ctx.store.finish_case(

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from tunnelbench.analysis.analyze import load_run
 from tunnelbench.analysis.outcome import NOTHING_MEASURED, judge_store, suite_code
+from tunnelbench.core.files import write_atomic
 from tunnelbench.lab.lock import LabBusy, LabLock, RunLock
 from tunnelbench.report.html import write_html
 from tunnelbench.report.terminal import print_summary, security_table
@@ -96,7 +97,7 @@ def _execute(
         else:
             where = runner.run_dir / "error.txt"
             try:
-                where.write_text(traceback.format_exc())
+                write_atomic(where, traceback.format_exc())
             except OSError as w:
                 where = f"not written: {w.strerror or w}"  # type: ignore[assignment]
             err.print(Text(f"run failed: {type(e).__name__}: {e} (traceback in {where})", style="red"))

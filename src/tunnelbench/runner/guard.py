@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunnelbench.core.files import write_atomic
 from tunnelbench.lab.interference import Guard, Mark, Reading
 from tunnelbench.runner.context import RunContext
 from tunnelbench.scenario import InterferenceCfg
@@ -104,7 +105,7 @@ class CaseGuard:
         """'ok' (not disturbed), 'remeasure' (wait for quiet, measure again) or 'keep' (disturbed, labelled)."""
         if r is None:
             return "ok"
-        (adir / "interference.json").write_text(json.dumps(r.to_json()))
+        write_atomic(adir / "interference.json", json.dumps(r.to_json()))
         t = self.tally
         t.cases += 1
         if not r.disturbed(self.cfg.max_taken_pct):

@@ -29,6 +29,7 @@ from tunnelbench import __version__, environment
 from tunnelbench.analysis.outcome import PLANNED_KEY
 from tunnelbench.case_metrics import CASE_METRICS
 from tunnelbench.catalog import resolve as resolve_driver
+from tunnelbench.core.files import write_atomic
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.lab import hostfw, sysctl
 from tunnelbench.lab.base import Lab
@@ -186,7 +187,7 @@ class Runner:
         t_start = self.t_start = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume is None or not (self.run_dir / "scenario.toml").exists():
-            (self.run_dir / "scenario.toml").write_text(self.toml)
+            write_atomic(self.run_dir / "scenario.toml", self.toml)
         if self.resume is not None:  # before registering: it unregisters the killed process
             undo_leftovers(self.sc, self.run_id, self.run_dir, self._say)
         self.store = self.ctx.store = Store(self.run_dir / DB_NAME)
