@@ -302,7 +302,13 @@ def run_doctor() -> list[Check]:
         path = shutil.which(tool)
         checks.append(Check("tools", tool, path is not None, path or "missing", what))
     checks.append(machine_load())
-    if root and shutil.which("ip"):
+    from tunnelbench.lab.kernel import probes_held
+
+    held = probes_held()
+    if root and shutil.which("ip") and held:  # the probe makes a namespace: never beside a running lab
+        checks.append(Check("kernel", "probe", True, f"not probed now: {held}", "run doctor again later"))
+        checks += tunnel_checks()  # this boot's last probe record, or "not probed"
+    elif root and shutil.which("ip"):
         checks += _probe_kernel()
         checks += tunnel_checks()
     return checks + vpn_and_workload_checks()

@@ -216,3 +216,29 @@ def test_plan_never_probes_the_kernel_while_another_process_holds_the_lab(tmp_pa
         held.release()
     assert probes == [], "plan probed the kernel while a run held the lab"
     assert "the kernel is not probed now" in out and "vxlan" in out, out
+
+
+@pytest.mark.slow  # doctor reads every VPN's availability (~5 s)
+def test_doctor_never_probes_the_kernel_while_another_process_holds_the_lab(tmp_path, probes, monkeypatch):
+    """doctor's own probe (a scratch namespace, tunnel devices) waits for the lab as plan's does: with the
+    lab held, no namespace is made and the table says the kernel was not probed now."""
+    from click.testing import CliRunner
+
+    from tunnelbench import doctor
+    from tunnelbench.cli.app import main
+    from tunnelbench.lab.lock import LabLock
+
+    made: list[str] = []
+    monkeypatch.setattr(doctor, "_probe_kernel", lambda *a, **k: made.append("namespace") or [])
+    held = LabLock("run").acquire()
+    try:
+        res = CliRunner().invoke(main, ["doctor"], env={"COLUMNS": "250"})
+    finally:
+        held.release()
+    assert made == [] and probes == [], "doctor probed the kernel while a run held the lab"
+    assert "not probed now: the lab is busy" in res.output, res.output
+    from tunnelbench.lab import kernel
+
+    kernel._held.clear()  # a new command, as a new process would be
+    res = CliRunner().invoke(main, ["doctor"], env={"COLUMNS": "250"})
+    assert made == ["namespace"], "doctor did not probe with the lab free"

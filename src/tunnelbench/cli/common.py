@@ -148,6 +148,32 @@ def hold_lab(what: str) -> LabLock:
     return lock
 
 
+def probe_under_lab_lock(what: str) -> None:
+    """plan, doctor and list ask the kernel what it can run, and that probe changes the machine (a scratch namespace,
+    tunnel devices, modules loaded), so it runs under the lab lock. When another process holds the lab, none
+    runs: this boot's last probe is read instead, or the kernel is not probed (every VPN counted), said."""
+    from tunnelbench.lab import kernel
+    from tunnelbench.lab.lock import LabBusy, LabLock
+
+    try:
+        lock = LabLock(what).acquire()
+    except LabBusy as e:
+        kernel.hold_probes("the lab is busy")
+        console.print(
+            Text(
+                f"{str(e).split('. ')[0]}: the kernel is not probed now (the probe makes a namespace and loads "
+                "modules); VPN availability is this boot's last probe, or not known (then every VPN is counted)",
+                style="yellow",
+            )
+        )
+        return
+    except OSError:  # not root: no lock to take, and the probe can change nothing either
+        return
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(lock.release)
+
+
 def build_tool(b: Build, before: dict[str, float]) -> None:
     """Build one tool on first use (builds.build), a line before and one after; a failure is said only."""
     from tunnelbench.builds import build_announced

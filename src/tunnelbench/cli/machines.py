@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from tunnelbench.cli.common import console, err, load_inventory, main, need_root
+from tunnelbench.cli.common import console, err, load_inventory, main, need_root, probe_under_lab_lock
 
 
 @main.command()
@@ -26,6 +26,7 @@ def doctor(inventory: Path | None = None, insecure: bool = False) -> None:
     if inventory is not None:
         sys.exit(_doctor_inventory(inventory, insecure))
 
+    probe_under_lab_lock("doctor")
     checks = run_doctor()
     t = Table(title="tunnelbench doctor", title_justify="left")
     for col in ("group", "check", "status", "detail", "if missing"):
@@ -205,6 +206,7 @@ def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:
 @main.command("list")
 def list_() -> None:
     """VPNs, workloads and impairment profiles, and whether each is available here."""
+    probe_under_lab_lock("list")
     from tunnelbench.catalog import DRIVERS, WORKLOADS, resolve
     from tunnelbench.doctor import vpn_and_workload_checks
     from tunnelbench.impair.profiles import PROFILES

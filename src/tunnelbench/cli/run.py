@@ -10,7 +10,16 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from tunnelbench.cli.common import Number, console, err, find_run, hold_lab, main, need_root
+from tunnelbench.cli.common import (
+    Number,
+    console,
+    err,
+    find_run,
+    hold_lab,
+    main,
+    need_root,
+    probe_under_lab_lock,
+)
 from tunnelbench.core.files import check_private_folder
 
 if TYPE_CHECKING:
@@ -306,7 +315,7 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
     except ScenarioError as e:
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
-    _probe_under_the_lab_lock()
+    probe_under_lab_lock("plan")
     total = 0.0
     for _part, sc, _text, _over in parts:
         total += _print_plan(sc, results)
@@ -317,32 +326,6 @@ def plan(scenario: Path | None, vpns: tuple[str, ...], repetitions: int | None, 
         console.print(
             f"suite {suite.name}: {len(parts)} runs, total about {total / 60:.0f} min ({total / 3600:.1f} h)"
         )
-
-
-def _probe_under_the_lab_lock() -> None:
-    """plan asks the kernel which VPNs can run, and that probe changes the machine (a scratch namespace,
-    tunnel devices, modules loaded), so it runs under the lab lock. When another process holds the lab, none
-    runs: this boot's last probe is read instead, or the kernel is not probed (every VPN counted), said."""
-    from tunnelbench.lab import kernel
-    from tunnelbench.lab.lock import LabBusy, LabLock
-
-    try:
-        lock = LabLock("plan").acquire()
-    except LabBusy as e:
-        kernel.hold_probes("the lab is busy")
-        console.print(
-            Text(
-                f"{str(e).split('. ')[0]}: the kernel is not probed now (the probe makes a namespace and loads "
-                "modules); VPN availability is this boot's last probe, or not known (then every VPN is counted)",
-                style="yellow",
-            )
-        )
-        return
-    except OSError:  # not root: no lock to take, and the probe can change nothing either
-        return
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        ctx.call_on_close(lock.release)
 
 
 def _print_plan(sc: Scenario, results: Path) -> float:

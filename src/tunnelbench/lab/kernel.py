@@ -141,6 +141,11 @@ def hold_probes(why: str) -> None:
     _held[:] = [why]
 
 
+def probes_held() -> str | None:
+    """Why this process may not probe this machine now, or None."""
+    return _held[0] if _held else None
+
+
 def _record_path() -> Path:
     """Beside the lab lock (/run/tunnelbench.kernel.json): gone at reboot, as the record is."""
     return journal.REGISTRY.with_name(journal.REGISTRY.name + ".kernel.json")
