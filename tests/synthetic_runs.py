@@ -10,6 +10,7 @@ import numpy as np
 
 from tunnelbench.core.results import Outcome, Sample, Series
 from tunnelbench.store import DB_NAME, Store
+from tunnelbench.workloads.tcp import TcpParams
 
 SCENARIO = 'name = "synthetic"\nvpns = ["internal", "fastvpn", "slowvpn"]\n'
 
@@ -77,12 +78,16 @@ def make_run(
     )
     for vpn, (mean, sd) in goodput.items():
         st.set_vpn(run_id, vpn, version if vpn != "internal" else "kernel", "ok")
-        labels = [("tcp", "tcp", 1.0), ("tcp-p4", "tcp", 1.6)] if extra_label else [("tcp", "tcp", 1.0)]
+        # (label, workload, factor, streams): the parameters stored as the runner stores them
+        labels = (
+            [("tcp", "tcp", 1.0, 1), ("tcp-p4", "tcp", 1.6, 4)] if extra_label else [("tcp", "tcp", 1.0, 1)]
+        )
         for rep in range(1, n + 1):
-            for label, wl, factor in labels:
+            for label, wl, factor, streams in labels:
                 adir = run_dir / "cases" / vpn / profile / label / f"r{rep}a0"
                 adir.mkdir(parents=True)
-                cid = st.start_case(run_id, vpn, profile, wl, label, {}, rep, 0, "h1", "h2", adir)
+                params = TcpParams(streams=streams).model_dump()
+                cid = st.start_case(run_id, vpn, profile, wl, label, params, rep, 0, "h1", "h2", adir)
                 g = max(1.0, rng.normal(mean, sd)) * factor
                 out = Outcome(
                     samples=[

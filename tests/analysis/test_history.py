@@ -17,7 +17,7 @@ from conftest import tb
 from rich.console import Console
 from test_report import ARTIFACTS, CHROMIUM, assert_self_contained, chromium_missing, open_in_chromium
 
-from tunnelbench.analysis.analyze import is_headline, load_run
+from tunnelbench.analysis.analyze import load_run
 from tunnelbench.analysis.compare import compare_runs
 from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report.history import (
@@ -414,7 +414,7 @@ def test_history_of_three_real_runs_in_headless_chromium(tmp_path):
         r = load_run(d)
         for m in r.metrics:
             c = next(c for c in r.cases if c.id == m["case_id"])
-            if m["host"] is None and is_headline(c.workload, m["name"]):
+            if m["host"] is None and r.is_headline(c.workload, m["name"]):
                 expected.add((c.label, m["name"]))
         r.store.close()
     assert {("tcp", "goodput_mbps"), ("ping", "rtt_p50_ms"), ("ping", "rtt_p99_ms")} <= expected

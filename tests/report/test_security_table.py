@@ -80,6 +80,30 @@ def test_acl_and_revocation_cells(tmp_path):
     assert rows["tailscale"]["tones"]["revocation"] == "bad" and rows["tinc"]["tones"]["ACL"] == "muted"
 
 
+def test_not_supported_comes_from_what_the_run_recorded_not_todays_driver(tmp_path):
+    """The run recorded each VPN's capabilities with it (vpn settings "capabilities"): a wireguard-go recorded
+    with ACLs and a tinc recorded with a revocation are judged by that record, though today's drivers have
+    neither; a record without capabilities (a run from before) falls back to today's driver."""
+    import dataclasses
+    import json
+
+    run = hand_made_run(tmp_path)
+    recorded = {
+        "wireguard-go": {"capabilities": {"acl": True, "revocation": "delete the peer"}},
+        "tinc": {"capabilities": {"acl": False, "revocation": "remove the host file"}},
+        "nebula": {"capabilities": {"acl": False, "revocation": None}},
+    }
+    vpns = [{**v, "settings": json.dumps(recorded.get(v["name"], {}))} for v in run.vpns]
+    rows = {r["vpn"]: r["cells"] for r in security_rows(dataclasses.replace(run, vpns=vpns))}
+    assert rows["wireguard-go"]["ACL"] == (
+        "not run",
+        "case failed: wireguard-go has no access control in this lab",
+    )
+    assert rows["tinc"]["ACL"] == NOT_SUPPORTED and rows["tinc"]["revocation"] == NOT_RUN
+    assert rows["nebula"]["ACL"] == rows["nebula"]["revocation"] == NOT_SUPPORTED
+    assert rows["tailscale"]["ACL"][0] == "NOT enforced (1/1)"  # no record: today's tailscale has ACLs
+
+
 def test_not_supported_alone_makes_no_table(tmp_path):
     # a run without the acl and revoke checks: the drivers' "not supported" is no reason for a Security table
     run = hand_made_run(tmp_path, {"tinc": [("tcp", "ok", None, {"goodput_mbps": 900})]})

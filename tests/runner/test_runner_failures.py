@@ -344,6 +344,11 @@ def test_unavailable_and_never_ready_vpns_are_skipped_and_the_run_goes_on(tmp_pa
     assert sorted(specs) == sorted(("tbtest-probe", m.name, m.better, 0) for m in Probe.metrics), specs
     assert db.execute("SELECT better FROM metric_spec WHERE workload = '' AND name = 'daemon_cpu_pct'").fetchall() == [
         ("lower",)]  # fmt: skip
+    # every VPN's record keeps its driver's capabilities, up or not (the security table reads them)
+    caps = {
+        n: json.loads(s or "{}").get("capabilities") for n, s in db.execute("SELECT name, settings FROM vpn")
+    }
+    assert caps == dict.fromkeys(vpn, {"acl": False, "revocation": None}), caps
     db.close()
     assert vpn["tbtest-unavail"] == ("unavailable", "missing binaries: tbtest-no-such-binary"), vpn
     assert vpn["tbtest-never"][0] == "failed"

@@ -95,7 +95,7 @@ def test_a_run_is_judged_by_the_metric_definitions_it_stored(tmp_path):
     """A run stores what each metric meant when it ran (direction, description, the workload's headline
     choice in order); reports read those, so a later release that redefines a metric does not rejudge an old
     run. A run from before specs were stored is read with today's definitions."""
-    from tunnelbench.analysis.analyze import analyze, is_headline, load_run, metric_spec
+    from tunnelbench.analysis.analyze import analyze, load_run, metric_spec
     from tunnelbench.core.metrics import MetricSpec
 
     s = Store(tmp_path / "results.sqlite")
@@ -103,7 +103,7 @@ def test_a_run_is_judged_by_the_metric_definitions_it_stored(tmp_path):
     s.close()
     old = load_run(tmp_path, "r1")  # nothing stored: today's tcp workload decides
     assert old.specs == {} and metric_spec("tcp", "goodput_mbps", old)[0] == "higher"
-    assert is_headline("tcp", "goodput_mbps", old)
+    assert old.is_headline("tcp", "goodput_mbps")
     old.store.close()
     s = Store(tmp_path / "results.sqlite")
     s.set_metric_specs("r1", [("tcp", MetricSpec("goodput_mbps", "Mbit/s", "lower", "as then defined"), 0),
@@ -117,7 +117,7 @@ def test_a_run_is_judged_by_the_metric_definitions_it_stored(tmp_path):
     run = load_run(tmp_path, "r1")
     assert metric_spec("tcp", "goodput_mbps", run) == ("lower", "as then defined")
     assert metric_spec("tcp", "daemon_cpu_pct", run) == ("none", "then")  # the runner's own, for any workload
-    assert run.headline("tcp") == ("tb_then_a", "tb_then_b") and not is_headline("tcp", "goodput_mbps", run)
+    assert run.headline("tcp") == ("tb_then_a", "tb_then_b") and not run.is_headline("tcp", "goodput_mbps")
     a = analyze([run])
     assert a.groups[("wireguard-go", "baseline", "tcp", "goodput_mbps")].better == "lower"
     assert a.headline_families() == []  # the stored headline metrics have no values here

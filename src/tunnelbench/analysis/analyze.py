@@ -7,8 +7,8 @@ named after the VPN, or "VPN version" / "VPN @run" when the same VPN appears in 
 from __future__ import annotations
 
 import functools
+import json
 import math
-import re
 import tomllib
 from collections import defaultdict
 from collections.abc import Callable
@@ -20,6 +20,7 @@ import numpy as np
 
 from tunnelbench.analysis.blocked import Test, blocked, unpaired
 from tunnelbench.analysis.emulator import emulator_facts
+from tunnelbench.analysis.legacy import Specs, legacy_capabilities, legacy_specs
 from tunnelbench.analysis.records import Records
 from tunnelbench.analysis.stats import (
     Better,
@@ -33,8 +34,7 @@ from tunnelbench.analysis.stats import (
 )
 from tunnelbench.analysis.verdict import CaseFacts, Verdict, is_ceiling_metric, judge, min_kept
 from tunnelbench.case_metrics import DAEMON_METRICS
-from tunnelbench.catalog import WORKLOADS
-from tunnelbench.core.metrics import MetricSpec, declared
+from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.store import CaseRow, Store
 
 BASELINE = "internal"
@@ -63,30 +63,16 @@ EFFICIENCY_GOODPUT = ("goodput_mbps", "aggregate_goodput_mbps")
 
 
 def metric_spec(workload: str, metric: str, run: RunData | None = None) -> tuple[Better, str]:
-    """(better, description) of a metric: as `run` stored it when it did (the definitions it measured with),
-    else as its workload declares it now; ("none", "") when undeclared."""
-    if run is not None:
-        stored = run.specs.get((workload, metric)) or run.specs.get(("", metric))
-        if stored is not None:
-            return stored[0].better, stored[0].description
-    wl = WORKLOADS.get(workload)
-    if wl is not None:
-        for m in wl.metrics:
-            if m.name == metric:
-                return m.better, m.description
-    try:  # the runner's own metrics (case_metrics.py), declared like a workload's
-        m = declared(metric)
-    except KeyError:
-        return "none", ""
-    return m.better, m.description
+    """(better, description) of a metric of a workload: as `run` defined it (`RunData.spec`; today's
+    definitions without a run); ("none", "") when undeclared."""
+    m = run.spec(workload, metric) if run is not None else _lookup(legacy_specs(), workload, metric)
+    return (m.better, m.description) if m is not None else ("none", "")
 
 
-def is_headline(workload: str, metric: str, run: RunData | None = None) -> bool:
-    """Whether the metric is one of its workload's headline metrics: as `run` stored it when it did."""
-    if run is not None:
-        return metric in run.headline(workload)
-    wl = WORKLOADS.get(workload)
-    return bool(wl and metric in wl.headline)
+def _lookup(specs: Specs, workload: str, metric: str) -> MetricSpec | None:
+    """A workload's metric in a table of specs, else the runner's own of that name (workload "")."""
+    found = specs.get((workload, metric)) or specs.get(("", metric))
+    return found[0] if found is not None else None
 
 
 @dataclass
@@ -105,6 +91,37 @@ class RunData:
     # (workload, metric) -> (spec, place among the headline metrics, 0 = not one) as the run stored them
     # ("" = the runner's own); {} for a run from before they were stored
     specs: dict[tuple[str, str], tuple[MetricSpec, int]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def definitions(self) -> Specs:
+        """The metric definitions to read this run by: the ones it stored, or (a run from before they were
+        stored) today's, through the one legacy adaptor (analysis/legacy.py)."""
+        return self.specs or legacy_specs()
+
+    def spec(self, workload: str, metric: str) -> MetricSpec | None:
+        """A workload's metric as this run defined it (unit, direction, description); None when undeclared."""
+        return _lookup(self.definitions, workload, metric)
+
+    def is_headline(self, workload: str, metric: str) -> bool:
+        return metric in self.headline(workload)
+
+    def settings(self, vpn: str) -> dict[str, Any]:
+        """The VPN's record as the run stored it (`vpn` table: what ran, the capabilities, the feature record);
+        {} when there is none or it is not JSON."""
+        for v in self.vpns:
+            if v["name"] == vpn:
+                try:
+                    got = json.loads(v.get("settings") or "{}")
+                except json.JSONDecodeError:
+                    return {}
+                return got if isinstance(got, dict) else {}
+        return {}
+
+    def capabilities(self, vpn: str) -> dict[str, Any] | None:
+        """The VPN's driver capabilities (ACLs, revocation) as the run recorded them; for a run from before
+        they were recorded, today's driver of that name (analysis/legacy.py); None when neither says."""
+        caps = self.settings(vpn).get("capabilities")
+        return caps if isinstance(caps, dict) else legacy_capabilities(vpn)
 
     @functools.cached_property
     def alone(self) -> Analysis:
@@ -151,12 +168,8 @@ class RunData:
         return [dict(r) for r in self.store.series(case_ids) if r["name"] == name]
 
     def headline(self, workload: str) -> tuple[str, ...]:
-        """The workload's headline metrics in order, as this run stored them (as the code says, for a run from
-        before they were stored)."""
-        if not self.specs:
-            wl = WORKLOADS.get(workload)
-            return tuple(wl.headline) if wl else ()
-        ranked = sorted((h, m) for (w, m), (_, h) in self.specs.items() if w == workload and h > 0)
+        """The workload's headline metrics in order, as this run defined them (`definitions`)."""
+        ranked = sorted((h, m) for (w, m), (_, h) in self.definitions.items() if w == workload and h > 0)
         return tuple(m for _, m in ranked)
 
     def failures(self) -> dict[tuple[str, str, str], int]:
@@ -217,6 +230,9 @@ class Group:
     desc: Describe | None = None
     ratio: tuple[float, float, float] | None = None  # (median / baseline median, CI lo, CI hi)
     verdict: Verdict = field(default_factory=Verdict)  # measured, or what limited it (analysis/verdict.py)
+    params: dict[str, Any] = field(
+        default_factory=dict
+    )  # the workload's parameters, as its cases stored them
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -416,6 +432,7 @@ def analyze(runs: list[RunData]) -> Analysis:
                     name,
                     m["unit"],
                     better,
+                    params=c.params,
                 )
             g.values.append(m["value"])
             g.case_ids.append(cid)
@@ -513,14 +530,30 @@ def _judge(
         )
 
 
+def _streams(g: Group) -> int | None:
+    """The parallel TCP streams of a tcp group (its stored `streams` parameter); None for another workload."""
+    return int(g.params.get("streams", 1)) if g.workload == "tcp" else None
+
+
 def _scaling(groups: dict[tuple[str, str, str, str], Group], variants: list[str]) -> list[Derived]:
-    """Parallel scaling factor: goodput of tcp-pN / goodput of tcp (medians, bootstrap CI)."""
+    """Parallel scaling factor: goodput of N tcp streams / goodput of one stream with the same engine and
+    transfer (medians, bootstrap CI), the stream count read from the cases' stored parameters."""
     out = []
     for (var, profile, label, metric), g in groups.items():
-        m = re.fullmatch(r"tcp-p(\d+)", label)
-        if not m or metric != "goodput_mbps":
+        n = _streams(g)
+        if n is None or n < 2 or metric != "goodput_mbps":
             continue
-        single = groups.get((var, profile, "tcp", "goodput_mbps"))
+        same = ("engine", "bytes")
+        single = next(
+            (
+                s
+                for s in groups.values()
+                if (s.variant, s.profile, s.metric) == (var, profile, metric)
+                and _streams(s) == 1
+                and all(s.params.get(k) == g.params.get(k) for k in same)
+            ),
+            None,
+        )
         if not single:
             continue
         r, lo, hi = ratio_ci(g.values, single.values)
@@ -534,7 +567,7 @@ def _scaling(groups: dict[tuple[str, str, str, str], Group], variants: list[str]
                 hi,
                 min(len(g.values), len(single.values)),
                 "×",
-                f"{m.group(1)} streams / 1 stream",
+                f"{n} streams / 1 stream",
             )
         )
     rank = {v: i for i, v in enumerate(variants)}

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tunnelbench.analysis.analyze import RATIO_UNITS, RunData, is_headline, metric_spec
+from tunnelbench.analysis.analyze import RATIO_UNITS, RunData, metric_spec
 from tunnelbench.analysis.stats import ALPHA, cliffs_delta, holm, mann_whitney, min_attainable_p, ratio_ci
 from tunnelbench.analysis.verdict import DISTURBED, OFF_PATH
 
@@ -110,24 +110,25 @@ Key = tuple[str, str, str, str]  # (vpn, profile, label, metric)
 UNGATED_KINDS = (DISTURBED, OFF_PATH)
 
 
-def _samples(run: RunData) -> tuple[dict[Key, list[float]], dict[str, tuple[str, str]], dict[Key, str]]:
-    """The run's samples per group as its analysis has them, each metric's (unit, workload), and the groups
-    whose cell is disturbed or off-path (their verdict kind)."""
+def _samples(run: RunData) -> tuple[dict[Key, list[float]], dict[Key, tuple[str, str]], dict[Key, str]]:
+    """The run's samples per group as its analysis has them, each group's (unit, workload) (one metric name
+    can be two metrics: goodput_sender_mbps of tcp and of udp), and the groups whose cell is disturbed or
+    off-path (their verdict kind)."""
     out: dict[Key, list[float]] = {}
-    info: dict[str, tuple[str, str]] = {}  # metric -> (unit, workload)
+    info: dict[Key, tuple[str, str]] = {}
     limited: dict[Key, str] = {}
     for g in run.alone.groups.values():
         k = (g.vpn, g.profile, g.label, g.metric)
         out[k] = list(g.values)
-        info[g.metric] = (g.unit, g.workload)
+        info[k] = (g.unit, g.workload)
         if g.verdict.kind in UNGATED_KINDS:
             limited[k] = g.verdict.kind
     return out, info, limited
 
 
-def default_gated(workload: str, metric: str, unit: str, run: RunData | None = None) -> bool:
+def default_gated(workload: str, metric: str, unit: str, run: RunData) -> bool:
     better, _ = metric_spec(workload, metric, run)
-    return better != "none" and is_headline(workload, metric, run) and unit in RATIO_UNITS
+    return better != "none" and run.is_headline(workload, metric) and unit in RATIO_UNITS
 
 
 def compare_runs(
@@ -143,6 +144,7 @@ def compare_runs(
     sb, info_b, lim_b = _samples(b)
     if vpn_map:
         sa = {(vpn_map.get(k[0], k[0]), *k[1:]): v for k, v in sa.items()}
+        info_a = {(vpn_map.get(k[0], k[0]), *k[1:]): v for k, v in info_a.items()}
         lim_a = {(vpn_map.get(k[0], k[0]), *k[1:]): v for k, v in lim_a.items()}
     info = {**info_a, **info_b}
     keys = [k for k in sa if k in sb and (not metrics or k[3] in metrics)]
@@ -150,7 +152,7 @@ def compare_runs(
     thr = threshold_pct / 100
     for k in keys:
         vpn, profile, label, metric = k
-        unit, workload = info[metric]
+        unit, workload = info[k]
         better, _ = metric_spec(workload, metric, b)  # the newer run's definitions
         gated = (
             (metric in metrics and better != "none") if metrics else default_gated(workload, metric, unit, b)

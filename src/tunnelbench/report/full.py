@@ -313,16 +313,16 @@ def _feature_records(a: Analysis) -> list[dict[str, Any]]:
     out = []
     for r in a.runs:
         for v in r.vpns:
-            try:
-                settings = json.loads(v["settings"] or "{}")
-            except json.JSONDecodeError:
-                settings = {}
+            settings = r.settings(v["name"])
             feats = settings.get("features")
             out.append(
                 {
                     "variant": a.variant_of.get((r.run_id, v["name"]), v["name"]),
                     "raw": feats if isinstance(feats, dict) else {},
-                    "settings": {k: _jsonish(x) for k, x in settings.items() if k != "features"},
+                    # what ran; the feature record and the capabilities have their own sections
+                    "settings": {
+                        k: _jsonish(x) for k, x in settings.items() if k not in ("features", "capabilities")
+                    },
                 }
             )
     return out

@@ -25,10 +25,9 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from tunnelbench.analysis.analyze import BASELINE, RunData, is_headline, load_run, metric_spec
+from tunnelbench.analysis.analyze import BASELINE, RunData, load_run, metric_spec
 from tunnelbench.analysis.compare import DEFAULT_THRESHOLD_PCT, Change, Comparison, _samples, compare_runs
 from tunnelbench.analysis.stats import describe
-from tunnelbench.catalog import WORKLOADS
 from tunnelbench.core.files import FileRefused, check_private_folder
 from tunnelbench.report.fmt import num
 from tunnelbench.store import DB_NAME, Store
@@ -71,6 +70,7 @@ class Trend:
     unit: str
     better: str
     series: dict[str, list[Point]] = field(default_factory=dict)
+    headline: tuple[str, ...] = ()  # the workload's headline metrics in order (their order on the page)
 
 
 @dataclass
@@ -161,7 +161,7 @@ def close_runs(runs: list[RunData]) -> None:
 
 
 def _wanted(metric: str, workload: str, metrics: list[str] | None, run: RunData) -> bool:
-    return metric in metrics if metrics else is_headline(workload, metric, run)
+    return metric in metrics if metrics else run.is_headline(workload, metric)
 
 
 def build_history(
@@ -181,13 +181,14 @@ def build_history(
     for r in runs:
         s, info, _limited = samples[r.run_id]
         for (vpn, profile, label, metric), vals in s.items():
-            unit, workload = info[metric]
+            unit, workload = info[(vpn, profile, label, metric)]
             if (vpns and vpn not in vpns) or not _wanted(metric, workload, metrics, r) or not vals:
                 continue
             t = trends.get((profile, label, metric))
             if t is None:
                 better, _ = metric_spec(workload, metric, r)
                 t = trends[(profile, label, metric)] = Trend(profile, label, workload, metric, unit, better)
+            t.headline = r.headline(workload)  # as the newest run with it defined them
             d = describe(vals)
             t.series.setdefault(vpn, []).append(
                 Point(
@@ -268,8 +269,7 @@ def _trend_order(
     lrank = {lb: i for i, lb in enumerate(dict.fromkeys(k[1] for k in keys))}
 
     def key(t: Trend) -> tuple[int, int, int, str]:
-        wl = WORKLOADS.get(t.workload)
-        names = list(metrics or (wl.headline if wl else ()))
+        names = list(metrics or t.headline)
         return (
             prank[t.profile],
             lrank[t.label],

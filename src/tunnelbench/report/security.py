@@ -3,7 +3,8 @@
 (leak_pass at the router, relay_verdict at the relay), the router's off-lab drops while the VPN's mesh was up
 (`offlab_drops.<vpn>`), the key-hygiene record (`keys.<vpn>`), the output key scan (`keys.scan`), the `acl`
 workload's acl_enforced and the `revoke` workload's revocation_s (or its failed cases' "still reachable").
-"not supported" comes from the driver class (`acl_support`, `revocation`), so it holds even where no case ran."""
+"not supported" comes from the driver's capabilities as the run recorded them with the VPN (`acl`, `revocation`;
+today's driver for a run from before), so it holds even where no case ran."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from typing import Any
 
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.analysis.records import json_value
-from tunnelbench.catalog import DRIVERS
 
 NOT_RUN = ("not run", "")
 SKIPPED = "skipped: "  # a skipped case's reason, as evidence of a "not run" cell
@@ -99,10 +99,10 @@ def security_rows(run: RunData) -> list[dict[str, Any]]:
                 "fail" if bad or k.get("error") else "pass" if k.get("files_checked") else "no key files"
             )
             cells["key hygiene"] = (verdict, ev)
-        driver = DRIVERS.get(vpn)
-        cells["ACL"] = _acl(run, got, errors[vpn]["acl"], driver is not None and not driver.acl_support)
+        caps = run.capabilities(vpn)
+        cells["ACL"] = _acl(run, got, errors[vpn]["acl"], caps is not None and not caps.get("acl"))
         cells["revocation"] = _revocation(
-            run, got, errors[vpn]["revoke"], driver is not None and driver.revocation is None
+            run, got, errors[vpn]["revoke"], caps is not None and caps.get("revocation") is None
         )
         shown = [
             c

@@ -9,7 +9,7 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from tunnelbench.analysis.analyze import Analysis, RunData, analyze, is_headline, load_run
+from tunnelbench.analysis.analyze import Analysis, RunData, analyze, load_run
 from tunnelbench.analysis.emulator import emulator_facts, facts_lines
 from tunnelbench.analysis.records import Records
 from tunnelbench.catalog import DRIVERS
@@ -53,7 +53,7 @@ def summary_table(a: Analysis, run: RunData) -> Table:
     usage = {(u.variant, u.profile, u.label): u for u in a.usage}
     failures = run.failures()
     groups = sorted(
-        (g for g in a.groups.values() if g.run_id == run.run_id and is_headline(g.workload, g.metric, run)),
+        (g for g in a.groups.values() if g.run_id == run.run_id and run.is_headline(g.workload, g.metric)),
         key=lambda g: (g.profile, rank.get(g.vpn, 99), g.label, g.metric),
     )
     multi_profile = len({g.profile for g in groups}) > 1

@@ -526,7 +526,7 @@ class Runner:
         avail = self._availability(vpn, cls)
         if not avail.ok:
             self.dead.add(vpn)
-            self.store.set_vpn(self.run_id, vpn, None, "unavailable", avail.reason)
+            self.store.set_vpn(self.run_id, vpn, None, "unavailable", avail.reason, self._vpn_record(cls))
             self._skip_all(vpn, avail.reason, [c[2] for c in conds])
             self._say(f"{vpn}: skipped: {avail.reason}", "yellow")
             self._advance(sched.remaining_cases(vpn, reps))
@@ -574,7 +574,7 @@ class Runner:
                 first
             ):  # never came up: the VPN is out of the run (later rounds would wait out the timeout again)
                 self.dead.add(vpn)
-                self.store.set_vpn(self.run_id, vpn, avail.version, "failed", reason)
+                self.store.set_vpn(self.run_id, vpn, avail.version, "failed", reason, self._vpn_record(cls))
                 self._skip_all(vpn, reason, [c[2] for c in conds])
                 self._advance(sched.remaining_cases(vpn, reps))
             else:
@@ -679,12 +679,20 @@ class Runner:
                 status = self.cases.run(mesh, wl, label, rep)
                 self._log_case(mesh.vpn, label, wl, rep, status, t_case)
 
+    @staticmethod
+    def _vpn_record(cls: type[VpnDriver]) -> dict[str, Any]:
+        """What every VPN record keeps, up or not: the driver's capabilities (the security table's "not
+        supported" reads them from the run)."""
+        return {"capabilities": cls.capabilities()}
+
     def _vpn_settings(self, driver: VpnDriver) -> dict[str, Any]:
-        """What ran (driver.settings, with its defaults), the path scenario, and the feature record."""
+        """What ran (driver.settings, with its defaults), the path scenario, the capabilities and the feature
+        record."""
         out = dict(driver.settings)
         out.setdefault("mtu", driver.mtu)
         out["path"] = driver.spec.path
         out["mesh_hosts"] = len(driver.spec.hosts)
+        out.update(self._vpn_record(type(driver)))
         if driver.features:
             from tunnelbench.vpns.features import record
 

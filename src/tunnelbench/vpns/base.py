@@ -236,6 +236,12 @@ class VpnDriver(ABC):
 
     # -- identity ----------------------------------------------------------------------------------
     @classmethod
+    def capabilities(cls) -> dict[str, Any]:
+        """What the security checks can ask of the driver, as a run records it with the VPN (the security
+        table reads the run's record, not a later release's driver): ACLs, and how it revokes a host."""
+        return {"acl": cls.acl_support, "revocation": cls.revocation}
+
+    @classmethod
     def availability(cls, hosts: Sequence[Host] | None = None) -> Availability:
         """Binaries and version here, or on the hosts when they are remote (SSH lab: version from the first).
         Every binary is looked up the way a run will start it, `host.binary(name, installs)`."""
