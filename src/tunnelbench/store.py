@@ -372,32 +372,21 @@ class Store:
             )
         ]
 
-    def metric_totals(self, run_id: str, names: tuple[str, ...]) -> dict[str, tuple[float, int]]:
-        """(sum, count) of each named metric over the run's cases (any host)."""
-        marks = ",".join("?" * len(names))
-        return {
-            n: (s, k)
-            for n, s, k in self.db.execute(
-                f'SELECT m.name, SUM(m.value), COUNT(*) FROM metric m JOIN "case" c ON c.id = m.case_id '
-                f"WHERE c.run_id = ? AND m.name IN ({marks}) GROUP BY m.name",
-                (run_id, *names),
-            )
-        }
-
-    def metrics(self, run_id: str) -> list[sqlite3.Row]:
-        """Metrics of the run's successful cases, joined with their case keys. A value that is not a finite
-        number (text, NULL, infinite: a damaged store; an unmeasured metric is never stored) is left out,
-        with a line in `skipped`."""
+    def metrics(self, run_id: str, every_status: bool = False) -> list[sqlite3.Row]:
+        """Metrics of the run's successful cases (`every_status`: of every case that stored any, with its
+        `status`), joined with their case keys. A value that is not a finite number (text, NULL, infinite: a
+        damaged store; an unmeasured metric is never stored) is left out, with a line in `skipped` for a
+        successful case's."""
         rows = self._read(
             "SELECT c.id AS case_id, c.vpn, c.profile, c.workload, c.label, c.repetition, c.attempt, "
-            'm.name, m.value, m.unit, m.host FROM metric m JOIN "case" c ON c.id = m.case_id '
-            "WHERE c.run_id=? AND c.status='ok' ORDER BY c.id",
+            'm.name, m.value, m.unit, m.host, c.status FROM metric m JOIN "case" c ON c.id = m.case_id '
+            "WHERE c.run_id=?" + ("" if every_status else " AND c.status='ok'") + " ORDER BY c.id",
             (run_id,),
             rows=True,
         )
         bad: dict[str, list[Any]] = defaultdict(list)
         for r in rows:
-            if not _finite(r["value"]):
+            if not _finite(r["value"]) and r["status"] == "ok":
                 bad[r["name"]].append(r)
         for name, rs in bad.items():
             self._skip(

@@ -115,13 +115,16 @@ def test_doctor_prints_a_tool_s_detail_as_text(monkeypatch, cli):
 
 @pytest.mark.slow  # 3 s: a stored run analysed (bootstrap); the lab lane runs it
 def test_report_md_escapes_stored_names(tmp_path):
-    from tunnelbench.report.full import load_analysis, render_markdown
+    from tunnelbench.report.full import render_markdown
+    from tunnelbench.report.reading import read
 
     img = "<img src=x onerror=alert(1)>"
     run_dir = make_run(
         tmp_path, "20260101-000000-tbmd0001", {"internal": (1000, 10), img: (900, 9), "a|b": (800, 8)}
     )
-    text = render_markdown(load_analysis([run_dir]))
+    rd = read([(run_dir, None)])
+    text = render_markdown(rd)
+    rd.close()
     assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt;" in text
     rows = [x for x in text.splitlines() if x.startswith("| ") and ("a\\|b" in x or "&lt;img" in x)]
     header = next(x for x in text.splitlines() if x.startswith("| VPN | workload"))

@@ -191,6 +191,7 @@ def test_matrix_row_is_a_probed_fact_and_a_report_table(tmp_path, monkeypatch):
 
     from tunnelbench.analysis.analyze import analyze, load_run
     from tunnelbench.report.full import _nat_matrix, render_report
+    from tunnelbench.report.reading import Reading
     from tunnelbench.store import DB_NAME, Store
     from tunnelbench.vpns.features import record, save_probe
 
@@ -207,7 +208,7 @@ def test_matrix_row_is_a_probed_fact_and_a_report_table(tmp_path, monkeypatch):
     assert m is not None and m["pairs"] == list(row)
     assert [r["variant"] for r in m["rows"]] == ["fastvpn"]
     assert m["rows"][0]["cells"] == [("direct (98% direct)", "direct"), ("relayed (0% direct)", "relayed")]
-    html = render_report(a)
+    html = render_report(Reading.of(a))
     table = html[html.index('id="nat-matrix"') :]
     table = table[: table.index("</table>")]
     assert "<th>symmetric x symmetric</th>" in table and '<td class="ok">direct (98% direct)</td>' in table

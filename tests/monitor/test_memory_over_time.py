@@ -23,6 +23,7 @@ from tunnelbench.core.results import Outcome, Sample, Series
 from tunnelbench.lab.host import Process
 from tunnelbench.monitor import Monitor, _Track
 from tunnelbench.report import full, plots
+from tunnelbench.report.reading import Reading
 from tunnelbench.store import DB_NAME, Store
 
 MiB = 2**20
@@ -240,7 +241,7 @@ def test_multihost_efficiency_counts_every_hosts_daemon_cpu(tmp_path):
     assert eff[("vpnA", "tcp")].value == pytest.approx(210)
     assert eff[("vpnB", "tcp")].value == pytest.approx(105)
     assert eff[("vpnA", "tcp")].note == "client + server daemon CPU"
-    ctx = full.build_context(a)
+    ctx = full.build_context(Reading.of(a))
     rows = {(d["variant"], d["label"]): d for d in ctx["efficiency"]}
     assert rows[("vpnA", "multihost-tx")]["value"] == "330"
 
@@ -272,7 +273,7 @@ def test_report_pools_rss_series_and_draws_memory_over_time(tmp_path):
     for text in words:
         assert text in svg, text
     assert plots.memory_over_time(a, "baseline", {}) is None
-    html = full.render_report(a)
+    html = full.render_report(Reading.of(a))
     cpu = html[html.index('<section id="cpu">') : html.index('<section id="derived">')]
     # one plot for the one profile, after the CPU and memory bars, in their section
     assert cpu.count("memory over time of the VPN daemons") == 1

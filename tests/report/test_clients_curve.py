@@ -15,6 +15,7 @@ from synthetic_runs import hand_store
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report import full
+from tunnelbench.report.reading import Reading
 from tunnelbench.store import DB_NAME
 
 # N -> per repetition: (p25, p50, p75, failure %) or None for a failed case
@@ -100,10 +101,10 @@ def test_clients_points_and_the_curve(tmp_path):
     assert sorted(pts[100]["p50"]) == [40, 50] and sorted(pts[100]["fail"]) == [2, 4, 100]
     assert pts[100]["failed_cases"] == [1]
     assert pts[500]["fail"] == [100, 100, 100] and "p50" not in pts[500]  # the mesh never came up: measured
-    ctx = full.build_context(a)
+    ctx = full.build_context(Reading.of(a))
     (svg,) = ctx["clients"]
     assert "many clients · baseline" in svg and "clients N (log scale)" in svg and "failed calls [%]" in svg
-    assert '<section id="clients">' in full.render_report(a)
+    assert '<section id="clients">' in full.render_report(Reading.of(a))
 
 
 SCENARIO = """name = "degradation"
@@ -168,7 +169,7 @@ def test_degradation_points_put_loss_and_delay_profiles_on_their_axes(tmp_path):
         0.0: {"fail": [0.0], "p50": [5.0]},
         1000.0: {"fail": [1.0], "p50": [2010.0]},
     }
-    svgs = full.build_context(a)["clients"]
+    svgs = full.build_context(Reading.of(a))["clients"]
     assert any("packet loss [%]" in s and "one-way delay [ms]" in s for s in svgs)
 
 

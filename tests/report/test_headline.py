@@ -14,6 +14,7 @@ from rich.console import Console
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report.headline import build
+from tunnelbench.report.reading import read
 from tunnelbench.report.terminal import print_summary
 from tunnelbench.store import DB_NAME, Store
 
@@ -156,9 +157,9 @@ def test_terminal_headline_fits_120_columns_and_keeps_brackets(tmp_path):
         run_dir = make_store(tmp_path / str(extra), extra_label=extra)
         buf = io.StringIO()
         console = Console(file=buf, width=120, record=True, color_system=None)
-        store = Store.open_run_dir(run_dir)
-        print_summary(store, RUN, console)
-        store.close()
+        rd = read([(run_dir, RUN)])
+        print_summary(rd, console)
+        rd.close()
         out = buf.getvalue()
         lines = out.splitlines()
         assert max(len(x) for x in lines) <= 120, max(lines, key=len)
@@ -174,9 +175,9 @@ def test_terminal_headline_fits_120_columns_and_keeps_brackets(tmp_path):
 def test_full_adds_the_per_metric_table(tmp_path):
     run_dir = make_store(tmp_path)
     buf = io.StringIO()
-    store = Store.open_run_dir(run_dir)
-    print_summary(store, RUN, Console(file=buf, width=200), full=True)
-    store.close()
+    rd = read([(run_dir, RUN)])
+    print_summary(rd, Console(file=buf, width=200), full=True)
+    rd.close()
     assert "min–max" in buf.getvalue()
 
 
@@ -185,14 +186,16 @@ def test_html_and_markdown_reports_open_with_the_same_headline(tmp_path):
     from tunnelbench.report.full import write_report
 
     run_dir = make_store(tmp_path)
-    html = write_report([run_dir], tmp_path / "r.html", tmp_path / "r.md")
+    rd = read([(run_dir, None)])
+    write_report(rd, tmp_path / "r.html", tmp_path / "r.md")
+    rd.close()
     page = (tmp_path / "r.html").read_text()
     assert page.index('id="headline"') < page.index('id="overview"')
     assert '<td class="ok">507 (T1, 0.5×)</td>' in page
     assert "2.0 [dev]" in page
     md = (tmp_path / "r.md").read_text()
     assert "| fastvpn 2.0 [dev] | 507 (T1, 0.5×) |" in md, md[:2000]
-    assert html.runs
+    assert rd.runs
 
 
 def test_a_resumed_run_says_so(tmp_path):

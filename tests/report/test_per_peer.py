@@ -13,6 +13,7 @@ from synthetic_runs import hand_store
 from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.core.results import Outcome, Sample, Series
 from tunnelbench.report import full, plots
+from tunnelbench.report.reading import Reading
 
 
 def make_store(root: Path) -> Path:
@@ -53,7 +54,7 @@ def test_report_draws_each_peer_per_direction_with_the_cases_fairness(tmp_path):
     assert "from the one host to each peer" in svg and "from each peer into the one host" in svg
     for peer in ("h2", "h3", "h4"):
         assert re.search(rf">\s*{peer}\s*<|{peer}</", svg) or f"<!-- {peer} -->" in svg
-    ctx = full.build_context(a)
+    ctx = full.build_context(Reading.of(a))
     assert any("Jain fairness 0.875" in s for s in ctx["tseries"])
 
 

@@ -25,6 +25,7 @@ from tunnelbench.analysis.analyze import analyze, load_run
 from tunnelbench.core.results import Outcome, Sample, Series
 from tunnelbench.report.export import COLUMNS, metric_rows, to_csv, to_json
 from tunnelbench.report.full import render_markdown, render_report
+from tunnelbench.report.reading import Reading
 from tunnelbench.store import DB_NAME, Store
 
 CHROMIUM = "/usr/bin/chromium"
@@ -176,7 +177,7 @@ def test_analysis_and_report_of_a_synthetic_run(tmp_path):
     eff = {(e.variant, e.label): e for e in a.efficiency}
     assert eff[("fastvpn", "tcp")].value == pytest.approx(900 / 0.85, rel=0.15)
     assert ("internal", "baseline", "tcp") not in {(e.variant, e.profile, e.label) for e in a.efficiency}
-    html = render_report(a)
+    html = render_report(Reading.of(a))
     assert_self_contained(html)
     for s in SECTIONS:
         assert f'id="{s}"' in html
@@ -198,7 +199,7 @@ def test_analysis_and_report_of_a_synthetic_run(tmp_path):
     assert profile == ["edge", "rate", "100", "Mbit/s"] and backend == ["netem"], cal_rows
     assert quantity == ["TCP", "goodput", "[Mbit/s]"] and detail == ["90-100%"] and ok == ["yes"], cal_rows
     assert float(configured[0]) == 100 and float(measured[0]) == 94, cal_rows
-    md = render_markdown(a)
+    md = render_markdown(Reading.of(a))
     assert "| fastvpn | tcp | goodput_mbps [Mbit/s] |" in md and "failed" in md
 
 
@@ -572,7 +573,7 @@ def test_per_peer_plot_values_are_the_stored_ones(tmp_path):
                     Series(f"{d}_goodput_mbps", "Mbit/s", pts, peer) for peer, pts in peers.items()
                 ]
             st.finish_case(cid, status, out)
-    html = render_report(analyze([load_run(run_dir)]))
+    html = render_report(Reading.of(analyze([load_run(run_dir)])))
     svgs = [m for m in re.findall(r"<svg\b.*?</svg>", html, re.S) if "per-peer goodput" in m]
     titles = {"tx": "from the one host to each peer", "rx": "from each peer into the one host"}
     assert len(svgs) == 2

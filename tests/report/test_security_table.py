@@ -13,7 +13,8 @@ from synthetic_runs import make_run
 
 from tunnelbench.analysis.analyze import RunData
 from tunnelbench.core.results import Outcome
-from tunnelbench.report.full import load_analysis, render_markdown, render_report
+from tunnelbench.report.full import render_markdown, render_report
+from tunnelbench.report.reading import read
 from tunnelbench.report.security import NOT_RUN, NOT_SUPPORTED, security_rows
 from tunnelbench.report.terminal import print_security
 from tunnelbench.store import DB_NAME, CaseRow, Store
@@ -125,18 +126,21 @@ def test_renderers_show_the_new_columns(tmp_path):
             out.add(k, v)
         st.finish_case(cid, "ok", out)
     st.close()
-    html = render_report(load_analysis([run_dir]))
+    rd = read([(run_dir, None)])
+    html = render_report(rd)
     assert '<th class="l">ACL</th><th class="l">revocation</th>' in html
     assert (
         '<span class="bad">NOT enforced (1/1)</span>' in html
         and '<span class="ok">cut off in 2.5 s</span>' in html
     )
     assert '<span class="muted">not supported</span>' in html  # tinc
-    md = render_markdown(load_analysis([run_dir]))
+    md = render_markdown(rd)
     assert "| ACL | revocation |" in md and "NOT enforced (1/1) (denied flows blocked 50%" in md
     buf = io.StringIO()
     st = Store(run_dir / DB_NAME)
-    print_security(st, run_dir.name, Console(file=buf, width=400))
+    sec = rd.security[run_dir.name]
+    print_security(sec.rows, sec.scan, Console(file=buf, width=400))
+    rd.close()
     st.close()
     text = buf.getvalue()
     assert "NOT enforced (1/1)" in text and "cut off in 2.5 s" in text and "not supported" in text

@@ -12,7 +12,8 @@ import pytest
 from synthetic_runs import make_run
 
 from tunnelbench.catalog import DRIVERS
-from tunnelbench.report.html import write_html
+from tunnelbench.report.full import write_report
+from tunnelbench.report.reading import read
 from tunnelbench.security import keys
 from tunnelbench.store import DB_NAME, Store
 from tunnelbench.vpns.base import MeshSpec
@@ -39,9 +40,9 @@ def test_secret_values_of_key_files_and_configs(tmp_path):
 def _report_run(root: Path) -> Path:
     """A stored run with its real report.html/report.md (synthetic samples: no VPN needed for the outputs)."""
     run_dir = make_run(root, "20260101-000000-tbkeys", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=3)
-    st = Store(run_dir / DB_NAME)
-    write_html(st, run_dir.name, run_dir / "report.html")
-    st.close()
+    rd = read([(run_dir, None)])
+    write_report(rd, run_dir / "report.html", run_dir / "report.md")
+    rd.close()
     return run_dir
 
 

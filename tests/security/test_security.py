@@ -310,6 +310,7 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
     from conftest import lab_missing
     from rich.console import Console
 
+    from tunnelbench.report.reading import read
     from tunnelbench.report.terminal import print_summary
     from tunnelbench.runner.loop import Runner
     from tunnelbench.scenario import parse_scenario
@@ -339,7 +340,9 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
         shares = [int(env[f"{key}.{vpn}"]) for vpn in ("internal", "vxlan")]
         assert sum(shares) == int(env[f"router.{key}"]), (key, shares)
     console = Console(record=True, width=300, file=io.StringIO())
-    print_summary(store, runner.run_id, console)
+    rd = read([(runner.run_dir, runner.run_id)])
+    print_summary(rd, console)
+    rd.close()
     out = console.export_text()
     assert f"router dropped {env['router.offlab_drops']} packet(s)" in out
     assert "per VPN: internal 8" in out

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tunnelbench.analysis.blocked import Test, blocked, unpaired
-from tunnelbench.analysis.emulator import emulator_facts
+from tunnelbench.analysis.emulator import EmulatorFacts, emulator_facts
 from tunnelbench.analysis.legacy import Specs, legacy_capabilities, legacy_specs
 from tunnelbench.analysis.records import Records
 from tunnelbench.analysis.stats import (
@@ -91,6 +91,8 @@ class RunData:
     # (workload, metric) -> (spec, place among the headline metrics, 0 = not one) as the run stored them
     # ("" = the runner's own); {} for a run from before they were stored
     specs: dict[tuple[str, str], tuple[MetricSpec, int]] = field(default_factory=dict)
+    # metric -> (sum, count) over every case that stored it, a disturbed one too (`metrics` holds the ok ones)
+    totals: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @functools.cached_property
     def definitions(self) -> Specs:
@@ -127,6 +129,11 @@ class RunData:
     def alone(self) -> Analysis:
         """This run analysed on its own, once (compare and history read its groups)."""
         return analyze([self])
+
+    @functools.cached_property
+    def emulator(self) -> EmulatorFacts:
+        """What the emulator cost and how the machine drifted (analysis/emulator.py), read once."""
+        return emulator_facts(self.env, self.metrics)
 
     @functools.cached_property
     def records(self) -> Records:
@@ -188,17 +195,27 @@ def load_run(run_dir: Path, run_id: str | None = None) -> RunData:
     try:
         run = dict(store.run_row(run_id))
         rid = run["id"]
+        env, vpns, cases = store.env(rid), [dict(v) for v in store.vpns(rid)], list(store.cases(rid))
+        metrics: list[dict[str, Any]] = []
+        totals: dict[str, tuple[float, int]] = {}
+        for row in store.metrics(rid, every_status=True):  # the metric table, read once
+            m = dict(row)
+            s, n = totals.get(m["name"], (0.0, 0))
+            totals[m["name"]] = (s + m["value"], n + 1)
+            if m.pop("status") == "ok":
+                metrics.append(m)
         return RunData(
             run_dir=run_dir,
             run_id=rid,
             run=run,
-            env=store.env(rid),
-            vpns=[dict(v) for v in store.vpns(rid)],
-            cases=list(store.cases(rid)),
-            metrics=[dict(m) for m in store.metrics(rid)],
+            env=env,
+            vpns=vpns,
+            cases=cases,
+            metrics=metrics,
             phases=store.phases(rid),
             store=store,
             specs=store.metric_specs(rid),
+            totals=totals,
         )
     except BaseException:
         store.close()
@@ -327,6 +344,8 @@ class Analysis:
     usage: list[Usage]
     profiles: list[str]
     labels: list[str]
+    # workload -> its headline metrics in order, as the newest run that measured it defined them
+    headlines: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def family(self, profile: str, label: str, metric: str) -> Family | None:
         for f in self.families:
@@ -339,8 +358,7 @@ class Analysis:
 
     def headline(self, workload: str) -> tuple[str, ...]:
         """A workload's headline metrics in order, as the newest run that measured it defined them."""
-        runs = [r for r in self.runs if any(c.workload == workload for c in r.cases)]
-        return runs[-1].headline(workload) if runs else ()
+        return self.headlines.get(workload, ())
 
     def is_headline(self, f: Family) -> bool:
         return f.metric in self.headline(f.workload)
@@ -489,6 +507,7 @@ def analyze(runs: list[RunData]) -> Analysis:
         _usage(usage_raw, variants),
         profiles,
         labels,
+        {wl: r.headline(wl) for r in runs for wl in dict.fromkeys(c.workload for c in r.cases)},
     )
 
 
@@ -513,10 +532,7 @@ def _judge(
     base_variant: dict[str, str | None],
 ) -> None:
     """Each group's verdict from its cases' facts, its ratio to the baseline and the VPN's engine tax."""
-    taxes = {
-        r.run_id: {p.profile: p.tax_ci for p in emulator_facts(r.env, r.metrics).profiles if p.mode}
-        for r in runs
-    }
+    taxes = {r.run_id: {p.profile: p.tax_ci for p in r.emulator.profiles if p.mode} for r in runs}
     misses = {r.run_id: r.records.calibration_misses() for r in runs}
     for g in groups.values():
         base = groups.get((base_variant.get(g.run_id) or "", g.profile, g.label, g.metric))

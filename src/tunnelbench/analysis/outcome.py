@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tunnelbench.store import Store
+    from tunnelbench.analysis.analyze import RunData
+    from tunnelbench.store import CaseRow, Store
 
 OK, SOME_MISSING, BAD_INPUT, NOTHING_MEASURED, INTERRUPTED = 0, 1, 2, 3, 130
 PLANNED_KEY = "run.planned_cases_per_vpn"  # the runner records its plan here (environment table)
@@ -96,10 +97,20 @@ def judge(
 
 
 def judge_store(store: Store, run_id: str) -> Outcome:
-    cases = [CaseStatus(c.vpn, c.profile, c.label, c.repetition, c.status) for c in store.cases(run_id)]
-    raw = store.env(run_id).get(PLANNED_KEY)
-    vpns = {v["name"]: (v["status"], v["reason"]) for v in store.vpns(run_id)}
-    return judge(cases, vpns, int(raw) if raw else None)
+    return _judge_recorded(store.cases(run_id), [dict(v) for v in store.vpns(run_id)], store.env(run_id))
+
+
+def judge_run(run: RunData) -> Outcome:
+    """judge_store of a run already read (analysis/analyze.py): nothing is read again."""
+    return _judge_recorded(run.cases, run.vpns, run.env)
+
+
+def _judge_recorded(
+    cases: Iterable[CaseRow], vpns: Iterable[Mapping[str, Any]], env: Mapping[str, str]
+) -> Outcome:
+    statuses = [CaseStatus(c.vpn, c.profile, c.label, c.repetition, c.status) for c in cases]
+    raw = env.get(PLANNED_KEY)
+    return judge(statuses, {v["name"]: (v["status"], v["reason"]) for v in vpns}, int(raw) if raw else None)
 
 
 def suite_code(codes: list[int]) -> int:

@@ -87,25 +87,22 @@ def report(
 ) -> None:
     """Print the headline of stored run(s) and write the self-contained HTML report and a Markdown summary
     (newest run when none is given). Several runs are combined into one report, e.g. two releases of a VPN."""
-    from tunnelbench.report.full import load_analysis, render_markdown, render_report
+    from tunnelbench.report.full import render_markdown, render_report
+    from tunnelbench.report.reading import read
     from tunnelbench.report.terminal import print_summary
-    from tunnelbench.store import Store
 
     run_dirs = [run_folder(r, results) for r in run_refs] if run_refs else [run_folder(None, results)]
     path = out or run_dirs[-1] / ("report.html" if len(run_dirs) == 1 else "report-combined.html")
     md = md_out or path.with_suffix(".md")
     for dest in (path, md):  # before the work: a run folder we may not write is said now
         check_destination(dest)
-    stores = []
-    for run_dir in run_dirs:
-        store = Store.open_run_dir(run_dir)
-        run_id = store.run_row()["id"]
-        print_summary(store, run_id, console, full=full)
-        store.close()
-        stores.append(store)
-    a = load_analysis(run_dirs)
-    html, text = render_report(a), render_markdown(a)
-    say_skipped([*stores, *(r.store for r in a.runs)])
+    rd = read([(d, None) for d in run_dirs])  # the command's one reading: every view below renders it
+    try:
+        print_summary(rd, console, full=full)
+        html, text = render_report(rd), render_markdown(rd)
+    finally:
+        rd.close()
+    say_skipped(r.store for r in rd.runs)
     write_out(path, html)
     write_out(md, text)
     err.print(f"report: {path}\nmarkdown: {md}")

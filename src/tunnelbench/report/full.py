@@ -13,8 +13,8 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from tunnelbench.analysis.analyze import Analysis, Derived, Family, RunData, analyze, is_baseline, load_run
-from tunnelbench.analysis.emulator import emulator_facts, facts_lines
+from tunnelbench.analysis.analyze import Analysis, Derived, Family, RunData, is_baseline
+from tunnelbench.analysis.emulator import facts_lines
 from tunnelbench.analysis.records import Records
 from tunnelbench.analysis.stats import ALPHA, cliffs_magnitude
 from tunnelbench.analysis.verdict import SHORT
@@ -22,10 +22,9 @@ from tunnelbench.core.files import write_atomic
 from tunnelbench.report import plots
 from tunnelbench.report.flamegraphs import render_all as render_flamegraphs
 from tunnelbench.report.fmt import code, md, num
-from tunnelbench.report.headline import CAPTION
-from tunnelbench.report.headline import build as build_headline
+from tunnelbench.report.headline import CAPTION, Headline
+from tunnelbench.report.reading import Reading
 from tunnelbench.report.security import COLUMNS as SECURITY_COLUMNS
-from tunnelbench.report.security import key_scan, security_rows
 from tunnelbench.store import CaseRow
 
 LOG_TAIL_LINES = 25
@@ -389,7 +388,7 @@ def _failures(r: RunData, a: Analysis) -> list[dict[str, Any]]:
 
 
 def _emulator(r: RunData) -> dict[str, Any]:
-    f = emulator_facts(r.env, r.metrics)
+    f = r.emulator
     taxes = []
     for vpn, t in f.taxes.items():
         for mode, c in t.items():
@@ -425,7 +424,7 @@ def _rounds(a: Analysis) -> list[str]:
     """Per-round plots (value per repetition / its median, with the drift reference) per headline metric."""
     out = []
     for r in a.runs:
-        drift = [p["goodput_mbps"] for p in emulator_facts(r.env, []).drift.points if "goodput_mbps" in p]
+        drift = [p["goodput_mbps"] for p in r.emulator.drift.points if "goodput_mbps" in p]
         rep_of = {c.id: c.repetition for c in r.cases}
         for f in a.headline_families():
             per_round: dict[str, dict[int, float]] = {}
@@ -442,7 +441,8 @@ def _rounds(a: Analysis) -> list[str]:
     return out
 
 
-def build_context(a: Analysis) -> dict[str, Any]:
+def build_context(rd: Reading) -> dict[str, Any]:
+    a = rd.analysis
     runs = []
     for r in a.runs:
         runs.append(
@@ -575,9 +575,9 @@ def build_context(a: Analysis) -> dict[str, Any]:
 
     n_min = min((g.desc.n for g in a.groups.values() if g.desc), default=0)
     return {
-        "headline": headline_ctx(a),
+        "headline": headline_ctx(rd.headline),
         "title": "tunnelbench " + (a.runs[0].run_id if len(a.runs) == 1 else f"{len(a.runs)} runs combined"),
-        "security": _security(a),
+        "security": _security(rd),
         "security_columns": SECURITY_COLUMNS,
         "runs": runs,
         "variants": a.variants,
@@ -621,9 +621,8 @@ def _flamegraphs(a: Analysis) -> list[dict[str, Any]]:
     ]
 
 
-def headline_ctx(a: Analysis) -> dict[str, Any]:
+def headline_ctx(h: Headline) -> dict[str, Any]:
     """The same headline as the terminal's (report/headline.py), as plain values for the template."""
-    h = build_headline(a)
     tables = []
     for t in h.tables:
         tables.append(
@@ -650,39 +649,33 @@ def headline_ctx(a: Analysis) -> dict[str, Any]:
 
 
 # -- HTML and Markdown -------------------------------------------------------------------------------------
-def _security(a: Analysis) -> list[dict[str, Any]]:
+def _security(rd: Reading) -> list[dict[str, Any]]:
     """Each run's Security rows (VPN named as its variant) and output key scan; runs without any check left out."""
     out = []
+    a = rd.analysis
     for r in a.runs:
-        rows = [
-            {**row, "variant": a.variant_of.get((r.run_id, row["vpn"]), row["vpn"])}
-            for row in security_rows(r)
-        ]
-        scan = key_scan(r)
+        sec = rd.security[r.run_id]
+        rows = [{**row, "variant": a.variant_of.get((r.run_id, row["vpn"]), row["vpn"])} for row in sec.rows]
+        scan = sec.scan
         if rows or scan:
             out.append({"run": r.run_id, "rows": rows, "scan": scan})
     return out
 
 
-def render_report(a: Analysis) -> str:
+def render_report(rd: Reading) -> str:
     env = Environment(loader=PackageLoader("tunnelbench", "report/templates"), autoescape=select_autoescape())
-    return env.get_template("report.html").render(**build_context(a))
+    return env.get_template("report.html").render(**build_context(rd))
 
 
-def load_analysis(run_dirs: list[Path]) -> Analysis:
-    return analyze([load_run(d) for d in run_dirs])
-
-
-def write_report(run_dirs: list[Path], out: Path, markdown: Path | None = None) -> Analysis:
-    """The report of these runs at `out` (and its Markdown summary), each file written whole (core/files.py)."""
-    a = load_analysis(run_dirs)
-    write_atomic(out, render_report(a))
+def write_report(rd: Reading, out: Path, markdown: Path | None = None) -> None:
+    """The report of a reading at `out` (and its Markdown summary), each file written whole (core/files.py)."""
+    write_atomic(out, render_report(rd))
     if markdown is not None:
-        write_atomic(markdown, render_markdown(a))
-    return a
+        write_atomic(markdown, render_markdown(rd))
 
 
-def render_markdown(a: Analysis) -> str:
+def render_markdown(rd: Reading) -> str:
+    a = rd.analysis
     lines = []
     for r in a.runs:
         vers = md(", ".join(f"{v['name']} {v['version'] or ''}".strip() for v in r.vpns))
@@ -691,7 +684,7 @@ def render_markdown(a: Analysis) -> str:
             f"{md(r.run['status'])}, {_ts(r.run['started'])}; {vers}; kernel {md(r.env.get('kernel', '?'))}, "
             f"{md(r.env.get('cpu_count', '?'))} CPUs ({md(r.env.get('cpu_model', '?'))})"
         )
-    hd = headline_ctx(a)
+    hd = headline_ctx(rd.headline)
     for t in hd["tables"]:
         lines += [
             "",
@@ -769,7 +762,7 @@ def render_markdown(a: Analysis) -> str:
             ),
         ]
     for r in a.runs:
-        facts = facts_lines(emulator_facts(r.env, r.metrics))
+        facts = facts_lines(r.emulator)
         if facts:
             lines += [
                 "",
@@ -777,7 +770,7 @@ def render_markdown(a: Analysis) -> str:
                 + (f" (seed {md(r.env['run.seed'])})" if r.env.get("run.seed") else ""),
             ]
             lines += [f"- {md(x.strip())}" for x in facts]
-    for sec in _security(a):
+    for sec in _security(rd):
         lines += [
             "",
             f"### Security (run {code(sec['run'])})",

@@ -9,22 +9,16 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from tunnelbench.analysis.analyze import Analysis, RunData, analyze, load_run
-from tunnelbench.analysis.emulator import emulator_facts, facts_lines
-from tunnelbench.analysis.records import Records
+from tunnelbench.analysis.analyze import Analysis, RunData
+from tunnelbench.analysis.emulator import facts_lines
 from tunnelbench.catalog import DRIVERS
 from tunnelbench.report.fmt import num, spread
 from tunnelbench.report.headline import CAPTION, Headline
-from tunnelbench.report.headline import build as build_headline
-from tunnelbench.store import Store
 from tunnelbench.vpns.impossible import IMPOSSIBLE
 
 if TYPE_CHECKING:
     from tunnelbench.analysis.compare import Comparison
-
-
-def vpn_order(store: Store, run_id: str) -> list[str]:
-    return [v["name"] for v in store.vpns(run_id)]
+    from tunnelbench.report.reading import Reading
 
 
 def summary_table(a: Analysis, run: RunData) -> Table:
@@ -121,26 +115,27 @@ def print_headline(h: Headline, console: Console) -> None:
         console.print(Text(text, style={"ok": "green", "warn": "yellow", "bad": "bold red"}.get(tone, "")))
 
 
-def print_summary(store: Store, run_id: str, console: Console, full: bool = False) -> None:
-    """The run's headline and findings; with `full`, every headline metric per VPN and workload as well (both
-    from one analysis of the run)."""
-    run = load_run(store.path.parent, run_id)
-    try:
-        a = analyze([run])
-        print_headline(build_headline(a), console)
-        if full:
-            console.print(summary_table(a, run))
-    finally:
-        run.store.close()
-    versions = {v["name"]: v["version"] for v in store.vpns(run_id)}
+def print_summary(rd: Reading, console: Console, full: bool = False) -> None:
+    """The headline and findings of the reading, then each run's own facts (phases, calibration, the
+    emulator, security, the router's drops); with `full`, every headline metric per VPN and workload as well.
+    Everything from the one reading (report/reading.py): nothing is read or computed again here."""
+    print_headline(rd.headline, console)
+    for run in rd.runs:
+        _print_run(rd, run, console, full)
+
+
+def _print_run(rd: Reading, run: RunData, console: Console, full: bool) -> None:
+    if full:
+        console.print(summary_table(rd.analysis, run))
+    versions = {v["name"]: v["version"] for v in run.vpns}
     if not full:
         console.print(
-            Text(f"every headline metric per workload: tunnelbench report --full {run_id}", style="dim")
+            Text(f"every headline metric per workload: tunnelbench report --full {run.run_id}", style="dim")
         )
     if set(versions) >= set(DRIVERS):  # a `--vpn all` run: name the VPNs that have no driver here, and why
         for imp in IMPOSSIBLE.values():
             console.print(Text(f"{imp.name}: impossible here: {imp.reason}", style="yellow"))
-    ph = store.phases(run_id)
+    ph = run.phases
     wall = ph.get("wall")
     if wall:
         measure = ph.get("measure", 0.0)
@@ -150,8 +145,8 @@ def print_summary(store: Store, run_id: str, console: Console, full: bool = Fals
             if k not in ("wall", "measure") and v >= 0.5
         )
         console.print(f"wall {wall:.0f} s; measuring {measure:.0f} s ({100 * measure / wall:.0f}%); {other}")
-    env = store.env(run_id)
-    good = [c for c in Records.of(env).calibrations.values() if isinstance(c, dict) and c.get("ok")]
+    env = run.env
+    good = [c for c in run.records.calibrations.values() if isinstance(c, dict) and c.get("ok")]
     if good:
         console.print(
             Text(
@@ -160,7 +155,7 @@ def print_summary(store: Store, run_id: str, console: Console, full: bool = Fals
                 style="green",
             )
         )
-    tot = store.metric_totals(run_id, ("engine_overflow_drops", "engine_kernel_drops", "engine_realtime"))
+    tot = run.totals
     queue, kernel = (tot.get(n, (0.0, 0))[0] for n in ("engine_overflow_drops", "engine_kernel_drops"))
     if queue or kernel:
         console.print(
@@ -173,10 +168,11 @@ def print_summary(store: Store, run_id: str, console: Console, full: bool = Fals
     rt_sum, rt_cases = tot.get("engine_realtime", (0.0, 0))
     if rt_sum < rt_cases:  # engine_realtime is 1 per case that held SCHED_FIFO
         console.print(Text("the impairment engine ran without real-time priority in some cases", "yellow"))
-    for line in facts_lines(emulator_facts(env, [dict(m) for m in store.metrics(run_id)])):
+    for line in facts_lines(run.emulator):
         style = "yellow" if ("(>10%)" in line or "emulator-bound" in line or "failed" in line) else ""
         console.print(Text(line, style=style))
-    print_security(store, run_id, console, full)
+    sec = rd.security[run.run_id]
+    print_security(sec.rows, sec.scan, console, full)
     drops = env.get("router.offlab_drops")
     if drops not in (None, "0", "-1"):
         per = ", ".join(f"{vpn} {n}" for vpn, n in drop_shares(env, "offlab_drops").items() if n)
@@ -189,17 +185,13 @@ def print_summary(store: Store, run_id: str, console: Console, full: bool = Fals
         )
 
 
-def print_security(store: Store, run_id: str, console: Console, full: bool = False) -> None:
+def print_security(
+    rows: list[dict[str, Any]], scan: tuple[str, bool] | None, console: Console, full: bool = False
+) -> None:
     """The Security table (one row per VPN, one column per check) and the key-scan line, when the run has any.
     A run without a leak, ACL or revocation case gets two summary lines instead (the table in --full)."""
-    from tunnelbench.analysis.analyze import load_run
-    from tunnelbench.report.security import key_scan, security_rows, tone
+    from tunnelbench.report.security import tone
 
-    run = load_run(store.path.parent, run_id)
-    try:
-        rows, scan = security_rows(run), key_scan(run)
-    finally:
-        run.store.close()
     checked = ("plaintext leak", "relay", "ACL", "revocation")
     ran = any(r["cells"][c][0] not in ("not run", "not supported") for r in rows for c in checked)
     if rows and (ran or full):

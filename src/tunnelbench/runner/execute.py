@@ -17,17 +17,17 @@ from rich.console import Console
 from rich.text import Text
 
 from tunnelbench.analysis.analyze import load_run
-from tunnelbench.analysis.outcome import NOTHING_MEASURED, judge_store, suite_code
+from tunnelbench.analysis.outcome import NOTHING_MEASURED, judge_run, suite_code
 from tunnelbench.core.files import write_atomic
 from tunnelbench.lab.lock import LabBusy, LabLock, RunLock
-from tunnelbench.report.html import write_html
+from tunnelbench.report.full import write_report
+from tunnelbench.report.reading import read
 from tunnelbench.report.terminal import print_summary, security_table
 from tunnelbench.runner.case import Interrupted
 from tunnelbench.runner.loop import Runner
 from tunnelbench.runner.resume import ResumeError, ResumePlan
 from tunnelbench.scenario import Scenario
 from tunnelbench.security.keys import scan_line
-from tunnelbench.store import DB_NAME, Store
 from tunnelbench.suite import Suite, merged_rows, write_matrix
 
 
@@ -102,21 +102,25 @@ def _execute(
                 where = f"not written: {w.strerror or w}"  # type: ignore[assignment]
             err.print(Text(f"run failed: {type(e).__name__}: {e} (traceback in {where})", style="red"))
         code = 1
-    store = Store(runner.run_dir / DB_NAME)
-    print_summary(store, runner.run_id, console)
-    if html:
-        try:
-            path = write_html(store, runner.run_id, runner.run_dir / "report.html")
-            err.print(f"report: {path}")
-        except OSError as e:
-            err.print(Text(f"report not written: {e}", style="red"))
+    rd = read([(runner.run_dir, runner.run_id)])  # the run's one reading: every view below renders it
+    try:
+        print_summary(rd, console)
+        if html:
+            path = runner.run_dir / "report.html"
+            try:
+                write_report(rd, path, path.with_suffix(".md"))
+                err.print(f"report: {path}")
+            except OSError as e:
+                err.print(Text(f"report not written: {e}", style="red"))
+    finally:
+        rd.close()
     if runner.secrets.values:  # after the report: every output the run wrote is searched for its keys
         line, style = scan_line(runner.scan_outputs())
         console.print(Text(line, style=style))
     if lock is not None:  # the lab is gone: a suite's next part (or another run) may build one
         lock.release()
     if code != 130:  # an ended run: its exit code says whether every planned case was measured
-        out = judge_store(store, runner.run_id)
+        out = judge_run(rd.runs[0])
         if code == 0 and res is not None and res.status != "ok":
             code = 1
         code = NOTHING_MEASURED if out.code == NOTHING_MEASURED else max(code, out.code)
