@@ -146,20 +146,15 @@ def run_bench(
                     be.clear()
         if vpns and isinstance(be, NativeBackend):
             from tunnelbench.catalog import resolve
-            from tunnelbench.vpns.base import MeshSpec
-            from tunnelbench.vpns.mesh import Mesh
+            from tunnelbench.vpns.session import mesh_session
 
             for name in vpns:
                 cls = resolve(name)
                 avail = cls.availability(lab.hosts)
                 if not avail.ok:
                     raise RuntimeError(f"{name}: {avail.reason}")
-                mesh = Mesh(cls(MeshSpec(hosts=list(lab.hosts), tag=lab.tag, workdir=lab.run_dir)))
-                try:
-                    mesh.driver.configure()
-                    mesh.start()
-                    mesh.wait_ready(60)
-                    mesh.driver.warm_up()
+                out: dict[str, Any] = {}
+                with mesh_session(cls, lab, 60, out) as (mesh, _):
                     checks += tax.measure_tax(
                         be,
                         f"{name} {avail.version}",
@@ -170,11 +165,10 @@ def run_bench(
                         ["gso", "segment"],
                         rounds=tax_rounds,
                     )
-                finally:
-                    mesh.stop()
-                left = mesh.leftovers()
-                if left:
-                    raise RuntimeError(f"{name}: teardown left {left}")
+                if "stop_error" in out:  # the next VPN must not start on what this one left
+                    raise RuntimeError(f"{name}: stopping the mesh failed: {out['stop_error']}")
+                if "leftovers" in out:
+                    raise RuntimeError(f"{name}: teardown left {out['leftovers']}")
     return version, rows, checks, pl.summary()
 
 

@@ -472,8 +472,7 @@ class Keeper:
         from tunnelbench.lab.make import make_lab
         from tunnelbench.lab.netns import NetnsLab
         from tunnelbench.security import keys
-        from tunnelbench.vpns.base import MeshSpec
-        from tunnelbench.vpns.mesh import Mesh
+        from tunnelbench.vpns.session import make_mesh, start_mesh
 
         sc = self.sc
         # one lab per machine (lab/lock.py): held by this keeper until it ends, after the teardown
@@ -491,37 +490,25 @@ class Keeper:
         if not avail.ok:
             raise RuntimeError(f"{self.vpn} cannot run here: {avail.reason}")
         server = next(h for h in lab.hosts if h.name == sc.lab.server)
-        base = self.vpn.split("@", 1)[0]
-        options = {
-            **sc.vpn_options.get(base, {}),
-            **(sc.vpn_options.get(self.vpn, {}) if self.vpn != base else {}),
-        }
-        spec = MeshSpec(
-            hosts=list(lab.hosts),
-            tag=self.tag,
-            workdir=self.run_dir,
+        self.mesh = mesh = make_mesh(
+            cls,
+            lab,
+            options=sc.vpn_options,
             mtu=sc.fairness.tunnel_mtu,
-            options=options,
             path=sc.lab.path,
-            relay=lab.relay,
             topology=sc.lab.topology,
             hub=server,
         )
-        driver = cls(spec)
-        self.mesh = mesh = Mesh(driver)
+        driver = mesh.driver
         self.log(f"configuring {self.vpn} {avail.version}")
-        driver.configure()
-        mesh.start()
-        waited = mesh.wait_ready(sc.run.tunnel_timeout_s)
-        driver.warm_up()
-        self.log(f"mesh answering after {waited:.2f} s")
+        started = start_mesh(mesh, sc.run.tunnel_timeout_s)
+        self.log(f"mesh answering after {started.waited_s or 0.0:.2f} s")
         p = sc.profile(self.req["profile"])
         if not p.is_baseline:
             self.backend = make_backend(sc.impair.backend, lab.router, lab.hosts, self.run_dir / "impair")
             self.backend.gso_mode = sc.impair.gso  # (netem too: per wire packet or super-packets whole)
             self.backend.apply(p)
-            mesh.probe_ms = int(300 + 2 * 2 * (p.delay_ms + 3 * p.jitter_ms))
-            mesh.wait_ready(sc.run.tunnel_timeout_s + 4 * (p.delay_ms + p.jitter_ms) / 1000)
+            mesh.wait_ready(sc.run.tunnel_timeout_s + mesh.expect_delay(p.delay_ms, p.jitter_ms))
             self.log(f"profile {p.name} applied with {self.backend.name}: {p.summary()}")
         key_rec = keys.check(driver, self.run_dir)
         other_ns = [n.netns for n in getattr(lab, "nats", {}).values()]
@@ -561,6 +548,7 @@ class Keeper:
         """The run's verified teardown: impairment cleared, mesh stopped, keys removed, leftovers checked,
         namespaces destroyed, journal ended. Returns what was done ("lines") and what failed ("problems")."""
         from tunnelbench.security import keys
+        from tunnelbench.vpns.session import end_mesh
 
         lines: list[str] = []
         problems: list[str] = []
@@ -571,29 +559,38 @@ class Keeper:
             except Exception as e:
                 problems.append(f"clearing the impairment: {e}")
         if self.mesh is not None:
-            driver = self.mesh.driver
-            procs = [p for ps in self.mesh.daemons().values() for p in ps]
-            try:
-                self.mesh.stop()
-                gone = [p for p in procs if not p.alive()]
-                if procs:
-                    lines.append(
-                        f"{self.vpn} stopped: "
-                        + ", ".join(f"{p.host.name} {p.label} pid {p.pid}" for p in gone)
+            mesh, driver = self.mesh, self.mesh.driver
+            procs = [p for ps in mesh.daemons().values() for p in ps]
+
+            def stop() -> None:
+                """The mesh stopped, what stopped said; the keys removed whatever the stop did."""
+                try:
+                    mesh.stop()
+                    gone = [p for p in procs if not p.alive()]
+                    if procs:
+                        lines.append(
+                            f"{self.vpn} stopped: "
+                            + ", ".join(f"{p.host.name} {p.label} pid {p.pid}" for p in gone)
+                        )
+                    problems.extend(
+                        f"{p.host.name} {p.label} pid {p.pid} still runs" for p in procs if p.alive()
                     )
-                problems += [f"{p.host.name} {p.label} pid {p.pid} still runs" for p in procs if p.alive()]
+                finally:
+                    try:
+                        removed = keys.collect_and_remove(driver, keys.Secrets(), False, self.run_dir)
+                        if removed:
+                            lines.append(f"{len(removed)} secret file(s) removed")
+                    except Exception as e:
+                        problems.append(f"removing keys: {e}")
+
+            try:
+                left = end_mesh(mesh, stop)
             except Exception as e:
                 problems.append(f"stopping {self.vpn}: {e}")
-            try:
-                removed = keys.collect_and_remove(driver, keys.Secrets(), False, self.run_dir)
-                if removed:
-                    lines.append(f"{len(removed)} secret file(s) removed")
-            except Exception as e:
-                problems.append(f"removing keys: {e}")
-            try:
-                left = self.mesh.leftovers()
-            except Exception as e:
-                left = [f"cannot inspect: {e}"]
+                try:  # the teardown is verified all the same
+                    left = mesh.leftovers()
+                except Exception as e:
+                    left = [f"cannot inspect: {e}"]
             if left:
                 problems += [f"teardown left {x}" for x in left]
             else:

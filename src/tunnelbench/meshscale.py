@@ -34,8 +34,8 @@ from tunnelbench.core.files import check_destination, write_atomic
 from tunnelbench.lab.make import lab_session
 from tunnelbench.lab.procstat import read_stat
 from tunnelbench.lab.spec import LabCfg
-from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.vpns.session import mesh_session
 
 DEFAULT_SIZES = (10, 25, 50, 100)
 IDLE_S = 10.0
@@ -128,13 +128,11 @@ def point(vpn: str, n: int, workdir: Path, idle_s: float = IDLE_S) -> dict[str, 
     """One mesh of n hosts for one VPN, in its own lab (built and destroyed here)."""
     out: dict[str, Any] = {"n": n, "pairs": n * (n - 1)}
     try:
-        with lab_session(LabCfg(hosts=n), workdir, out) as pt:
-            driver = DRIVERS[vpn](MeshSpec(hosts=list(pt.lab.hosts), tag=pt.tag, workdir=pt.run_dir))
-            driver.configure()
-            mesh = pt.mesh = Mesh(driver)
-            t0 = time.monotonic()
-            mesh.start()
-            started = time.monotonic() - t0
+        with (
+            lab_session(LabCfg(hosts=n), workdir, out) as pt,
+            mesh_session(DRIVERS[vpn], pt.lab, None, out) as (mesh, st),  # readiness: measured below
+        ):
+            t0, started = st.started_at, st.start_s
             out["start_s"] = round(started, 2)
             try:
                 # the timeout runs from the last start: a control plane that enrols nodes one by one (headscale)

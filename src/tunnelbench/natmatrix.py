@@ -31,9 +31,8 @@ from tunnelbench.lab.make import lab_session
 from tunnelbench.lab.netns import NAT_TYPES, NetnsLab
 from tunnelbench.lab.pathcheck import DIRECT_MIN_PCT, RELAY_MAX_PCT, PathWatch, share
 from tunnelbench.lab.spec import LabCfg
-from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.features import save_probe
-from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.vpns.session import mesh_session
 
 READY_S = 45.0
 WARMUP = ("-c", "25", "-i", "0.2")  # 5 s of pings before measuring
@@ -72,16 +71,13 @@ def cell(vpn: str, t1: str, t2: str, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"pair": pair_key(t1, t2), "h1": t1, "h2": t2}
     try:
         cfg = LabCfg(hosts=3, path="nat", nat_types={"h1": t1, "h2": t2})
-        with lab_session(cfg, workdir, out) as pt:
+        with (
+            lab_session(cfg, workdir, out) as pt,
+            mesh_session(DRIVERS[vpn], pt.lab, None, out, path="nat") as (mesh, _),  # readiness: below
+        ):
             lab = pt.lab
             assert isinstance(lab, NetnsLab)  # LabCfg's default backend: the NAT types are namespaces
             h1, h2 = lab.hosts[0], lab.hosts[1]
-            driver = DRIVERS[vpn](
-                MeshSpec(hosts=list(lab.hosts), tag=pt.tag, workdir=pt.run_dir, path="nat", relay=lab.relay)
-            )
-            driver.configure()
-            mesh = pt.mesh = Mesh(driver)
-            mesh.start()
             try:
                 out["ready_s"] = round(mesh.wait_ready(timeout=READY_S), 1)
             except Exception as e:

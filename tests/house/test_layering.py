@@ -307,3 +307,44 @@ def test_one_place_makes_a_lab(tmp_path):
         },
     )
     assert lab_constructions(src) == ["tunnelbench.lab.make:2", "tunnelbench.natmatrix:3"]
+
+
+def mesh_constructions(src: Path = SRC) -> list[str]:
+    """Where a mesh is made: every call of Mesh(...) or MeshSpec(...) in the source, as `module:line` (a driver
+    is built from a MeshSpec, and a workload gets a Mesh)."""
+    found = []
+    for mod, path in modules(src).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                if name in ("Mesh", "MeshSpec"):
+                    found.append(f"{mod}:{node.lineno}")
+    return found
+
+
+def test_one_place_makes_a_mesh(tmp_path):
+    """Every mesh is made by vpns/session.py's make_mesh (the run and `up` call it, mesh_session wraps it for
+    mesh-scale, nat-matrix and bench-engine), with the one merge of vpn_options; a module that builds a
+    MeshSpec or a Mesh of its own is named. Checked on a planted tree too."""
+    assert {x.split(":")[0] for x in mesh_constructions()} == {"tunnelbench.vpns.session"}, (
+        mesh_constructions()
+    )
+    src = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "vpns/__init__.py": "",
+            "vpns/session.py": "def make_mesh(cls, lab):\n    return Mesh(cls(MeshSpec(lab.hosts)))\n",
+            "natmatrix.py": (
+                "from tunnelbench.vpns import mesh\n\n"
+                "def cell(cls, lab):\n    return mesh.Mesh(cls(MeshSpec(hosts=lab.hosts)))\n"
+            ),
+        },
+    )
+    assert mesh_constructions(src) == [
+        "tunnelbench.natmatrix:4",
+        "tunnelbench.natmatrix:4",
+        "tunnelbench.vpns.session:2",
+        "tunnelbench.vpns.session:2",
+    ]

@@ -82,7 +82,7 @@ def test_a_small_sweep_measures_every_pair_and_daemon(tmp_path, monkeypatch):
         assert p["idle"]["wireguard-go"]["daemons"] == p["n"], p["idle"]  # one daemon per host
         assert 1 < p["idle"]["wireguard-go"]["rss_mb_median"] < 200
         assert p["rtt_ms"] is not None and 0 < p["rtt_ms"] < 50
-        assert "teardown" not in p and "stop_error" not in p
+        assert "teardown" not in p and "stop_error" not in p and "leftovers" not in p  # verified teardown
     assert json.loads(out.read_text())["vpns"]["wireguard-go"]["largest_n"] == 6
     head, rows = ms.table_rows(res)
     assert len(rows) == 2 and rows[1][:3] == ["wireguard-go", "6", "30"]

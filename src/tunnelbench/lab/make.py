@@ -1,7 +1,8 @@
 """One way to bring a lab up and down. `make_lab` is the one place that picks a backend: the namespace lab on
 this machine, or real hosts over SSH (lab/ssh_lab.py, from an Ansible inventory); `end_lab` the one way a lab
 ends (its journal ended only when nothing was left); `lab_session` both around a block, for a lab that lives
-for one command or one point of a sweep (nat-matrix cells, mesh-scale sizes, calibrate, bench-engine). A
+for one command or one point of a sweep (nat-matrix cells, mesh-scale sizes, calibrate, bench-engine). A mesh
+on it comes up and goes the one way vpns/session.py says (a `mesh_session` inside the lab's block). A
 benchmark run (runner/loop.py) holds its lab across many blocks (and rebuilds it after a dirty teardown) and calls
 make_lab and end_lab itself; `up`/`down` (interactive.py) keep a lab made by make_lab across processes, and
 `down` ends its journal after releasing its own entries in it."""
@@ -73,14 +74,13 @@ class LabSession:
     tag: str
     run_dir: Path
     journal: Journal
-    mesh: Any = None  # anything with stop(): the running mesh, stopped before the lab goes
 
 
 @contextmanager
 def lab_session(cfg: LabCfg, root: Path, out: dict[str, Any] | None = None) -> Iterator[LabSession]:
-    """A fresh lab (its own tag and run folder below `root`), built and its links up on entry; on exit the
-    mesh the caller put in `session.mesh` is stopped and the lab ended (end_lab). What went wrong on the way
-    out is put in `out` (`stop_error`, `teardown`), with the whole session's `seconds`."""
+    """A fresh lab (its own tag and run folder below `root`), built and its links up on entry; ended on exit
+    (end_lab). What its teardown could not undo is put in `out` (`teardown`), with the whole session's
+    `seconds`."""
     out = out if out is not None else {}
     t0 = time.monotonic()
     tag = new_tag()
@@ -93,11 +93,6 @@ def lab_session(cfg: LabCfg, root: Path, out: dict[str, Any] | None = None) -> I
         lab.wait_links()
         yield session
     finally:
-        if session.mesh is not None:
-            try:
-                session.mesh.stop()
-            except Exception as e:  # noqa: BLE001 - the lab's teardown below still runs
-                out["stop_error"] = str(e)[:200]
         problems = end_lab(lab, journal)
         if problems:
             out["teardown"] = problems

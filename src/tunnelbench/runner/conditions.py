@@ -95,7 +95,7 @@ class Conditions:
         cannot run, or None."""
         p = self.sc.profile(name)
         t0 = time.monotonic()
-        mesh.probe_ms = int(300 + 2 * 2 * (p.delay_ms + 3 * p.jitter_ms))
+        slower = mesh.expect_delay(p.delay_ms, p.jitter_ms)
         try:
             self.set_tuning(tuning)
         except CASE_ERRORS as e:
@@ -106,7 +106,7 @@ class Conditions:
                 backend.clear()
                 if not p.is_baseline:
                     backend.apply(p)
-            mesh.wait_ready(self.sc.run.tunnel_timeout_s + 4 * (p.delay_ms + p.jitter_ms) / 1000)
+            mesh.wait_ready(self.sc.run.tunnel_timeout_s + slower)
             return None
         except MeshNotReady as e:
             pairs = len(mesh.probed_pairs())

@@ -48,8 +48,9 @@ from tunnelbench.scenario import Scenario
 from tunnelbench.security.drops import DropLedger
 from tunnelbench.security.hygiene import KeyHygiene
 from tunnelbench.store import DB_NAME, Store
-from tunnelbench.vpns.base import Availability, MeshSpec, VpnDriver
+from tunnelbench.vpns.base import Availability, VpnDriver
 from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.vpns.session import end_mesh, make_mesh, start_mesh
 from tunnelbench.workloads.base import Workload
 
 
@@ -492,14 +493,6 @@ class Runner:
             avail = type(avail)(False, f"topology {self.sc.lab.topology}: not supported by {vpn}")
         return avail
 
-    def _vpn_options(self, vpn: str) -> dict[str, Any]:
-        """Options for a VPN key: those given for its base name, then those for the exact `name@version`."""
-        base = vpn.split("@", 1)[0]
-        return {
-            **self.sc.vpn_options.get(base, {}),
-            **(self.sc.vpn_options.get(vpn, {}) if vpn != base else {}),
-        }
-
     def _vpn_session(self, vpn: str, reps: list[int], only: Only, adaptive: bool = False) -> None:
         """Bring one VPN's mesh up, run the given repetitions of every condition and workload (or only the
         (condition label, workload label) pairs in `only`), tear it down and verify."""
@@ -533,35 +526,37 @@ class Runner:
             return None
         # lab.hosts_per_vpn: the first hosts (client and server among them); the rest stay idle for this VPN
         hosts = list(b.lab.hosts)[: self.sc.mesh_hosts(vpn)]
-        spec = MeshSpec(
-            hosts=hosts,
-            tag=b.lab.tag,
-            workdir=self.run_dir,
-            mtu=self.sc.fairness.tunnel_mtu,
-            options=self._vpn_options(vpn),
-            path=self.sc.lab.path,
-            relay=b.lab.relay,
-            topology=self.sc.lab.topology,
-            hub=b.server,
-            session=""
+        session = (
+            ""
             if first and not self.session_prefix
-            else f"{self.session_prefix}s{self.bringups.get(vpn, 0) + 1}",
+            else f"{self.session_prefix}s{self.bringups.get(vpn, 0) + 1}"
         )
         self.bringups[vpn] = self.bringups.get(vpn, 0) + 1
         mesh: Mesh | None = None
         self.ctx.status(f"{vpn}: bringing the mesh up" + (f" (round {reps[0]})" if len(reps) == 1 else ""))
         t0 = time.monotonic()
+        t1 = t0
         self.drops.begin(b.lab)
-        try:
-            driver = cls(spec)
-            mesh = Mesh(driver)
-            driver.configure()
+
+        def configured(_seconds: float) -> None:  # the driver built and configured: the daemons start next
+            nonlocal t1
             self.ctx.phase(vpn, "vpn_setup", time.monotonic() - t0)
             t1 = time.monotonic()
-            self.mesh = mesh
-            mesh.start()
-            waited = mesh.wait_ready(self.sc.run.tunnel_timeout_s)
-            driver.warm_up()
+
+        try:
+            mesh = self.mesh = make_mesh(
+                cls,
+                b.lab,
+                hosts=hosts,
+                options=self.sc.vpn_options,
+                mtu=self.sc.fairness.tunnel_mtu,
+                path=self.sc.lab.path,
+                topology=self.sc.lab.topology,
+                hub=b.server,
+                session=session,
+            )
+            driver = mesh.driver
+            waited = start_mesh(mesh, self.sc.run.tunnel_timeout_s, configured=configured).waited_s or 0.0
             self.ctx.phase(vpn, "tunnel_wait", time.monotonic() - t1)
         except CASE_ERRORS as e:
             self.ctx.phase(vpn, "tunnel_wait", time.monotonic() - t0)
@@ -702,10 +697,9 @@ class Runner:
     def _stop_and_verify(self, mesh: Mesh, vpn: str) -> None:
         assert self.bench is not None
         t0 = time.monotonic()
-        self.hygiene.stop_session(vpn, mesh.driver, mesh.stop)
+        left = end_mesh(mesh, lambda: self.hygiene.stop_session(vpn, mesh.driver, mesh.stop))
         self.mesh = None
         self._attribute_drops(vpn)  # before a rebuild below: a new lab's counters start again at 0
-        left = mesh.leftovers()
         if left:
             # never let the next VPN start on a dirty host set: rebuild the lab from scratch
             self._say(f"{vpn}: teardown left {left}; rebuilding the lab", "red")

@@ -42,6 +42,13 @@ class Mesh:
     def tunnel_ip(self, host: Host) -> str:
         return self.driver.tunnel_ip(host)
 
+    def expect_delay(self, delay_ms: float, jitter_ms: float) -> float:
+        """The path now delays each way by `delay_ms` with `jitter_ms`: a readiness probe waits for its reply
+        300 ms plus twice the worst round trip (jitter at 3 sigma); returns the seconds a readiness wait adds
+        (4 x (delay + jitter)) for the replies of a path that slow."""
+        self.probe_ms = int(300 + 2 * 2 * (delay_ms + 3 * jitter_ms))
+        return 4 * (delay_ms + jitter_ms) / 1000
+
     def daemons(self) -> dict[str, list[Process]]:
         return {h.name: self.driver.daemons(h) for h in self.hosts}
 
