@@ -53,7 +53,7 @@ def tool_versions() -> dict[str, str]:
         "fping": _out(["fping", "--version"]).splitlines()[0] if shutil.which("fping") else "missing",
         "iproute2": _out(["ip", "-V"]),
         "nft": _out(["nft", "--version"]),
-        # issue 5 workloads: nginx prints its version on stderr, hey has no version flag (pinned in setup.sh)
+        # the HTTP workloads' tools: nginx prints its version on stderr, hey has no version flag (pinned in setup.sh)
         "nginx": _out(["nginx", "-v"]) if shutil.which("nginx") else "missing",
         "curl": _out(["curl", "--version"]).splitlines()[0] if shutil.which("curl") else "missing",
         "hey": "github.com/rakyll/hey v0.1.5 (pinned)" if shutil.which("hey") else "missing",

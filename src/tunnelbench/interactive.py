@@ -1,4 +1,4 @@
-"""The interactive lab (issue 17 item 5): `tunnelbench up`, `exec`, `down`.
+"""The interactive lab: `tunnelbench up`, `exec`, `down`.
 
 `up` builds the namespace lab and one VPN's mesh (optionally under an impairment profile) and returns to the
 shell while they stay up; `exec HOST -- CMD` runs a command in a host's namespace; `down` tears the mesh down

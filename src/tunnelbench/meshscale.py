@@ -1,4 +1,4 @@
-"""The mesh-scale curve (issue 15 item 13): how a mesh VPN behaves as it grows, every host a peer of every other.
+"""The mesh-scale curve (`tunnelbench mesh-scale`): how a mesh VPN behaves as it grows, every host a peer of every other.
 
 One point = a fresh N-host lab (direct path, full mesh), the VPN configured for all N and started host by host,
 then measured:

@@ -1,4 +1,4 @@
-"""The NAT-traversal matrix (issue 19 item 1): for each NAT-capable VPN and each pair of NAT types
+"""The NAT-traversal matrix (`tunnelbench nat-matrix`): for each NAT-capable VPN and each pair of NAT types
 (h1 behind one, h2 behind the other, the relay host h3 public), does the VPN get h1 -> h2 traffic through,
 and which way: straight between the two NATs (hole punched), through another host, or not at all.
 

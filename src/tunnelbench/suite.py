@@ -1,4 +1,4 @@
-"""Suites: one command for checks that each need their own lab (issue 14: `tunnelbench run security`).
+"""Suites: one command for checks that each need their own lab (`tunnelbench run security`).
 
 A suite file is a scenario file whose top level is `name`, `description` and `suite = [PART, ...]`, each part a
 built-in scenario name or a scenario file (relative to the suite file). `tunnelbench run SUITE` runs every part

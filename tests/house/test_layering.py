@@ -1,4 +1,4 @@
-"""The house's floors (DESIGN.md): every room imports only rooms below it, and no import circle exists anywhere.
+"""The house's floors (CONTRIBUTING.md, "The layout"): every room imports only rooms below it, and no import circle exists anywhere.
 
 Every import statement of every module under src/tunnelbench/ is read with `ast`: inside functions too, under
 `if TYPE_CHECKING:` too (a circle that only the type checker walks is still a circle a reader walks), relative

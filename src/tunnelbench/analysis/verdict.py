@@ -1,7 +1,7 @@
 """A cell's verdict: did it measure the VPN, or did the measuring tool (instrument-bound), the impairment
 engine (emulator-bound), something outside the lab (disturbed) or another path than the scenario's
 (off-path) set the result? Only measured cells take tiers and leader lines; the others are shown with their
-reasons (DESIGN.md, "A cell is only as good as its verdict"). Each limit is decided with its uncertainty.
+reasons (README.md, "A cell's verdict"; docs/results.md). Each limit is decided with its uncertainty.
 
 A (VPN, profile, workload label, metric) cell is
   instrument-bound when, in any of its repetitions, the measuring tool's own UDP socket dropped datagrams

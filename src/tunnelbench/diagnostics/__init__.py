@@ -1,4 +1,4 @@
-"""Per-case artifacts a VPN author opens first when a number is low or a case failed (issue 19 item 6):
+"""Per-case artifacts a VPN author opens first when a number is low or a case failed:
 
   pcap       the first `capture_packets` underlay packets of the case on the router (tcpdump, headers only)
   kmsg       the kernel's log lines (dmesg) written during the case

@@ -1,4 +1,4 @@
-"""A stateful firewall on every lab host (issue 15 item 5): Nebula's benchmark blog measured that one conntrack rule on the
+"""A stateful firewall on every lab host: Nebula's benchmark blog measured that one conntrack rule on the
 hosts costs about 10% of a VPN's throughput, and real deployments run one. `[hosts] firewall = "stateful"`
 installs this nftables table in every host namespace before any VPN starts: input, output and forward
 accept established/related connections, drop invalid ones and accept (and count) new ones, so every packet

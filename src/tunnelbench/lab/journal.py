@@ -18,12 +18,12 @@ Rooms above the lab journal kinds of their own (impair/: "qdisc", "iptables_chai
 them with `register_undo`; `clean` (lab/clean.py) and the SSH undo (lab/ssh_undo.py) look the handler up by kind,
 as Mininet's cleanup does with its callbacks, so the lab never imports those rooms.
 
-What is ever undone (issue 42): only what THIS machine's registry journaled, and only when its folder and files
-are owned by root (or the user running tunnelbench) and writable by nobody else (`untrusted`); a journal found only
-in a run folder (copied from elsewhere, or the registry went with a reboot) names things that are reported and
-left alone. Even then each entry must be the run's own (`refusal`): a process with its start time (and, where it
-is signalled, its command line), a name carrying the run's tag (lab/tags.py), a path inside the run's folders or
-one of the lab's known places named after the run.
+What is ever undone (so that a journal another user planted undoes nothing): only what THIS machine's registry
+journaled, and only when its folder and files are owned by root (or the user running tunnelbench) and writable
+by nobody else (`untrusted`); a journal found only in a run folder (copied from elsewhere, or the registry
+went with a reboot) names things that are reported and left alone. Even then each entry must be the run's own
+(`refusal`): a process with its start time (and, where it is signalled, its command line), a name carrying the
+run's tag (lab/tags.py), a path inside the run's folders or one of the lab's known places named after the run.
 """
 
 from __future__ import annotations

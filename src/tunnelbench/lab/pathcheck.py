@@ -1,4 +1,4 @@
-"""Confirmed paths (issue 19 item 2): which way did a case's underlay traffic actually go?
+"""Confirmed paths: which way did a case's underlay traffic actually go?
 
 The router forwards every underlay packet between hosts, so nftables counters there (a forward chain at
 priority 10: after the relay scenario's UDP block at -10, so dropped packets are not counted) split the bytes

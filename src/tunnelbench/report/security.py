@@ -1,4 +1,4 @@
-"""The Security section (issue 14 item 7): one row per VPN (and version), one column per check, each "pass",
+"""The Security section of the summary and the report: one row per VPN (and version), one column per check, each "pass",
 "fail" or "not run" with its evidence. Read from what the run stored: the `leak` workload's metrics
 (leak_pass at the router, relay_verdict at the relay), the router's off-lab drops while the VPN's mesh was up
 (`offlab_drops.<vpn>`), the key-hygiene record (`keys.<vpn>`), the output key scan (`keys.scan`), the `acl`

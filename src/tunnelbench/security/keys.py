@@ -1,4 +1,4 @@
-"""Key hygiene (security, issue 14 item 5): every file a driver declares secret (`VpnDriver.secret_files`) is
+"""Key hygiene (a security conformance check): every file a driver declares secret (`VpnDriver.secret_files`) is
 mode 0600 or stricter, owned by root and inside the run folder while the mesh is up; it is removed when the
 mesh session stops (unless `[run] keep_keys`), and the values it held are redacted from the session's logs (a
 daemon may log its config: EasyTier its network secret); and no secret value appears in the run's outputs

@@ -55,7 +55,7 @@ class MeshSpec:
     workdir: Path
     mtu: int | None = None  # common tunnel MTU when the scenario levels the field; None = the VPN's default
     options: dict[str, Any] = field(default_factory=dict)
-    # underlay path scenario (lab/paths.py): "direct" | "relay" | "nat"; relay = the host carrying relayed
+    # underlay path scenario (lab/netns.py PATHS): "direct" | "relay" | "nat"; relay = the host carrying relayed
     # traffic (and any control server), public = hosts not behind NAT (their underlay_ip is reachable)
     path: str = "direct"
     relay: Host | None = None
@@ -184,7 +184,7 @@ class VpnDriver(ABC):
     # rows, folders); `variant` the version asked for ("debian", "1.9.0"), None for the driver's default
     key: ClassVar[str] = ""
     variant: ClassVar[str | None] = None
-    # underlay path scenarios the driver supports (lab/paths.py); others are skipped with paths_why
+    # underlay path scenarios the driver supports (lab/netns.py PATHS); others are skipped with paths_why
     paths: ClassVar[frozenset[str]] = frozenset({"direct"})
     paths_why: ClassVar[dict[str, str]] = {}
     # the feature record (vpns/features.py): protocol, ciphers, data plane, ... each fact with its source
@@ -194,7 +194,7 @@ class VpnDriver(ABC):
     # discovery sends large packets over its TCP meta connection for ~5 s): warm_up() waits this out, or, for
     # a driver that can tell (warmed_up()), until the daemons say so
     settle_s: ClassVar[float] = 0.0
-    # revocation (issue 14 item 4): the operator action revoke() takes to cut one host off, for the feature
+    # revocation (the revoke workload's check): the operator action revoke() takes to cut one host off, for the feature
     # matrix; None = not implemented (the revoke workload reports the VPN as not supported)
     revocation: ClassVar[str | None] = None
     # tunnel addresses: host i (1-based) gets TUNNEL_NET.i; above 253 hosts the net widens to a /16

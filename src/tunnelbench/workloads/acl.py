@@ -1,4 +1,4 @@
-"""ACL isolation check (security, issue 14 item 3): the VPN's own access control must enforce the lab's policy
+"""ACL isolation check (a security conformance check, `tunnelbench run security`): the VPN's own access control must enforce the lab's policy
 (vpns/acl.py, `vpn_options.<vpn>.acl = "isolate"`): the client reaches the server, every isolated host reaches
 neither. Flows over the tunnel addresses, each bounded by `timeout_s`: ICMP (ping) and TCP (connect to a
 listener on the target's tunnel address). Allowed: client -> server. Denied: isolated -> server and

@@ -1,4 +1,4 @@
-"""Connection rate (issue 19): TCP connect/request/response/close transactions per second through the tunnel,
+"""Connection rate: TCP connect/request/response/close transactions per second through the tunnel,
 netperf's TCP_CRR, and with `mode = "rr"` its persistent-connection TCP_RR for comparison.
 
 netperf is the field's tool for this, but Debian ships it in non-free, which this lab's apt sources do not

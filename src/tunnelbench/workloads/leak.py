@@ -1,12 +1,12 @@
-"""Plaintext leak check (security, issue 14 items 1 and 2): random marker messages go over the tunnel from the
-client to the server's tunnel address (TCP, UDP, ICMP; several sizes) while one namespace captures every frame
-it sees (tcpdump -i any). A captured frame that holds the marker or any fixed-offset fragment of it (offsets
-0, f, 2f, ... and the tail window, f = fragment_bytes) is plaintext.
+"""Plaintext leak check (security conformance, and relay blindness): random marker messages go over the tunnel
+from the client to the server's tunnel address (TCP, UDP, ICMP; several sizes) while one namespace captures
+every frame it sees (tcpdump -i any). A captured frame that holds the marker or any fixed-offset fragment of
+it (offsets 0, f, 2f, ... and the tail window, f = fragment_bytes) is plaintext.
 
-capture_at = "router" (item 1, metrics leak_*): the router namespace, which forwards every underlay frame
+capture_at = "router" (the leak check, metrics leak_*): the router namespace, which forwards every underlay frame
 between hosts. The check fails if any frame there holds plaintext.
 
-capture_at = "relay" (item 2, relay blindness, metrics relay_*): the lab's relay host (`[lab] path = "relay"`),
+capture_at = "relay" (relay blindness, metrics relay_*): the lab's relay host (`[lab] path = "relay"`),
 which sees its underlay and any tunnel device the VPN's relay daemon has there: a relay that routes at the
 VPN layer (a mesh node) shows the decrypted marker on its tun device. Verdict: 0 = the relay sees plaintext,
 1 = metadata only (it carried the markers' frames as ciphertext), 2 = nothing crossed the relay (the VPN went

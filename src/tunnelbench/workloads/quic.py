@@ -1,4 +1,4 @@
-"""QUIC (issue 15, the ten-VPN thesis's qperf: connection set-up time and time to first byte, with retries) plus a bulk
+"""QUIC (the ten-VPN thesis's qperf: connection set-up time and time to first byte, with retries) plus a bulk
 download for goodput, with quicperf: a small Rust program on quinn (native/quicperf, every crate pinned by its
 Cargo.lock; scripts/build-quicperf.sh builds it into the install cache and links /usr/local/bin/quicperf).
 

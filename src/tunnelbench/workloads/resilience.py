@@ -14,7 +14,7 @@ client to the server's tunnel address (every 10 ms) while
 - `failover` (lab.path = "relay" only): the lab first lets UDP flow between the peers (the VPN may take
   the direct path), then blocks UDP between them mid-probe so the VPN must move to its relay, then
   unblocks it again (and restores the block the scenario asked for).
-- `control_loss` (issue 19, Tailscale natlab's "blackhole the control server"): with the mesh up and the
+- `control_loss` (Tailscale natlab's "blackhole the control server"): with the mesh up and the
   probe answering, the router drops everything to and from the VPN's control host (driver.control_host:
   Headscale + DERP, the Nebula lighthouse, the n2n supernode, the innernet server; lab/blackhole.py) for
   `control_watch_s`: does the data plane keep working (control_loss_gap_s, control_loss_replies_pct)?

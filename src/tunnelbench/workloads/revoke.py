@@ -1,4 +1,4 @@
-"""Revocation (security, issue 14 item 4): one host is cut off the running mesh the way the VPN's operator would
+"""Revocation (a security conformance check, `tunnelbench run security`): one host is cut off the running mesh the way the VPN's operator would
 do it (the driver's `revoke()`, described by its `revocation`: delete the WireGuard peer everywhere, `headscale
 nodes delete`, ...) while a fast ping probe runs from that host to another one's tunnel address.
 

@@ -1,4 +1,4 @@
-"""Request/response latency (issue 15, Gentile et al.'s netperf TCP_RR / UDP_RR): sockperf ping-pong through the
+"""Request/response latency (Gentile et al.'s netperf TCP_RR / UDP_RR): sockperf ping-pong through the
 tunnel, TCP or UDP, on an idle tunnel or under a concurrent iperf3 TCP bulk stream (`load = "tcp"`).
 
 netperf is not in Debian; sockperf (3.7) is. Its ping-pong client sends one `msg_size` message, waits for

@@ -1,4 +1,4 @@
-"""UDP ceiling (issue 19): the highest offered iperf3 UDP rate whose loss stays at or under a target (default
+"""UDP ceiling: the highest offered iperf3 UDP rate whose loss stays at or under a target (default
 1%), every repeat passing. `udp -b 0` floods the sender and an encrypted tunnel drops 85-95% of it at the
 receiver, which says nothing about the rate a UDP application can use; the ceiling does.
 
