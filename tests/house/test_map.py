@@ -1,6 +1,7 @@
-"""The map matches the house: every file the source, CONTRIBUTING, README and docs/ name by path exists; and no
-"issue N" tag sits in src/, where a reader has no tracker to look it up. The reference is the text of those files
-and the tree on disk; each checker is also run on a planted tree or text."""
+"""The map matches the house: CONTRIBUTING.md's layout describes every room of the floor table (FLOORS) and no
+room the table lacks; every file the source, CONTRIBUTING, README and docs/ name by path exists; and no "issue N"
+tag sits in src/, where a reader has no tracker to look it up. The reference is the text of those files and the
+tree on disk; each checker is also run on a planted tree or text."""
 
 from __future__ import annotations
 
@@ -8,7 +9,55 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from test_layering import FLOORS
 from tree import ROOT
+
+LAYOUT_HEAD = "## The layout"
+# a bullet of the layout names its rooms before its first colon: "- `store.py`: ...", "- `core/` is ...: ..."
+ROOM_NAME = re.compile(r"`(\w+)(?:/|\.py)`")
+
+
+def described_rooms(contributing: str) -> list[str]:
+    """The rooms the layout section's bullets name, in order."""
+    section = contributing.split(LAYOUT_HEAD, 1)[1].split("\n## ", 1)[0]
+    out: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("- "):
+            out += ROOM_NAME.findall(line.split(":", 1)[0])
+    return out
+
+
+def layout_problems(floors: list[tuple[str, ...]], contributing: str) -> list[str]:
+    described = set(described_rooms(contributing))
+    bad = [
+        f"room {room!r} (floor {i}) is not described in CONTRIBUTING.md's layout: add a bullet naming it"
+        for i, rooms in enumerate(floors)
+        for room in rooms
+        if room not in described
+    ]
+    rooms = {r for f in floors for r in f}
+    bad += [
+        f"CONTRIBUTING.md's layout describes {room!r}, which FLOORS (tests/house/test_layering.py) lacks"
+        for room in sorted(described - rooms)
+    ]
+    return bad
+
+
+def test_contributing_describes_every_room_of_the_floor_table():
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    assert len(described_rooms(text)) >= 20, "the layout's bullets are really read"
+    bad = layout_problems(FLOORS, text)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layout_check_names_a_planted_room_and_a_stale_bullet():
+    text = "# x\n\n## The layout\n\n- `core/` is the ground floor: x (`core/metrics.py`).\n- `gone.py`: y\n\n## Next\n"
+    assert layout_problems([("core",), ("lab", "sweeps")], text) == [
+        "room 'lab' (floor 1) is not described in CONTRIBUTING.md's layout: add a bullet naming it",
+        "room 'sweeps' (floor 1) is not described in CONTRIBUTING.md's layout: add a bullet naming it",
+        "CONTRIBUTING.md's layout describes 'gone', which FLOORS (tests/house/test_layering.py) lacks",
+    ]
+
 
 # -- files named by path ---------------------------------------------------------------------------------
 NAMED_FILE = re.compile(r"(?<![\w./-])((?:[A-Za-z_][\w-]*/)*[A-Za-z_][\w-]*\.(?:py|md))\b")
