@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("catalog",),  # the only module that imports every driver and workload
     ("analysis", "scenario"),
     ("report", "plan", "builds"),  # builds: the built tools (hey, quicperf, inferno) on first use
-    ("security", "natmatrix", "doctor", "enginebench", "meshscale", "suite"),  # suite: a plan of runs, merged
+    ("security", "sweeps", "doctor", "suite"),  # suite: a plan of runs, merged; sweeps: labs of their own
     ("runner", "interactive"),
     ("cli",),
 ]

@@ -215,7 +215,7 @@ def test_matrix_row_is_a_probed_fact_and_a_report_table(tmp_path, monkeypatch):
 
 
 def test_matrix_classification():
-    from tunnelbench.natmatrix import classify
+    from tunnelbench.sweeps.natmatrix import classify
 
     assert (
         classify(80.0, 1.0) == "direct"
@@ -238,7 +238,7 @@ def test_traversal_matrix_sample(tmp_path):
     from conftest import lab_missing
 
     from tunnelbench.catalog import DRIVERS
-    from tunnelbench.natmatrix import run_matrix, table_rows
+    from tunnelbench.sweeps.natmatrix import run_matrix, table_rows
 
     why = lab_missing()
     if why:

@@ -286,8 +286,8 @@ def test_a_report_killed_mid_write_keeps_the_previous_report_whole(tmp_path):
 def test_the_writers_of_run_folders_and_results_roots_never_write_in_place():
     """No writer of a run folder's or results root's files writes in place: each calls core/files.py."""
     src = Path(__file__).resolve().parents[2] / "src" / "tunnelbench"
-    writers = ["cli/results.py", "report/full.py", "report/history.py", "natmatrix.py",
-               "meshscale.py", "suite.py", "cli/lab.py", "runner/loop.py", "runner/case.py",
+    writers = ["cli/results.py", "report/full.py", "report/history.py", "sweeps/natmatrix.py",
+               "sweeps/meshscale.py", "suite.py", "cli/lab.py", "runner/loop.py", "runner/case.py",
                "runner/execute.py", "runner/guard.py"]  # fmt: skip
     for rel in writers:
         text = (src / rel).read_text()

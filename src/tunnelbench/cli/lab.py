@@ -142,7 +142,7 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     ensure_engine()
     import tempfile
 
-    from tunnelbench.enginebench import run_bench, tables
+    from tunnelbench.sweeps.enginebench import run_bench, tables
 
     names = [v.strip() for v in vpns.split(",") if v.strip()]
     with tempfile.TemporaryDirectory(prefix="tunnelbench-bench-") as tmp:
@@ -282,7 +282,7 @@ def nat_matrix(vpns: tuple[str, ...], pairs: str, out: Path, no_record: bool) ->
     (router path counters during an h1 -> h2 ping flood). One fresh 3-host lab per cell, ~10-30 s each."""
     import tempfile
 
-    from tunnelbench import natmatrix as nm
+    from tunnelbench.sweeps import natmatrix as nm
 
     need_root()
     names = [x.strip() for v in vpns for x in v.split(",") if x.strip()] or nm.nat_drivers()
@@ -343,8 +343,8 @@ def mesh_scale(vpns: tuple[str, ...], sizes: str, idle_s: float, out: Path) -> N
     first size that fails or would not fit in memory, and says which bound it reached."""
     import tempfile
 
-    from tunnelbench import meshscale as ms
     from tunnelbench.catalog import DRIVERS
+    from tunnelbench.sweeps import meshscale as ms
 
     need_root()
     names = [x.strip() for v in vpns for x in v.split(",") if x.strip()]

@@ -4,7 +4,7 @@ ACLs, unattended join, self-hostable control plane, platforms, license), every f
 A fact is `{"value": ..., "source": "<doc URL>" | "probe: <what the lab checked>", "probed": bool}`.
 Facts the lab can check (does the relay carry traffic when UDP between peers is blocked, does the mesh
 come up with peers behind NAT, the NAT-traversal matrix per pair of NAT types) are measured by
-`tests/lab/test_paths.py` (the relay and NAT probes) and `tunnelbench nat-matrix` (tunnelbench/natmatrix.py), and
+`tests/lab/test_paths.py` (the relay and NAT probes) and `tunnelbench nat-matrix` (tunnelbench/sweeps/natmatrix.py), and
 recorded in $TUNNELBENCH_CACHE/probes.json; `record()` merges the latest probe into the documented
 record, so a run stores what was last observed on this kind of machine, with the date."""
 

@@ -16,7 +16,7 @@ SWEEP = """
 import resource, signal, sys
 from pathlib import Path
 from types import SimpleNamespace
-from tunnelbench import meshscale as ms, natmatrix as nm
+from tunnelbench.sweeps import meshscale as ms, natmatrix as nm
 
 which, out = sys.argv[1], Path(sys.argv[2])
 
@@ -73,9 +73,9 @@ def test_a_kill_while_the_json_is_rewritten_keeps_the_earlier_results_whole(tmp_
 
 @pytest.mark.parametrize("which", ["nat-matrix", "mesh-scale"])
 def test_a_link_where_the_json_goes_is_refused_before_the_first_cell(tmp_path, which):
-    from tunnelbench import meshscale as ms
-    from tunnelbench import natmatrix as nm
     from tunnelbench.core.files import FileRefused
+    from tunnelbench.sweeps import meshscale as ms
+    from tunnelbench.sweeps import natmatrix as nm
 
     outside = tmp_path / "outside.json"
     outside.write_text("{}")

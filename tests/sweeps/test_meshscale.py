@@ -1,4 +1,4 @@
-"""The mesh-scale curve (tunnelbench/meshscale.py): idle CPU and RSS against processes of known load and size,
+"""The mesh-scale curve (tunnelbench/sweeps/meshscale.py): idle CPU and RSS against processes of known load and size,
 the memory bound from a hand-made point, and a small sweep on the real lab (pairs, daemons per label, JSON)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import lab_missing
 
-from tunnelbench import meshscale as ms
+from tunnelbench.sweeps import meshscale as ms
 
 BUSY = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass\n"
 BIG = "import time\nb = bytearray(200 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\nprint('ok', flush=True)\ntime.sleep(30)\n"
