@@ -29,6 +29,7 @@ from tunnelbench.vpns.n2n import N2n
 from tunnelbench.vpns.nebula import Nebula
 from tunnelbench.vpns.openconnect import OpenConnect
 from tunnelbench.vpns.openvpn import OpenVpn
+from tunnelbench.vpns.openvpn_dco import OpenVpnDco
 from tunnelbench.vpns.softether import SoftEther
 from tunnelbench.vpns.strongswan import StrongSwan
 from tunnelbench.vpns.tailscale import Tailscale
@@ -88,6 +89,8 @@ DRIVERS: dict[str, type[VpnDriver]] = {
         Gue,
         Geneve,
         Macsec,
+        # OpenVPN's data channel in the kernel: needs the ovpn-dco module
+        OpenVpnDco,
         # kernel IPsec (Gentile et al.): strongSwan IKEv2, kernel ESP
         KernelIpsec,
         IpsecTransport,

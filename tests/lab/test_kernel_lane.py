@@ -88,8 +88,10 @@ KERNEL_DRIVERS = sorted(n for n, d in DRIVERS.items() if set(d.kernel_features) 
 # ipsec-transport (39 s): test_ipsec_never_sends_cleartext brings each up, pings across it (ESP only on the
 # wire) and checks its leftovers; their key files are the strongSwan code ipsec-tunnel's mesh test checks.
 # gretap, ipip, geneve (~32 s each): KernelTunnel subclasses that differ from gre only in the `ip link add`
-# arguments, which test_kernel_tunnel_links_one_device_per_peer_of_its_kind checks on every run
+# arguments, which test_kernel_tunnel_links_one_device_per_peer_of_its_kind checks on every run. openvpn-dco
+# (45 s): openvpn's code but for --disable-dco; tests/vpns/test_openvpn_dco.py brings it up on every run
 LONG_KERNEL_DRIVERS = {
+    "openvpn-dco",
     "gretap",
     "ipip",
     "geneve",

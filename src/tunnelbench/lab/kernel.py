@@ -88,6 +88,9 @@ FEATURES: dict[str, tuple[str, str, list[str]]] = {
         "xfrm_interface",
         ["ip link add xi0 type xfrm dev v0 if_id 5"],
     ),
+    # OpenVPN 2.6's data-channel offload: the out-of-tree ovpn-dco-v2 module (Debian 12's openvpn-dco-dkms),
+    # not mainline's `ovpn` (6.16+), which only OpenVPN 2.7 drives. No attributes: a p2p device
+    "ovpn-dco": ("OpenVPN data-channel offload", "ovpn_dco_v2", ["ip link add o0 type ovpn-dco"]),
 }
 
 
@@ -216,6 +219,7 @@ LANE_FEATURES = (
     "vti",
     "xfrmi",
     "dummy",
+    "ovpn-dco",  # built for the lane's kernel by scripts/kernel-lane, loaded in its VM
 )
 
 

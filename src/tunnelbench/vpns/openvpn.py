@@ -7,8 +7,12 @@ an openvpn process with --tls-server, host j one with --tls-client, each with it
 leaves through the tun of the tunnel to host j: no hub, no relaying through a third host.
 
 Data channel: AES-256-GCM (--cipher and --data-ciphers AES-256-GCM, so that is what every tunnel
-negotiates; vpn_options.openvpn.cipher picks another AEAD cipher), userspace only
-(--disable-dco, so a kernel with ovpn-dco would not change what is measured). Control channel: TLS
+negotiates; vpn_options.openvpn.cipher picks another AEAD cipher). Data path: `openvpn` keeps it in userspace
+(--disable-dco: a kernel with ovpn-dco does not change what is measured); `openvpn-dco` (vpns/openvpn_dco.py)
+is the same tunnels with the data channel in the kernel's ovpn-dco module, as OpenVPN 2.6 runs by default
+where the module is loaded. Which path each tunnel took is read back, never assumed (`data_path`): the
+device's kind as the kernel reports it (`ip -d link`: ovpn-dco or tun) and OpenVPN's own line for it ("DCO
+device X opened" / "TUN/TAP device X opened"); a tunnel on the other path fails start(). Control channel: TLS
 with ECDSA P-256 certificates from a per-run CA (made with openssl on host 1, ca.key 0600); every
 host's key is made on that host, only its CSR goes to the CA. Each end checks the other's certificate
 (--remote-cert-tls, --verify-x509-name). A full mesh of N hosts runs N-1 openvpn processes per host.
@@ -22,9 +26,11 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import json
+import re
 import secrets
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import Field
 
@@ -37,6 +43,15 @@ from tunnelbench.vpns.install import Apt
 OPENVPN_MANUAL = "https://openvpn.net/community-resources/reference-manual-for-openvpn-2-6/"
 
 BASE_PORT = 1194
+# what the kernel calls each data path's device (`ip -d link`: linkinfo.info_kind), and what OpenVPN logs when
+# it opens one (tun.c: "DCO device %s opened" / "TUN/TAP device %s opened")
+DCO_KIND, TUN_KIND = "ovpn-dco", "tun"
+OPENED = {DCO_KIND: "DCO device {} opened", TUN_KIND: "TUN/TAP device {} opened"}
+# OpenVPN's own words about DCO (why it is off: "Note: Kernel support for ovpn-dco missing, ...", an option
+# DCO does not support), quoted when a tunnel is not on the path asked for
+DCO_WORDS = re.compile(r"^.*\b(?:DCO|dco|data channel offload)\b.*$", re.M)
+# the loaded module's version (ovpn-dco-v2, the module OpenVPN 2.6 drives)
+DCO_MODULE_VERSION = "/sys/module/ovpn_dco_v2/version"
 CIPHER: Final = "AES-256-GCM"
 CERT_DAYS = 30
 CERT_EXT = """basicConstraints = CA:FALSE
@@ -45,6 +60,24 @@ extendedKeyUsage = serverAuth, clientAuth
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
 """
+
+
+def device_kinds(ip_json: str) -> dict[str, str]:
+    """{interface: its kind} from `ip -d -j link show` ("" for a device with no linkinfo, e.g. lo)."""
+    return {
+        link["ifname"]: (link.get("linkinfo") or {}).get("info_kind", "")
+        for link in json.loads(ip_json or "[]")
+    }
+
+
+def data_path_problem(ifname: str, kind: str, log: str, dco: bool) -> str | None:
+    """Why the tunnel device `ifname` is not on the data path asked for (dco: the kernel's ovpn-dco, else
+    userspace tun), from its kind as the kernel reports it and its openvpn's log; None when it is."""
+    want = DCO_KIND if dco else TUN_KIND
+    if kind == want and OPENED[want].format(ifname) in log:
+        return None
+    said = "; ".join(m.strip() for m in DCO_WORDS.findall(log)[-4:]) or "nothing about DCO"
+    return f"{ifname} is a {kind or 'missing'} device, not {want} (OpenVPN said: {said})"
 
 
 class OpenVpn(VpnDriver):
@@ -57,7 +90,7 @@ class OpenVpn(VpnDriver):
         OPENVPN_MANUAL,
         protocol="OpenVPN (TLS control channel, custom data channel) over UDP/TCP",
         ciphers="negotiated data ciphers (here AES-256-GCM)",
-        data_plane="userspace (or kernel with ovpn-dco; off here)",
+        data_plane="userspace (--disable-dco; with the data channel offload in the kernel: openvpn-dco)",
         topology="client-server or point-to-point; full mesh of p2p tunnels by the driver",
         nat_traversal="client behind NAT to a reachable server",
         relay="server-side client-to-client forwarding",
@@ -75,6 +108,9 @@ class OpenVpn(VpnDriver):
     }
     default_mtu = 1500  # openvpn's default --tun-mtu
     topologies = frozenset({"mesh", "star"})
+    wire = f"udp dport {BASE_PORT}-65535"  # p2p tunnels: both ends on 1194 + pair index; star: the server's
+    # the data path asked for: userspace here (--disable-dco), the kernel's ovpn-dco in OpenVpnDco
+    dco: ClassVar[bool] = False
 
     class Options(TunnelOptions):
         cipher: Literal["AES-256-GCM", "AES-128-GCM", "CHACHA20-POLY1305"] = Field(
@@ -101,7 +137,8 @@ class OpenVpn(VpnDriver):
             ),
             "cipher": self.options.cipher,
             "control_channel": "TLS (OpenSSL), ECDSA P-256 certificates",
-            "dco": False,
+            "dco": self.dco,  # asked for; what ran is "data_path", read back in start()
+            "data_path": {"in_use": "not started", "devices": {}, "openvpn": {}},
             "proto": "udp",
             "topology": "subnet (ifconfig-push per client CN)" if self.star else "p2p",
             "mtu": self.mtu,
@@ -191,7 +228,7 @@ class OpenVpn(VpnDriver):
             "--ca", str(d / "ca.crt"), "--cert", str(d / "host.crt"), "--key", str(d / "host.key"),
             "--verify-x509-name", peer.name, "name",
             "--cipher", self.options.cipher, "--data-ciphers", self.options.cipher,
-            "--disable-dco",
+            *self._dco_args(),
             "--keepalive", "10", "60",
             "--verb", "3",
         ]  # fmt: skip
@@ -204,6 +241,11 @@ class OpenVpn(VpnDriver):
             argv += ["--tls-client", "--remote-cert-tls", "server"]
         return argv
 
+    def _dco_args(self) -> list[str]:
+        # OpenVPN 2.6 uses DCO by itself where the module is loaded (and nothing in the config rules it out):
+        # the userspace path has to be asked for
+        return [] if self.dco else ["--disable-dco"]
+
     def _star_argv(self, host: Host) -> list[str]:
         d, hub = self.host_dir(host), self.spec.hub
         assert hub is not None
@@ -213,7 +255,7 @@ class OpenVpn(VpnDriver):
             "--tun-mtu", str(self.mtu),
             "--ca", str(d / "ca.crt"), "--cert", str(d / "host.crt"), "--key", str(d / "host.key"),
             "--cipher", self.options.cipher, "--data-ciphers", self.options.cipher,
-            "--disable-dco",
+            *self._dco_args(),
             "--verb", "3",
         ]  # fmt: skip
         if self.options.udp_socket_buffer:
@@ -249,6 +291,7 @@ class OpenVpn(VpnDriver):
             )
             if not proc.alive():
                 raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
+            self._read_data_path(host, [(proc, ifname)])
             return
         started = []
         for k, (srv, cli) in enumerate(self.pairs):
@@ -274,6 +317,34 @@ class OpenVpn(VpnDriver):
             self.wait_for(f"openvpn tun {ifname}", up, timeout=10)
             if not proc.alive():
                 raise RuntimeError(f"openvpn ({ifname}) exited: {proc.log_tail()}")
+        self._read_data_path(host, started)
+
+    def _read_data_path(self, host: Host, tunnels: list[tuple[Process, str]]) -> None:
+        """Which data path each of `host`'s tunnels took, as the kernel and OpenVPN tell it, into the settings
+        record; a tunnel on the other path than the one asked for fails the start, with OpenVPN's words."""
+        for proc, ifname in tunnels:  # OpenVPN logs the device's opening just after it creates it
+
+            def logged(p: Process = proc, i: str = ifname) -> bool:
+                return any(o.format(i) in p.log_text() for o in OPENED.values()) or not p.alive()
+
+            self.wait_for(f"openvpn's log of opening {ifname}", logged, timeout=5)
+        kinds = device_kinds(host.run(["ip", "-d", "-j", "link", "show"]).stdout)
+        # counts, not one entry per tunnel (a 20-host mesh has 380): a tunnel that differs fails the start
+        record = self.settings["data_path"]
+        for proc, ifname in tunnels:
+            log = proc.log_text()
+            why = data_path_problem(ifname, kinds.get(ifname, ""), log, self.dco)
+            if why:
+                raise RuntimeError(f"{self.key} on {host.name}: {why}")
+            kind = kinds[ifname]
+            said = OPENED[kind].format("<dev>")
+            record["devices"][kind] = record["devices"].get(kind, 0) + 1
+            record["openvpn"][said] = record["openvpn"].get(said, 0) + 1
+        if self.dco:  # the module that carries it, on each machine (namespaces share this one's)
+            v = host.run(["cat", DCO_MODULE_VERSION], check=False).stdout.strip()
+            seen = {*record.get("module", "").split(", "), f"ovpn_dco_v2 {v or 'built-in'}"} - {""}
+            record["module"] = ", ".join(sorted(seen))
+        record["in_use"] = "kernel (ovpn-dco)" if self.dco else "userspace (tun)"
 
     def stop_links(self, host: Host) -> list[str]:
         if self.star:  # one tun per host
