@@ -99,9 +99,11 @@ def cgroup_dirs(name: str, mounts: Sequence[Path] | None = None) -> list[Path]:
     return [m / name.strip("/") for m in (mounts if mounts is not None else hierarchies())]
 
 
-def make_cgroup_root(name: str, journal: HostJournaling | None, cpus: str | None = None) -> dict[str, Any]:
-    """Journal, then create /<name> in every hierarchy; the cpuset one gets its parent's memory nodes and the
-    given CPUs (the lab's placement for the host) or the parent's, so pods below inherit them."""
+def make_cgroup_root(name: str, journal: HostJournaling | None) -> dict[str, Any]:
+    """Journal, then create /<name> in every hierarchy; the cpuset one gets its parent's CPUs and memory nodes
+    (v1 leaves them empty). Not the lab's CPU placement for the host: the kubelet writes every CPU it sees into
+    kubepods/cpuset.cpus below, which a narrower parent refuses ("permission denied": the kubelet exits), so
+    pods run on every CPU of the machine; the VPN daemons keep their placement."""
     dirs = cgroup_dirs(name)
     entry = {"kind": "kube_cgroup", "name": name, "dirs": [str(d) for d in dirs]}
     if journal is not None:
@@ -110,7 +112,7 @@ def make_cgroup_root(name: str, journal: HostJournaling | None, cpus: str | None
         d.mkdir(exist_ok=True)
         if (d / "cpuset.cpus").exists():
             parent = d.parent
-            (d / "cpuset.cpus").write_text(cpus or (parent / "cpuset.cpus").read_text())
+            (d / "cpuset.cpus").write_text((parent / "cpuset.cpus").read_text())
             (d / "cpuset.mems").write_text((parent / "cpuset.mems").read_text())
     return entry
 
