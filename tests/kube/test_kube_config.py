@@ -9,6 +9,7 @@ import ipaddress
 import json
 import shutil
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 
@@ -206,3 +207,63 @@ def test_kubeconfig_names_the_server_and_the_user_files(tmp_path) -> None:
         "certificate-authority": str(tmp_path / "ca"),
     }
     assert kc["users"][0]["user"]["client-key"] == str(tmp_path / "k")
+
+
+def test_freeze_stops_every_daemon_and_thaw_continues_the_controller_manager_last(tmp_path) -> None:
+    """The control's freeze, on real processes: stopped (state T) while frozen; thawed with the controller
+    manager after the others (its node monitor must see the kubelets' fresh leases first)."""
+    from tunnelbench.kube.cluster import Cluster, Plan
+    from tunnelbench.lab.host import Process
+    from tunnelbench.lab.procstat import read_stat
+
+    sent: list[tuple[str, int]] = []
+
+    class Rec(type(THIS_MACHINE)):  # this machine, recording the signals it sends
+        def signal(self, pid: int, sig: int) -> None:
+            sent.append((labels[pid], sig))
+            super().signal(pid, sig)
+
+    host = Rec()
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    labels = dict(
+        zip((p.pid for p in procs), ("etcd", "kube-apiserver", "kube-controller-manager"), strict=True)
+    )
+    try:
+        c = Cluster(Plan("tbtest", host, "10.64.0.1", [], tmp_path, 1370))
+        c.cp = [Process(host, labels[p.pid], ["sleep"], p.pid, None, p) for p in procs]
+        c._leases_after = lambda t: True  # the kubelets renewed (no apiserver here)
+        c.freeze()
+
+        def states(want: str) -> bool:  # a signal lands asynchronously: wait up to 5 s for the state
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                if all((st := read_stat(p.pid)) is not None and st.state in want for p in procs):
+                    return True
+                time.sleep(0.01)
+            return False
+
+        assert states("T")
+        assert sent[0] == ("kube-controller-manager", 19)  # SIGSTOP, the controller manager first
+        sent.clear()
+        c.thaw()
+        assert states("SR")
+        order = [x for x, _ in sent]
+        assert order.index("kube-controller-manager") == len(order) - 1 == 2  # once, after the others
+        assert {s for _, s in sent} == {18}  # SIGCONT
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_cri_log_lines_give_back_the_containers_text() -> None:
+    from tunnelbench.kube.cluster import cri_log_text
+
+    log = (
+        "2026-11-28T17:55:14.615088440Z stdout F {\n"
+        '2026-11-28T17:55:14.615110773Z stdout P \t"start": \n'  # split by the runtime: continued below
+        "2026-11-28T17:55:14.615113848Z stdout F {}\n"
+        "2026-11-28T17:55:14.615120000Z stderr F warning: x y\n"
+        "2026-11-28T17:55:14.615130000Z stdout F \n"
+    )
+    assert cri_log_text(log) == '{\n\t"start": {}\nwarning: x y\n\n'

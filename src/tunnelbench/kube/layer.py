@@ -64,6 +64,11 @@ class KubeLayer:
             self.overlay = ov
             ov.up()
             self._router_counters()
+            # the control-plane host runs no pods and has no route to them: a VPN that advertises the nodes'
+            # overlay addresses as its endpoints (Tailscale does: seed 000's loop, §3.2.3) gets an error there,
+            # instead of a probe the router would count as off-lab
+            for net in (config.POD_NETWORK, config.SERVICE_NETWORK):
+                self.control.run(["ip", "route", "replace", "unreachable", str(net)])
             (self.root / "overlay.json").write_text(json.dumps(ov.record(), indent=1) + "\n")
         return self.overlay
 
@@ -140,6 +145,8 @@ table inet {self.table} {{
         if self.overlay is not None:
             self.overlay.down()
             self.overlay = None
+            for net in (config.POD_NETWORK, config.SERVICE_NETWORK):
+                self.control.run(["ip", "route", "del", "unreachable", str(net)], check=False)
         if self.router is not None:
             self.router.run(["nft", "delete", "table", "inet", self.table], check=False)
         return problems

@@ -62,6 +62,7 @@ class Worker:
     mount_ns: str | None = None
     cgroup_entry: dict[str, Any] | None = None
     nh: NsenterHost | None = None
+    tables_before: set[str] | None = None  # the host's nftables tables before the node started
 
     @property
     def name(self) -> str:
@@ -82,6 +83,7 @@ class Worker:
         """The node's mount namespace, cgroupRoot, containerd with its CNI config, and the lab's images."""
         for d in self.dirs.all():
             d.mkdir(parents=True, exist_ok=True)
+        self.tables_before = self.nft_tables()
         logs = self.dirs.root / "logs"
         self.cgroup_entry = make_cgroup_root(
             config.cgroup_root(self.tag, self.name).lstrip("/"), self.host.journal
@@ -143,6 +145,33 @@ class Worker:
             if p.label in labels and p.alive():
                 self.host.signal(p.pid, sig)
 
+    def nft_tables(self) -> set[str]:
+        """The host namespace's nftables tables ("family name"), iptables-nft's included."""
+        out = self.host.run(["nft", "list", "tables"], check=False).stdout
+        return {line.removeprefix("table ").strip() for line in out.splitlines() if line.startswith("table ")}
+
+    def drop_kubelet_chains(self) -> None:
+        """The iptables chains the kubelet makes in the host's network namespace at start
+        (pkg/kubelet/kubelet_network_linux.go: KUBE-FIREWALL jumped to from INPUT and OUTPUT, KUBE-IPTABLES-HINT,
+        KUBE-KUBELET-CANARY), both families, then every table the node's run made (iptables-nft's filter, nat,
+        mangle with their base chains): the next VPN on this host finds what the node found. (Pods' masquerade
+        chains go with the pods: the CNI's DEL.)"""
+        for ipt in ("iptables", "ip6tables"):
+            steps = [["-D", "INPUT", "-j", "KUBE-FIREWALL"], ["-D", "OUTPUT", "-j", "KUBE-FIREWALL"],
+                     ["-F", "KUBE-FIREWALL"], ["-X", "KUBE-FIREWALL"]]  # fmt: skip
+            cmds = [[ipt, "-w", "-t", "filter", *s] for s in steps]
+            cmds += [
+                [ipt, "-w", "-t", t, op, "KUBE-KUBELET-CANARY"]
+                for t in ("mangle", "nat", "filter")
+                for op in ("-F", "-X")
+            ]
+            cmds += [[ipt, "-w", "-t", "mangle", "-X", "KUBE-IPTABLES-HINT"]]
+            for c in cmds:
+                self.host.run(c, check=False)
+        if self.tables_before is not None:
+            for table in sorted(self.nft_tables() - self.tables_before):
+                self.host.run(["nft", "delete", "table", *table.split()], check=False)
+
     def stop(self) -> list[str]:
         """Kubelet, then containerd, then whatever is left of the node (pods by its cgroups, shims by its mount
         namespace), then the holder; the cgroupRoot removed. What could not be undone."""
@@ -157,6 +186,7 @@ class Worker:
                 if self.holder is None or pid != self.holder.pid:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
+        self.drop_kubelet_chains()
         if self.holder is not None and not self.holder.stop(grace=1):
             problems.append(f"{self.name}: the mount namespace's holder survived SIGKILL")
         if self.mount_ns is not None:
