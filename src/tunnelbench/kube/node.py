@@ -63,6 +63,7 @@ class Worker:
     cgroup_entry: dict[str, Any] | None = None
     nh: NsenterHost | None = None
     tables_before: set[str] | None = None  # the host's nftables tables before the node started
+    links_before: set[str] | None = None  # the host's interfaces before the node started
 
     @property
     def name(self) -> str:
@@ -84,6 +85,7 @@ class Worker:
         for d in self.dirs.all():
             d.mkdir(parents=True, exist_ok=True)
         self.tables_before = self.nft_tables()
+        self.links_before = self.links()
         logs = self.dirs.root / "logs"
         self.cgroup_entry = make_cgroup_root(
             config.cgroup_root(self.tag, self.name).lstrip("/"), self.host.journal
@@ -193,4 +195,29 @@ class Worker:
             left = pids_in_mount_ns(self.mount_ns)
             if left:
                 problems.append(f"{self.name}: processes {left[:8]} still in the node's mount namespace")
-        return problems
+        return problems + self.drop_pod_links()
+
+    def links(self) -> set[str]:
+        out = self.host.run(["ip", "-j", "link", "show"], check=False).stdout
+        return {x["ifname"] for x in json.loads(out or "[]")}
+
+    def drop_pod_links(self, wait_s: float = 10.0) -> list[str]:
+        """The host ends of the pods' veths go with the pods' network namespaces, which the kernel frees a moment
+        after their last holder (a pod process, or the bind mount in containerd's state folder: the node's mount
+        namespace) is gone: wait for them, then delete what is left; the next VPN's leftover check must find
+        only what it made."""
+        if self.links_before is None:
+            return []
+        before = self.links_before
+
+        def pods() -> set[
+            str
+        ]:  # the CNI's host ends: "veth" + 8 hex digits (ptp, plugins/pkg/ip/link_linux.go)
+            return {x for x in self.links() - before if x.startswith("veth")}
+
+        end = time.monotonic() + wait_s
+        while (extra := pods()) and time.monotonic() < end:
+            time.sleep(0.1)
+        for name in sorted(extra):
+            self.host.run(["ip", "link", "del", name], check=False)
+        return [f"{self.name}: interface {x} of the node still there" for x in sorted(pods())]
