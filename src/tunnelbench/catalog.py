@@ -51,6 +51,7 @@ from tunnelbench.workloads.many_clients import ManyClients
 from tunnelbench.workloads.multihost import Multihost
 from tunnelbench.workloads.overhead import Overhead
 from tunnelbench.workloads.ping import Ping
+from tunnelbench.workloads.pods import PodApi, PodTcp, PodUdp
 from tunnelbench.workloads.quic import Quic
 from tunnelbench.workloads.resilience import Resilience
 from tunnelbench.workloads.revoke import Revoke
@@ -214,5 +215,8 @@ WORKLOADS: dict[str, type[Workload]] = {
         Leak,
         Acl,
         Revoke,
+        PodTcp,
+        PodUdp,
+        PodApi,
     )
 }

@@ -311,7 +311,18 @@ def run_doctor() -> list[Check]:
     elif root and shutil.which("ip"):
         checks += _probe_kernel()
         checks += tunnel_checks()
-    return checks + vpn_and_workload_checks()
+    return checks + vpn_and_workload_checks() + kubernetes_checks(root)
+
+
+def kubernetes_checks(probe: bool = True) -> list[Check]:
+    """The opt-in Kubernetes layer (kube/): its build, and what this kernel has and lacks for it."""
+    from tunnelbench.kube.checks import build_check, kernel_checks
+    from tunnelbench.lab import kernel
+
+    rows = [build_check()]
+    if probe and shutil.which("ip"):
+        rows += kernel_checks(kernel.missing(("vxlan",)))
+    return [Check("kubernetes", c.name, c.ok, c.detail, c.meaning) for c in rows]
 
 
 def machine_load(seconds: float = 1.0) -> Check:

@@ -25,6 +25,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("case_metrics", "monitor", "store", "diagnostics", "environment", "instruments"),
     ("impair",),  # WAN impairment: profiles, backends, calibration (ping's parser is an instrument)
     ("vpns",),  # one driver per VPN, the Mesh a workload gets
+    ("kube",),  # the Kubernetes build and a cluster on top of a VPN's mesh (its workloads are workloads')
     ("workloads",),  # one file per workload
     ("catalog",),  # the only module that imports every driver and workload
     ("analysis", "scenario"),

@@ -162,15 +162,42 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     help="also undo what runs left on the SSH hosts of this inventory",
 )
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
-def clean(force: bool, inventory: Path | None = None, insecure: bool = False) -> None:
-    """Remove namespaces, processes and files that crashed or killed runs left (from their journals only)."""
+@click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...")
+def clean(
+    run_ids: tuple[str, ...], force: bool, inventory: Path | None = None, insecure: bool = False
+) -> None:
+    """Remove namespaces, processes and files that crashed or killed runs left (from their journals only):
+    every registered run's, or only those of the RUN_IDs given."""
     need_root()
     import tunnelbench.impair.backend  # noqa: F401  (registers the undo of what impairment journals)
+    import tunnelbench.kube.system  # noqa: F401  (registers the undo of the Kubernetes layer's global state)
     import tunnelbench.security.keys  # noqa: F401  (registers the sweep of a dead run's secret files)
-    from tunnelbench.lab.clean import clean_all
+    from tunnelbench.lab.clean import CleanReport, clean_all, clean_run
+    from tunnelbench.lab.journal import registered_runs
 
     inv = load_inventory(inventory, insecure) if inventory else None
-    rep = clean_all(force, inv)
+    if run_ids:  # only these runs: someone else's killed run stays theirs to clean
+        rep = CleanReport()
+        runs = {r.run_id: r for r in registered_runs() if r.run_id in run_ids}
+        rep.skipped += [
+            f"run {x} is not registered (nothing left, or not this machine's)"
+            for x in run_ids
+            if x not in runs
+        ]
+        for r in runs.values():
+            if r.owner_alive() and not force:
+                rep.skipped.append(
+                    f"run {r.run_id} is still running (pid {r.owner_pid}); use --force to clean it"
+                )
+                continue
+            one = clean_run(r, inv)
+            rep.removed, rep.problems, rep.skipped = (
+                rep.removed + one.removed,
+                rep.problems + one.problems,
+                rep.skipped + one.skipped,
+            )
+    else:
+        rep = clean_all(force, inv)
     for x in rep.removed:
         console.print(f"removed {x}")
     for x in rep.skipped:

@@ -120,6 +120,14 @@ def install(
         names = [*sc.vpns, *(v for arg in vpns for v in arg.split(",") if v not in sc.vpns)]
     else:
         names = list(DRIVERS) if not vpns or "all" in vpns else [v for arg in vpns for v in arg.split(",")]
+    # opt-in, never part of `all` (kube/build.py): named on its own, `install kubernetes`
+    kube = KUBERNETES in names
+    names = [n for n in names if n != KUBERNETES]
+    if kube and inventory is not None:
+        err.print(
+            Text(f"{KUBERNETES}: installs on this machine only (the namespace lab runs it)", style="red")
+        )
+        sys.exit(2)
     bad = []
     for n in names:
         try:
@@ -143,10 +151,10 @@ def install(
     from tunnelbench.builds import building
 
     with building(err):  # one writer of the cache: a second install (or a run's first use) waits for this one
-        sys.exit(_install_here(names, bad, force))
+        sys.exit(_install_here(names, bad, force, kube))
 
 
-def _install_here(names: list[str], bad: list[str], force: bool) -> int:
+def _install_here(names: list[str], bad: list[str], force: bool, kube: bool = False) -> int:
     from tunnelbench.catalog import resolve
     from tunnelbench.vpns.install import cache_root, install_source
 
@@ -156,6 +164,8 @@ def _install_here(names: list[str], bad: list[str], force: bool) -> int:
     for c in ("vpn", "source", "status", "seconds", "where / why"):
         t.add_column(c)
     failed = bool(bad)
+    if kube:
+        failed |= _install_kubernetes(t, force, logdir)
     for n in names:
         if n in bad:
             continue
@@ -174,6 +184,36 @@ def _install_here(names: list[str], bad: list[str], force: bool) -> int:
             t.add_row(n, r.source, Text(r.status, colour), f"{r.seconds:.0f}", detail)
     console.print(t)
     return 1 if failed else 0
+
+
+KUBERNETES = "kubernetes"
+
+
+def _install_kubernetes(t: Table, force: bool, logdir: Path) -> bool:
+    """`install kubernetes` (kube/build.py) into the table's rows; True when a part failed."""
+    from tunnelbench.builds import BUILDS, build, present
+    from tunnelbench.kube import build as kube
+
+    hey = BUILDS["hey"]  # the tools image carries hey: built first where it is missing
+    if not present(hey):
+        ok, seconds, detail = build(hey, logdir / "build-hey.log")
+        t.add_row(KUBERNETES, "hey (tools image)", "[green]installed[/]" if ok else "[red]failed[/]",
+                  f"{seconds:.0f}", detail)  # fmt: skip
+        if not ok:
+            return True
+    err.print(f"{KUBERNETES}: {', '.join(s.label for s in kube.SOURCES)}, images ...")
+    log_path = logdir / f"{KUBERNETES}.log"
+    with open(log_path, "a") as log:
+        results = kube.install(log, force)
+    colour = {"cached": "green", "installed": "green", "failed": "red"}
+    for r in results:
+        detail = r.detail + (f" (log: {log_path})" if r.status == "failed" else "")
+        t.add_row(KUBERNETES, r.source, f"[{colour[r.status]}]{r.status}[/]", f"{r.seconds:.0f}", detail)
+    rec = kube.record()
+    if rec is not None and any(r.status == "installed" for r in results):
+        t.add_row(KUBERNETES, "total", "[green]installed[/]", f"{rec['seconds']}",
+                  f"{int(str(rec['size_bytes'])) / 1e6:.0f} MB kept in {kube.cache_dir()}")  # fmt: skip
+    return any(r.status == "failed" for r in results)
 
 
 def _install_inventory(path: Path, insecure: bool, names: list[str]) -> int:

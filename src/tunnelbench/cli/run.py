@@ -361,6 +361,16 @@ def _print_plan(sc: Scenario, results: Path) -> float:
         console.print(
             Text(f"will install {vpn} first: {src.label} ({took}; not in the total)", style="yellow")
         )
+    from tunnelbench.workloads.pods import KUBE_WORKLOADS
+
+    kube_wls = [w.name for w in sc.build_workloads() if w.name in KUBE_WORKLOADS]
+    if kube_wls:  # opt-in, never built on first use (kube/build.py)
+        from tunnelbench.kube import build as kube_build
+
+        if not kube_build.installed():
+            console.print(Text(f"{', '.join(sorted(set(kube_wls)))} need the Kubernetes build, not installed here: "
+                               "`tunnelbench install kubernetes` first (opt-in, ~15 CPU-min); without it their "
+                               "cases fail", style="yellow"))  # fmt: skip
     for b in missing(sc):
         took = (
             f"took {before[b.name]:.0f} s here before"

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import CommandError, Host, Process
@@ -16,6 +17,13 @@ from tunnelbench.vpns.base import VpnDriver
 # is dropped as unknown, so a round trip of 10 s or more (Goethals et al.'s 5000 ms one way) never counts.
 # Probes allowed that long go out as iputils ping instead.
 FPING_FORGETS_MS = 10_000
+
+
+class Layer(Protocol):
+    """Something running on top of a mesh that must go before it (kube/layer.py)."""
+
+    def stop(self) -> list[str]:
+        """Undo everything; what could not be undone."""
 
 
 class MeshNotReady(RuntimeError):
@@ -38,6 +46,10 @@ class Mesh:
         self.vpn = driver.key  # "nebula@1.9.0" for a variant: the run's rows and case folders are per key
         self.probe_ms = 300  # readiness probe timeout; raised under delay profiles
         self.unsettled_at_ready: list[str] = []  # what VpnDriver.unsettled still said when wait_ready gave up
+        # layers a workload put on top of the mesh (kube/: a cluster whose nodes talk over it): each goes, last
+        # first, before the mesh stops; what one could not undo is named among the mesh's leftovers
+        self.layers: list[Layer] = []
+        self.layer_leftovers: list[str] = []
 
     def tunnel_ip(self, host: Host) -> str:
         return self.driver.tunnel_ip(host)
@@ -69,6 +81,12 @@ class Mesh:
         self._each_spoke(self.driver.start, hub)
 
     def stop(self) -> None:
+        layers, self.layers = self.layers, []
+        for layer in reversed(layers):
+            try:
+                self.layer_leftovers += layer.stop()
+            except Exception as e:  # noqa: BLE001 - the mesh still stops; the leftover check names it
+                self.layer_leftovers.append(f"{type(layer).__name__} teardown failed: {e}"[:400])
         hub = self._star_hub()
         if hub is None:
             for h in self.hosts:
@@ -187,7 +205,7 @@ class Mesh:
         return time.monotonic() - t0
 
     def leftovers(self) -> list[str]:
-        out: list[str] = []
+        out, self.layer_leftovers = list(self.layer_leftovers), []
         for h in self.hosts:
             try:
                 out += [f"{h.name}: {x}" for x in self.driver.leftovers(h)]
