@@ -267,3 +267,28 @@ def test_cri_log_lines_give_back_the_containers_text() -> None:
         "2026-11-28T17:55:14.615130000Z stdout F \n"
     )
     assert cri_log_text(log) == '{\n\t"start": {}\nwarning: x y\n\n'
+
+
+def test_clean_undoes_only_the_runs_own_machine_wide_kube_state(tmp_path):
+    """The cluster's global state is undone outside the run's namespaces (the kubelet's sysctls, its cgroup
+    roots), so its kinds carry their own rule (lab/journal.py register_undo's machine_wide): a journal cannot
+    make `clean` write another sysctl or remove another cgroup; the run's own entries pass."""
+    import tunnelbench.kube.system  # noqa: F401  (registers the kinds)
+    from tunnelbench.lab.clean import _local_refusal
+    from tunnelbench.lab.journal import Leftovers
+
+    run = Leftovers("20261128-195607-tbe958", tmp_path, 0, 0, [])
+    own = {"kind": "kube_sysctl", "values": {"kernel.panic": "1", "vm.overcommit_memory": "0"}}
+    assert _local_refusal(own, run) is None
+    other = {"kind": "kube_sysctl", "values": {"kernel.core_pattern": "|/tmp/x"}}
+    assert "not the kubelet's sysctls" in str(_local_refusal(other, run))
+    not_int = {"kind": "kube_sysctl", "values": {"kernel.panic": "1; reboot"}}
+    assert _local_refusal(not_int, run) is not None
+    dirs = [f"/sys/fs/cgroup/{h}/tbe958-h2" for h in ("cpu", "memory")]
+    assert _local_refusal({"kind": "kube_cgroup", "name": "tbe958-h2", "dirs": dirs}, run) is None
+    foreign = [f"/sys/fs/cgroup/{h}/system.slice" for h in ("cpu",)]
+    assert _local_refusal({"kind": "kube_cgroup", "name": "system.slice", "dirs": foreign}, run) is not None
+    deep = ["/sys/fs/cgroup/cpu/user.slice/tbe958-h2"]
+    assert _local_refusal({"kind": "kube_cgroup", "name": "tbe958-h2", "dirs": deep}, run) is not None
+    elsewhere = ["/tmp/tbe958-h2"]
+    assert _local_refusal({"kind": "kube_cgroup", "name": "tbe958-h2", "dirs": elsewhere}, run) is not None

@@ -29,6 +29,7 @@ from typing import Any
 from tunnelbench.lab.host import Host
 from tunnelbench.lab.journal import register_undo
 from tunnelbench.lab.journaling import HostJournaling
+from tunnelbench.lab.tags import carries_tag, tag_of
 
 KUBELET_SYSCTLS = (
     "vm.overcommit_memory",
@@ -167,8 +168,31 @@ def _undo_cgroup(_host: Host, entry: dict[str, Any]) -> str | None:
     return f"cgroup {entry['name']} in {len(dirs)} hierarchies (and its processes)"
 
 
-register_undo("kube_sysctl", _undo_sysctl)
-register_undo("kube_cgroup", _undo_cgroup)
+def _sysctl_refusal(entry: dict[str, Any], _run_id: str) -> str | None:
+    """Only the kubelet's own sysctls, each to a plain integer: a journal cannot make clean write others."""
+    values = entry.get("values")
+    if not isinstance(values, dict) or not values:
+        return "kube_sysctl: no values"
+    bad = [k for k, v in values.items() if k not in KUBELET_SYSCTLS or not str(v).lstrip("-").isdigit()]
+    return (
+        f"kube_sysctl: not the kubelet's sysctls or not integers: {', '.join(map(str, bad))}" if bad else None
+    )
+
+
+def _cgroup_refusal(entry: dict[str, Any], run_id: str) -> str | None:
+    """Only the run's own cgroup roots (/<its tag>-hN) directly below a hierarchy of /sys/fs/cgroup."""
+    tag = tag_of(run_id)
+    dirs, name = entry.get("dirs"), str(entry.get("name", "")).strip("/")
+    if not tag or not isinstance(dirs, list) or not dirs or not carries_tag(name, tag):
+        return f"kube_cgroup {name!r}: not run {run_id}'s cgroup root"
+    for d in map(Path, map(str, dirs)):
+        if d.name != name or CGROUP_FS not in (d.parent, d.parent.parent) or ".." in d.parts:
+            return f"kube_cgroup {d}: not a hierarchy's top folder named {name}"
+    return None
+
+
+register_undo("kube_sysctl", _undo_sysctl, _sysctl_refusal)
+register_undo("kube_cgroup", _undo_cgroup, _cgroup_refusal)
 
 
 # -- hosts joined with nsenter --------------------------------------------------------------------

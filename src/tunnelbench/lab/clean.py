@@ -24,6 +24,7 @@ from tunnelbench.lab.host import THIS_MACHINE, Host
 from tunnelbench.lab.journal import (
     Leftovers,
     describe,
+    machine_wide_check,
     refusal,
     registered_runs,
     registry_files,
@@ -62,6 +63,8 @@ def _local_refusal(entry: dict[str, Any], run: Leftovers) -> str | None:
     why = refusal(entry, run.run_id, [str(run.run_dir)])
     if why or entry.get("kind") in LAB_KINDS or undo_handler(str(entry.get("kind"))) is None:
         return why
+    if entry.get("netns") is None and (check := machine_wide_check(str(entry.get("kind")))) is not None:
+        return check(entry, run.run_id)  # machine-wide by nature: the kind's own rule says what may go
     if not carries_tag(str(entry.get("netns") or ""), tag_of(run.run_id)):
         return f"{describe(entry)}: not in one of run {run.run_id}'s namespaces"
     return None

@@ -54,16 +54,30 @@ KNOWN_PLACES = ("/run/tbsock", "/run/wireguard", "/var/run/wireguard")
 # None when nothing was there any more; either way the entry is then released
 UndoFn = Callable[["Host", dict[str, Any]], "str | None"]
 _UNDO: dict[str, UndoFn] = {}
+# kind -> why an entry of it outside the run's namespaces must be left alone (None: it may be undone), for a
+# kind whose state is machine-wide by nature (kube/: the kubelet's global sysctls, its cgroup roots): the room
+# that journals it says what may be undone, as `refusal` does for the lab's own kinds
+MachineWideCheck = Callable[[dict[str, Any], str], "str | None"]
+_MACHINE_WIDE: dict[str, MachineWideCheck] = {}
 # what a dead run's folder still holds that must go with it (security/keys.py: its secret files): given the
 # run folder, returns what it removed
 SweepFn = Callable[[Path], list[str]]
 _SWEEPS: list[SweepFn] = []
 
 
-def register_undo(kind: str, fn: UndoFn) -> None:
+def register_undo(kind: str, fn: UndoFn, machine_wide: MachineWideCheck | None = None) -> None:
     """Make `clean` and the SSH teardown undo journal entries of `kind` with `fn(host, entry)`. Registered
-    when the room that journals the kind is imported; every command that may clean imports it."""
+    when the room that journals the kind is imported; every command that may clean imports it. A kind undone
+    outside the run's namespaces gives `machine_wide(entry, run_id)`: why an entry must be left alone, or None
+    (without it such an entry is only undone inside one of the run's namespaces)."""
     _UNDO[kind] = fn
+    if machine_wide is not None:
+        _MACHINE_WIDE[kind] = machine_wide
+
+
+def machine_wide_check(kind: str) -> MachineWideCheck | None:
+    """The registered rule for a kind undone outside the run's namespaces (None: it has none)."""
+    return _MACHINE_WIDE.get(kind)
 
 
 def undo_handler(kind: str) -> UndoFn | None:
