@@ -43,6 +43,21 @@ def test_a_name_is_printed_as_written_and_no_control_code_reaches_the_terminal()
     assert "\x1b[31m" in out  # style still comes from Text
 
 
+def test_a_two_line_column_title_keeps_both_lines():
+    # the headline's column titles are "tcp\ngoodput Mbit/s": the line break is layout, not a control code
+    from tunnelbench.report.fmt import Terminal
+
+    buf = io.StringIO()
+    t = Table()
+    t.add_column("VPN")
+    t.add_column("tcp\ngoodput Mbit/s", justify="right")
+    t.add_row("a", "1")
+    Terminal(file=buf, width=80).print(t)
+    lines = buf.getvalue().splitlines()
+    assert any(line.rstrip("┃ ").endswith("tcp") for line in lines)
+    assert any("goodput Mbit/s" in line for line in lines)
+
+
 def test_shown_writes_out_every_control_character():
     from tunnelbench.report.fmt import shown
 

@@ -143,3 +143,26 @@ def test_adaptive_rounds_stop_at_the_time_budget(monkeypatch):
     assert env["run.adaptive_stopped"] == said[0]
     fake.sc.run.time_budget_s = None
     assert not Runner._over_budget(fake, 8)  # type: ignore[arg-type]
+
+
+def _machine_line(env: dict[str, Any]) -> list[tuple[str, str]]:
+    from tunnelbench.report.headline import _machine
+
+    run = SimpleNamespace(records=SimpleNamespace(interference=env[ENV_KEY]))
+    return _machine(run)  # type: ignore[arg-type]
+
+
+def test_hosts_the_guard_cannot_read_are_said_unwatched_not_quiet():
+    # over SSH the hosts' CPUs are not this machine's: the headline must not call them quiet
+    ctx = _ctx()
+    cg = CaseGuard(ctx, InterferenceCfg(), None, unwatched="hosts over SSH: their CPUs are not read here")
+    cg.check_before_run(0)
+    ((text, tone),) = _machine_line(ctx.env)
+    assert text.startswith("machine load not watched: hosts over SSH") and "quiet" not in text.split(":")[0]
+    assert tone == "warn"
+    # the same guard with its readings: quiet, counted
+    ctx = _ctx()
+    cg = CaseGuard(ctx, InterferenceCfg(), Script([], []), unwatched="hosts over SSH")  # type: ignore[arg-type]
+    cg.check_before_run(0)
+    ((text, tone),) = _machine_line(ctx.env)
+    assert text.startswith("machine quiet") and tone == "ok"

@@ -56,7 +56,8 @@ _CONTROL = [
     *range(0x2066, 0x206A),
 ]
 _SHOWN = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _CONTROL}
-_STRIPPED = dict.fromkeys([*_CONTROL, 0x0A, 0x09])
+# a newline stays: rich hands over a multi-line Text (a two-line column title) as one segment
+_STRIPPED = dict.fromkeys([*_CONTROL, 0x09])
 
 
 def shown(text: str) -> str:
@@ -97,7 +98,7 @@ class Terminal(Console):
 
     def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
         for seg in super().render(renderable, options):
-            if seg.control is None and seg.text != "\n" and not seg.text.isprintable():
+            if seg.control is None and not seg.text.replace("\n", "").isprintable():
                 seg = Segment(seg.text.translate(_STRIPPED), seg.style)
             yield seg
 

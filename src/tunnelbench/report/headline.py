@@ -314,6 +314,8 @@ def _machine(r: RunData) -> list[tuple[str, str]]:
     t = r.records.interference
     if not t:
         return []
+    if t.get("unwatched"):
+        return [(f"machine load not watched: {t['unwatched']} (nothing here says they were quiet)", "warn")]
     cases, dist = int(_num(t, "cases")), int(_num(t, "disturbed"))
     limit = _num(t, "threshold_pct")
     before = t.get("before_run") if isinstance(t.get("before_run"), dict) else None

@@ -39,6 +39,7 @@ class Tally:
     taken_pct_sum: float = 0.0  # over the disturbed attempts (their mean is this / disturbed)
     top_s: dict[str, float] = field(default_factory=dict)  # process name -> CPU seconds in disturbed attempts
     before_run: dict[str, Any] | None = None
+    unwatched: str = ""  # why no case was read (hosts over SSH: their CPUs are not this machine's)
 
     def to_json(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -47,9 +48,9 @@ class Tally:
 
 
 class CaseGuard:
-    def __init__(self, ctx: RunContext, cfg: InterferenceCfg, guard: Guard | None) -> None:
+    def __init__(self, ctx: RunContext, cfg: InterferenceCfg, guard: Guard | None, unwatched: str = "") -> None:
         self.ctx, self.cfg, self.guard = ctx, cfg, guard
-        self.tally = Tally(cfg.mode, cfg.max_taken_pct)
+        self.tally = Tally(cfg.mode, cfg.max_taken_pct, unwatched=unwatched if guard is None else "")
         self.steady = False  # the last wait for quiet timed out: label, do not wait, until quiet is seen
 
     @property
@@ -135,7 +136,11 @@ class CaseGuard:
 
     def check_before_run(self, seconds: float = 1.0) -> None:
         """Say when the machine is already busy before anything is measured (the lab is not up yet)."""
-        if self.guard is None or self.cfg.mode == "off":
+        if self.cfg.mode == "off":
+            return
+        if self.guard is None:
+            if self.tally.unwatched:  # said in the headline: nothing here says the hosts were quiet
+                self._store()
             return
         m0 = self.guard.mark()
         time.sleep(seconds)

@@ -108,6 +108,7 @@ class Runner:
             self.ctx,
             scenario.interference,
             Guard(self._lab_netns, interval_s=scenario.interference.interval_s) if watched else None,
+            unwatched=f"hosts over {scenario.lab.backend.upper()}: their CPUs are not read from this machine",
         )
         self.lab_made: Lab | None = None  # the lab, from before it is built (the bench: once it is)
         self.conditions: Conditions | None = None
