@@ -1,0 +1,121 @@
+"""The exit code `run` ends with (runner/execute.py): the run's own ending (an exception: 1, interrupted: 130)
+combined with what its store says was measured (0 every planned case, 1 some not, 3 none). The Runner is
+replaced by one that writes a hand-made store, so the code is checked against case statuses written here,
+in the fast lane (the lab test in tests/analysis/test_exit_codes.py runs the CLI on a real run)."""
+
+from __future__ import annotations
+
+import io
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from tunnelbench.core.results import Outcome, Sample
+from tunnelbench.runner import execute as ex
+from tunnelbench.runner.case import Interrupted
+from tunnelbench.scenario import parse_scenario
+from tunnelbench.store import DB_NAME, Store
+
+TEXT = 'vpns = ["internal", "vxlan"]\n[[workloads]]\nname = "connect"\n'
+RUN = "20261128-130000-tbexec"
+
+# (vpn, repetition, status) of every attempt, and the VPN records (name -> (status, reason))
+ALL_OK = [("internal", 1, "ok"), ("internal", 2, "ok"), ("vxlan", 1, "ok"), ("vxlan", 2, "ok")]
+RETRIED = [*ALL_OK[:3], ("vxlan", 2, "failed"), ("vxlan", 2, "ok")]  # a failed attempt, then its retry ok
+ONE_FAILED = [*ALL_OK[:3], ("vxlan", 2, "failed"), ("vxlan", 2, "failed")]  # every attempt of a case failed
+NONE_OK = [("internal", 1, "failed"), ("vxlan", 1, "failed")]
+OK_VPNS = {"internal": ("ok", None), "vxlan": ("ok", None)}
+
+
+class FakeRunner:
+    """Stands in for runner/loop.py's Runner: run() stores the given cases (and VPN records) and ends as told."""
+
+    cases: list[tuple[str, int, str]] = []
+    vpns: dict[str, tuple[str, str | None]] = OK_VPNS
+    ending: BaseException | str = "ok"  # the status run() returns, or what it raises
+
+    def __init__(self, sc, text, err, results, overrides=None, resume=None) -> None:
+        self.run_id = RUN
+        self.run_dir = Path(results) / RUN
+        self.run_dir.mkdir(parents=True)
+        self.secrets = SimpleNamespace(values=[])
+
+    def run(self) -> SimpleNamespace:
+        st = Store(self.run_dir / DB_NAME)
+        st.begin_run(RUN, "tbexec", TEXT, "0")
+        for name, (status, reason) in self.vpns.items():
+            st.set_vpn(RUN, name, "1", status, reason)
+        attempts: dict[tuple[str, int], int] = {}
+        for vpn, rep, status in self.cases:
+            attempt = attempts[(vpn, rep)] = attempts.get((vpn, rep), -1) + 1
+            adir = self.run_dir / "cases" / vpn / f"r{rep}a{attempt}"
+            adir.mkdir(parents=True)
+            cid = st.start_case(
+                RUN, vpn, "baseline", "connect", "connect", {}, rep, attempt, "h1", "h2", adir
+            )
+            if status == "ok":
+                st.finish_case(cid, "ok", Outcome(samples=[Sample("connect_s", 0.1, "s")]))
+            else:
+                st.finish_case(cid, status, error="WorkloadError: planted")
+        ended = self.ending if isinstance(self.ending, str) else "failed"
+        st.end_run(RUN, ended)
+        st.close()
+        if isinstance(self.ending, BaseException):
+            raise self.ending
+        return SimpleNamespace(status=self.ending)
+
+
+@pytest.mark.parametrize(
+    ("cases", "vpns", "ending", "code", "line"),
+    [
+        (ALL_OK, OK_VPNS, "ok", 0, "exit 0: all 4 planned case(s) measured"),
+        (RETRIED, OK_VPNS, "ok", 0, "exit 0: all 4 planned case(s) measured"),
+        (ONE_FAILED, OK_VPNS, "ok", 1, "exit 1: 1 of 4 planned case(s) not measured: vxlan: 1 case(s)"),
+        (
+            ALL_OK[:2],
+            {**OK_VPNS, "vxlan": ("skipped", "mesh did not come up")},
+            "ok",
+            1,
+            "exit 1: 0 of 2 planned case(s) not measured: vxlan: no case (skipped: mesh did not come up)",
+        ),
+        (NONE_OK, OK_VPNS, "ok", 3, "exit 3: nothing measured (2 planned case(s))"),
+        # the run itself failed after storing every case: 1, whatever the store says
+        (ALL_OK, OK_VPNS, RuntimeError("planted"), 1, "exit 1: the run failed; exit 0: all 4 planned"),
+        (ALL_OK, OK_VPNS, "failed", 1, "exit 1: the run failed; exit 0: all 4 planned"),
+        (NONE_OK, OK_VPNS, RuntimeError("planted"), 3, "exit 3: nothing measured (2 planned case(s))"),
+        (ONE_FAILED, OK_VPNS, Interrupted(), 130, None),  # interrupted: not judged, `--resume` goes on
+    ],
+    ids=[
+        "all-ok",
+        "retried",
+        "one-failed",
+        "vpn-skipped",
+        "none-ok",
+        "raised",
+        "status-failed",
+        "raised-none-ok",
+        "interrupted",
+    ],  # fmt: skip
+)
+def test_the_exit_code_is_the_runs_ending_and_the_stores_judgement(
+    tmp_path, monkeypatch, cases, vpns, ending, code, line
+):
+    monkeypatch.setattr(FakeRunner, "cases", cases)
+    monkeypatch.setattr(FakeRunner, "vpns", vpns)
+    monkeypatch.setattr(FakeRunner, "ending", ending)
+    monkeypatch.setattr(ex, "Runner", FakeRunner)
+    out, err = io.StringIO(), io.StringIO()
+    sc = parse_scenario(tomllib.loads(TEXT), "t")
+    x = ex.execute(
+        sc, TEXT, {}, None, tmp_path, False, Console(file=out, width=300), Console(file=err, width=300)
+    )
+    said = err.getvalue()
+    assert (x.run_id, x.run_dir) == (RUN, tmp_path / RUN)
+    assert x.code == code, f"run returned exit {x.code}, the store and the run's ending say {code}: {said}"
+    if line is None:
+        assert "exit " not in said, said
+    else:
+        assert line in said, said
