@@ -226,10 +226,9 @@ def test_combined_report_of_two_versions(tmp_path):
     assert (tmp_path / "both.md").exists()
 
 
-@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
-def test_exports(tmp_path):
-    """Every exported value (CSV, JSON, their series, the CLI's) is the stored one, row for row, with its case
-    key: the reference is results.sqlite read with sqlite3, not the product's loader."""
+def export_run(tmp_path: Path) -> tuple[Path, Counter, Counter]:
+    """A run whose failing case kept what it measured (WorkloadError.outcome: stored, never exported), and
+    the reference: results.sqlite read with sqlite3, not the product's loader."""
     d = make_run(
         tmp_path,
         "20260101-000000-tbexpo",
@@ -238,20 +237,26 @@ def test_exports(tmp_path):
         fail="fastvpn",
     )
     db = d / DB_NAME
-    # a failing case keeps what it measured (WorkloadError.outcome): stored, but never exported
     con = sqlite3.connect(db)
     with con:
         (failed,) = con.execute("SELECT id FROM \"case\" WHERE status = 'failed'").fetchone()
         con.execute("INSERT INTO metric VALUES (?, 'goodput_mbps', 12345.0, 'Mbit/s', NULL)", (failed,))
         con.execute("INSERT INTO series VALUES (?, 'goodput_mbps', 'Mbit/s', NULL, 1.0, 12345.0)", (failed,))
     con.close()
-    want = Counter(sql(db, OK_METRICS))
-    want_series = Counter(sql(db, OK_SERIES))
+    return d, Counter(sql(db, OK_METRICS)), Counter(sql(db, OK_SERIES))
+
+
+def test_exports(tmp_path):
+    """Every exported value (CSV, JSON, their series) is the stored one, row for row, with its case key and
+    every digit (a value rounded on its way out differs from the store's)."""
+    d, want, want_series = export_run(tmp_path)
     # the reference itself, from make_run's input: per repetition internal stores tcp 2 + tcp-p4 2 + ping 4
     # values, fastvpn also 4 daemon values (2 hosts x CPU, RSS) per tcp case; 3 repetitions; 5 goodput
     # intervals per tcp case, 50 RTTs per ping case
     assert sum(want.values()) == 3 * (8 + 16) and sum(want_series.values()) == 3 * 2 * (5 + 5 + 50)
     assert {k[0] for k in want} == {"20260101-000000-tbexpo"} and {k[2] for k in want} == {"kernel", "1.0"}
+    # most of make_run's values are draws with every digit a double holds: shown to 12 digits, they differ
+    assert sum(float(f"{k[10]:.12g}") != k[10] for k in want) >= len(want) // 2
     run = load_run(d)
     text = to_csv(metric_rows(run))
     assert text.startswith(",".join(COLUMNS) + "\n")
@@ -264,6 +269,12 @@ def test_exports(tmp_path):
     assert doc["run"]["id"] == "20260101-000000-tbexpo"
     same_rows(Counter(map(export_key, doc["metrics"])), want, "JSON metrics")
     same_rows(Counter(map(series_key, doc["series"])), want_series, "JSON series")
+
+
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
+def test_exports_from_the_cli(tmp_path):
+    """`tunnelbench export` (JSON to stdout, CSV to a file) writes what the store holds."""
+    d, want, _ = export_run(tmp_path)
     res = tb("export", str(d), "--format", "json")
     assert res.returncode == 0, res.stderr
     same_rows(Counter(map(export_key, json.loads(res.stdout)["metrics"])), want, "CLI JSON metrics")
