@@ -170,3 +170,38 @@ def test_cli_prints_bracketed_text_verbatim(tmp_path):
     assert r.returncode != 0
     out = " ".join((r.stdout + r.stderr).split())  # the console wraps long lines
     assert "[impair.profiles.NAME]" in out and "'nosuch[x]'" in out, out
+
+
+def test_command_line_overrides_apply_to_the_scenario_and_are_named_in_its_text(tmp_path):
+    """`run`'s overrides (kept in run.overrides for a resume): each one lands in its field, and the scenario
+    text as run starts with a line naming them in a fixed order."""
+    from tunnelbench.scenario import override_note, with_overrides
+
+    text = 'name = "o"\nvpns = ["internal"]\n[run]\nrepetitions = 2\n[[workloads]]\nname = "ping"\n'
+    plain = with_overrides(text, {}, "t")
+    assert (plain.vpns, plain.run.repetitions, plain.run.flamegraph, plain.lab.backend) == (
+        ["internal"],
+        2,
+        False,
+        "netns",
+    )
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    peers:\n      hosts:\n        a:\n        b:\n")
+    sc = with_overrides(
+        text,
+        {"vpns": ["internal", "wireguard-go"], "repetitions": 5, "profiles": ["low"], "flamegraph": True,
+         "capture": "always", "inventory": str(inv), "insecure": True},
+        "t",
+    )  # fmt: skip
+    assert sc.vpns == ["internal", "wireguard-go"] and sc.run.repetitions == 5 and sc.profiles == ["low"]
+    assert sc.run.flamegraph is True and sc.run.capture == "always"
+    assert (sc.lab.backend, str(sc.lab.inventory), sc.lab.insecure_no_host_key_check) == (
+        "ssh",
+        str(inv),
+        True,
+    )
+    assert override_note(text, (), None, ()) == "# command-line overrides:\n" + text
+    assert override_note(text, ("a", "b"), 4, ("low", "high"), flamegraph=True, capture="all") == (
+        "# command-line overrides: --flamegraph --capture all --vpn a,b --profile low,high --repetitions 4\n"
+        + text
+    )
