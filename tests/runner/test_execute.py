@@ -6,6 +6,7 @@ in the fast lane (the lab test in tests/analysis/test_exit_codes.py runs the CLI
 from __future__ import annotations
 
 import io
+import json
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,23 +46,23 @@ class FakeRunner:
 
     def run(self) -> SimpleNamespace:
         st = Store(self.run_dir / DB_NAME)
-        st.begin_run(RUN, "tbexec", TEXT, "0")
+        st.begin_run(self.run_id, "tbexec", TEXT, "0")
         for name, (status, reason) in self.vpns.items():
-            st.set_vpn(RUN, name, "1", status, reason)
+            st.set_vpn(self.run_id, name, "1", status, reason)
         attempts: dict[tuple[str, int], int] = {}
         for vpn, rep, status in self.cases:
             attempt = attempts[(vpn, rep)] = attempts.get((vpn, rep), -1) + 1
             adir = self.run_dir / "cases" / vpn / f"r{rep}a{attempt}"
             adir.mkdir(parents=True)
             cid = st.start_case(
-                RUN, vpn, "baseline", "connect", "connect", {}, rep, attempt, "h1", "h2", adir
+                self.run_id, vpn, "baseline", "connect", "connect", {}, rep, attempt, "h1", "h2", adir
             )
             if status == "ok":
                 st.finish_case(cid, "ok", Outcome(samples=[Sample("connect_s", 0.1, "s")]))
             else:
                 st.finish_case(cid, status, error="WorkloadError: planted")
         ended = self.ending if isinstance(self.ending, str) else "failed"
-        st.end_run(RUN, ended)
+        st.end_run(self.run_id, ended)
         st.close()
         if isinstance(self.ending, BaseException):
             raise self.ending
@@ -119,3 +120,59 @@ def test_the_exit_code_is_the_runs_ending_and_the_stores_judgement(
         assert "exit " not in said, said
     else:
         assert line in said, said
+
+
+class PartRunner(FakeRunner):
+    """A suite's part: its own run id, its cases and ending from PLAN in turn."""
+
+    PLAN: list[tuple[list[tuple[str, int, str]], BaseException | str]] = []
+    made: list[str] = []
+
+    def __init__(self, sc, text, err, results, overrides=None, resume=None) -> None:
+        self.cases, self.ending = self.PLAN[len(self.made)]
+        self.run_id = f"20261128-13000{len(self.made)}-tbpart{len(self.made)}"
+        self.made.append(self.run_id)
+        self.run_dir = Path(results) / self.run_id
+        self.run_dir.mkdir(parents=True)
+        self.secrets = SimpleNamespace(values=[])
+
+
+@pytest.mark.parametrize(
+    ("plan", "code", "parts_run", "note"),
+    [
+        ([(ALL_OK, "ok"), (ALL_OK, "ok")], 0, 2, None),
+        ([(ALL_OK, "ok"), (ONE_FAILED, "ok")], 1, 2, None),
+        ([(NONE_OK, "ok"), (NONE_OK, "ok")], 3, 2, None),
+        ([(NONE_OK, "ok"), (ALL_OK, "ok")], 1, 2, None),  # one part measured something: not "nothing"
+        ([(ALL_OK, Interrupted()), (ALL_OK, "ok")], 130, 1, "interrupted during p1: later parts not run"),
+    ],
+    ids=["all-ok", "a-part-short", "nothing", "one-part-nothing", "interrupted"],
+)
+def test_a_suite_runs_each_part_and_merges_their_codes(tmp_path, monkeypatch, plan, code, parts_run, note):
+    from tunnelbench.suite import Suite
+
+    monkeypatch.setattr(PartRunner, "PLAN", plan)
+    monkeypatch.setattr(PartRunner, "made", [])
+    monkeypatch.setattr(ex, "Runner", PartRunner)
+    sc = parse_scenario(tomllib.loads(TEXT), "t")
+    asked: list[object] = []
+    notes: list[str] = []
+    suite = Suite("tbs", "", ["p1", "p2"], "t", None)
+    out, err = io.StringIO(), io.StringIO()
+    got = ex.execute_suite(
+        suite,
+        [("p1", sc, TEXT, {}), ("p2", sc, TEXT, {})],
+        notes,
+        tmp_path,
+        False,
+        Console(file=out, width=300),
+        Console(file=err, width=300),
+        before_each=lambda s: asked.append(s),
+    )
+    assert got == code, err.getvalue()
+    assert len(PartRunner.made) == parts_run and asked == [sc] * parts_run
+    assert notes == ([note] if note else [])
+    matrix = tmp_path / f"tbs-suite-{PartRunner.made[0]}" / "matrix.json"
+    runs = json.loads(matrix.read_text())["runs"]
+    assert [r["id"] for r in runs] == PartRunner.made
+    assert f"matrix: {matrix.with_name('matrix.md')}" in " ".join(err.getvalue().split())
