@@ -22,10 +22,11 @@ RUN = "20260101-000000-tbderi"
 N = 5
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[Analysis, dict]:
+@pytest.fixture
+def run(tmp_path) -> tuple[Analysis, dict]:
+    """Per test, not per module: a mutation tool maps the analysis to the tests that call it."""
     d = make_run(
-        tmp_path_factory.mktemp("derived"),
+        tmp_path,
         RUN,
         {"internal": (2000, 40), "fastvpn": (900, 20), "slowvpn": (300, 10)},
         n=N,

@@ -314,23 +314,23 @@ def render(run_dir: Path) -> Views:
 
 
 @pytest.fixture(scope="module")
-def interleaved(tmp_path_factory) -> tuple[Views, dict[str, Ref]]:
-    run_dir = make_run(tmp_path_factory.mktemp("nums"))
-    return render(run_dir), {c.key: reference(c) for c in columns()}
+def refs() -> dict[str, Ref]:
+    """The references (no product code: the render is done by the test that checks it, so a mutation tool
+    that maps product functions to the tests calling them maps them to that test)."""
+    return {c.key: reference(c) for c in columns()}
 
 
-def test_the_hand_made_run_exercises_every_case(interleaved):
+def test_the_hand_made_run_exercises_every_case(refs):
     """The data holds what the checks below need: both within-round methods, a shared tier and a split, and a
     cell the baseline's ceiling keeps out of the ranking."""
-    _, refs = interleaved
     assert {r.method for r in refs.values()} == {"two-way", "ranks"}, {k: r.method for k, r in refs.items()}
     assert refs["tcp/goodput_mbps"].limited == ["delta"]
     tiers = [sorted(r.tier.values()) for r in refs.values()]
     assert any(len(set(t)) < len(t) for t in tiers) and any(len(set(t)) > 1 for t in tiers), tiers
 
 
-def test_pairwise_tables_show_the_references_p_holm_and_cliffs_delta(interleaved):
-    views, refs = interleaved
+def check_pairwise_tables(views: Views, refs: dict[str, Ref]) -> None:
+    """Each card's pairwise table: p, p (Holm), significant, Cliff's delta, median A vs B."""
     for key, ref in refs.items():
         _, pairs, method = card(views.page, key)
         want_method = {"two-way": "two-way model", "ranks": "ranks within rounds"}[ref.method]
@@ -352,8 +352,8 @@ def test_pairwise_tables_show_the_references_p_holm_and_cliffs_delta(interleaved
             )
 
 
-def test_medians_cis_and_ratios_match_scipy_bootstrap(interleaved):
-    views, refs = interleaved
+def check_medians_cis_and_ratios(views: Views, refs: dict[str, Ref]) -> None:
+    """Each card's and the Markdown table's median, its BCa CI, n and the ratio to the baseline with its CI."""
     md = {
         (r[0], f"{r[1]}/{r[2].split(' [')[0]}"): r
         for r in markdown_rows(views.md, "| VPN | workload | metric |")
@@ -384,8 +384,8 @@ def test_medians_cis_and_ratios_match_scipy_bootstrap(interleaved):
                 assert_sig(got, w, 3, f"{key} {vpn}: {what}")
 
 
-def test_the_statistics_table_matches_numpy_and_scipy(interleaved):
-    views, refs = interleaved
+def check_statistics_table(views: Views, refs: dict[str, Ref]) -> None:
+    """The "All statistics" table: mean, median, sd, percentiles by numpy, both CIs by scipy."""
     section = views.page[views.page.index('id="stats"') :]
     section = section[: section.index("</table>")]
     rows = {(r[0], f"{r[2]}/{r[3].split(' [')[0]}"): r for r in cells(section)[1:]}
@@ -459,11 +459,10 @@ def view_tiers(views: Views, refs: dict[str, Ref]) -> dict[str, dict[tuple[str, 
     return out
 
 
-def test_every_view_shows_each_vpn_in_the_same_tier(interleaved):
+def check_every_view_shows_each_vpn_in_the_same_tier(views: Views, refs: dict[str, Ref]) -> None:
     """Issue 44: two views of one run that disagree on a VPN's tier leave the reader without a verdict. Every
     view against every other, then against the tiers worked out here from the references' Holm p; a cell kept
     out of the ranking says why (its verdict) wherever it is written."""
-    views, refs = interleaved
     got = view_tiers(views, refs)
     want = {}
     for key, ref in refs.items():
@@ -491,8 +490,8 @@ def test_every_view_shows_each_vpn_in_the_same_tier(interleaved):
             assert verdicts == {kv: t for kv, t in want.items() if not t.isdigit()}, (name, verdicts)
 
 
-def test_the_leader_lines_quote_the_references_holm_p(interleaved):
-    views, refs = interleaved
+def check_leader_lines(views: Views, refs: dict[str, Ref]) -> None:
+    """The headline's leader line per column quotes the Holm p of the leader against the runner-up."""
     for key, ref in refs.items():
         med = {v: float(np.median(ref.col.values[v])) for v in ref.ranked}
         best, second = sorted(med, key=lambda v: -med[v] if ref.col.better == "higher" else med[v])[:2]
@@ -501,6 +500,17 @@ def test_the_leader_lines_quote_the_references_holm_p(interleaved):
         got = re.search(r"p = (\S+), Holm", line)
         assert got and best in line and second in line, line
         assert_sig(got.group(1), ref.p_holm[frozenset((best, second))], 2, f"{key}: leader line p")
+
+
+def test_every_number_and_tier_the_report_shows_matches_its_reference(tmp_path, refs):
+    """One render of the interleaved run (the HTML page, the Markdown summary, the terminal headline), every
+    check on it in turn."""
+    views = render(make_run(tmp_path))
+    check_pairwise_tables(views, refs)
+    check_medians_cis_and_ratios(views, refs)
+    check_statistics_table(views, refs)
+    check_every_view_shows_each_vpn_in_the_same_tier(views, refs)
+    check_leader_lines(views, refs)
 
 
 def test_a_block_order_run_is_compared_by_mann_whitney(tmp_path):
@@ -521,7 +531,7 @@ def test_a_block_order_run_is_compared_by_mann_whitney(tmp_path):
         assert shown == {v: str(t) for v, t in ref.tier.items()}, (col.key, shown, ref.tier)
 
 
-def test_the_store_holds_what_the_references_read(interleaved, tmp_path):
+def test_the_store_holds_what_the_references_read(tmp_path):
     """The references read the hand-made values, not the store: the store must hold exactly them."""
     import sqlite3
 
