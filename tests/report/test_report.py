@@ -266,9 +266,27 @@ def test_exports(tmp_path):
         (r["metric"], r["better"]) for r in rows
     }
     doc = json.loads(to_json(run, series=True))
-    assert doc["run"]["id"] == "20260101-000000-tbexpo"
+    db = d / DB_NAME
+    (run_row,) = sql(db, "SELECT id, tag, started, ended, status, tunnelbench_version FROM run")
+    assert (
+        tuple(doc["run"][k] for k in ("id", "tag", "started", "ended", "status", "tunnelbench_version"))
+        == run_row
+    )
+    assert doc["environment"]["kernel"] == "6.1-test" and doc["environment"]["cpu_count"] == "2"
+    assert [tuple(v.values()) for v in doc["vpns"]] == sql(
+        db, "SELECT name, version, status, reason FROM vpn"
+    )
+    cols = "id, vpn, profile, workload, label, params, repetition, attempt, status, error, client, server"
+    cases = [
+        dict(zip(cols.split(", "), r, strict=True)) for r in sql(db, f'SELECT {cols} FROM "case" ORDER BY id')
+    ]
+    for c in cases:
+        c["params"] = json.loads(c["params"])
+    assert sorted(doc["cases"], key=lambda c: c["id"]) == cases
+    assert {c["status"] for c in doc["cases"]} == {"ok", "failed"}  # every case, the failed one too
     same_rows(Counter(map(export_key, doc["metrics"])), want, "JSON metrics")
     same_rows(Counter(map(series_key, doc["series"])), want_series, "JSON series")
+    assert "series" not in json.loads(to_json(run))  # only when asked for
 
 
 @pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane

@@ -543,3 +543,60 @@ def test_the_store_holds_what_the_references_read(tmp_path):
     con.close()
     want = {(v, c.workload, r + 1): c.values[v][r] for c in columns() for v in VPNS for r in range(ROUNDS)}
     assert {(v, lb, r): x for v, lb, r, x in rows} == want
+
+
+def test_the_markdown_summarys_scaling_efficiency_and_failed_cases(tmp_path):
+    """The summary's derived lines against numpy and scipy on the stored samples (read with sqlite3), and its
+    list of failed cases against the store."""
+    import sqlite3
+
+    from synthetic_runs import make_run as synthetic_run
+
+    d = synthetic_run(
+        tmp_path,
+        "20260101-000000-tbmdsu",
+        {"internal": (2000, 40), "fastvpn": (900, 20)},
+        n=4,
+        fail="fastvpn",
+    )
+    con = sqlite3.connect(f"file:{d / DB_NAME}?mode=ro", uri=True)
+    rows = con.execute(
+        'SELECT c.id, c.vpn, c.label, m.name, m.host, m.value FROM metric m JOIN "case" c ON c.id = m.case_id '
+        "WHERE c.status = 'ok'"
+    ).fetchall()
+    failed = con.execute(
+        "SELECT vpn, profile, label, repetition, status, error FROM \"case\" WHERE status != 'ok'"
+    ).fetchall()
+    con.close()
+    per_case: dict[int, dict] = {}
+    for cid, vpn, label, name, host, value in rows:
+        per_case.setdefault(cid, {"vpn": vpn, "label": label})[(name, host)] = value
+
+    def goodput(vpn: str, label: str) -> list[float]:
+        return [
+            c[("goodput_mbps", None)] for c in per_case.values() if (c["vpn"], c["label"]) == (vpn, label)
+        ]
+
+    md = render_markdown(analyze([load_run(d)]))
+    line = next(x for x in md.splitlines() if x.startswith("Parallel scaling"))
+    for vpn in ("internal", "fastvpn"):
+        p4, one = goodput(vpn, "tcp-p4"), goodput(vpn, "tcp")
+        r, lo, hi = ratio_ref(p4, one)
+        assert f"{vpn} tcp-p4 @ baseline: {r:.2f} [{lo:.2f}, {hi:.2f}]" in line, line
+    line = next(x for x in md.splitlines() if x.startswith("CPU efficiency"))
+    for label in ("tcp", "tcp-p4"):
+        eff = [
+            c[("goodput_mbps", None)] / ((c[("daemon_cpu_pct", "h1")] + c[("daemon_cpu_pct", "h2")]) / 100)
+            for c in per_case.values()
+            if (c["vpn"], c["label"]) == ("fastvpn", label)
+        ]
+        m = re.search(rf"fastvpn {label} @ baseline: (\S+) \[(\S+), (\S+)\]", line)
+        assert m, line
+        for got, want, what in zip(
+            m.groups(), (np.median(eff), *bca(eff, np.median)), ("median", "lo", "hi"), strict=True
+        ):
+            assert_shown(got, float(want), f"efficiency {label} {what}")
+    assert "internal" not in line  # no daemon: no efficiency
+    (vpn, profile, label, rep, status, error) = failed[0]
+    assert len(failed) == 1 and f"{len(failed)} case(s) failed or were skipped:" in md
+    assert f"- {vpn} · {profile} · {label} rep {rep}: {status}: {error}" in md.splitlines()
