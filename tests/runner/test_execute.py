@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -176,3 +177,97 @@ def test_a_suite_runs_each_part_and_merges_their_codes(tmp_path, monkeypatch, pl
     runs = json.loads(matrix.read_text())["runs"]
     assert [r["id"] for r in runs] == PartRunner.made
     assert f"matrix: {matrix.with_name('matrix.md')}" in " ".join(err.getvalue().split())
+
+
+class Lock:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def describe(self, run_id, run_dir) -> None:
+        self.calls.append(("describe", run_id, run_dir))
+
+    def release(self) -> None:
+        self.calls.append(("release",))
+
+
+def run_once(
+    tmp_path, monkeypatch, ending, html: bool = False, lock: Lock | None = None
+) -> tuple[ex.Executed, str, str]:
+    monkeypatch.setattr(FakeRunner, "cases", ALL_OK)
+    monkeypatch.setattr(FakeRunner, "ending", ending)
+    monkeypatch.setattr(ex, "Runner", FakeRunner)
+    out, err = io.StringIO(), io.StringIO()
+    sc = parse_scenario(tomllib.loads(TEXT), "t")
+    x = ex.execute(
+        sc, TEXT, {}, None, tmp_path, html, Console(file=out, width=300), Console(file=err, width=300), lock
+    )  # type: ignore[arg-type]
+    return x, out.getvalue(), " ".join(err.getvalue().split())
+
+
+def test_what_the_run_says_about_its_folder_a_crash_and_a_full_disk(tmp_path, monkeypatch):
+    import errno
+
+    x, out, said = run_once(tmp_path / "a", monkeypatch, RuntimeError("planted"))
+    run_dir = tmp_path / "a" / RUN
+    assert said.startswith(f"run {RUN} -> {run_dir} ")
+    assert f"run failed: RuntimeError: planted (traceback in {run_dir / 'error.txt'})" in said
+    assert (run_dir / "error.txt").read_text().rstrip().endswith("RuntimeError: planted")
+    assert "median over repetitions" in out  # the summary is printed whatever happened
+    x, _, said = run_once(tmp_path / "b", monkeypatch, OSError(errno.ENOSPC, "No space left on device"))
+    assert x.code == 1 and not (tmp_path / "b" / RUN / "error.txt").exists()
+    assert (
+        f"run stopped: the results disk is full ({tmp_path / 'b' / RUN}): the lab is torn down and every case "
+        f"stored before is kept; free space, then `tunnelbench run --resume {RUN}` measures the rest" in said
+    )
+    assert ex.disk_full(OSError(errno.EDQUOT, "quota")) and ex.disk_full(
+        sqlite3.OperationalError("database or disk is full")
+    )
+    assert not ex.disk_full(OSError(errno.EACCES, "denied")) and not ex.disk_full(
+        sqlite3.OperationalError("locked")
+    )
+
+
+def test_the_report_is_written_where_the_run_is_and_the_lab_lock_is_let_go(tmp_path, monkeypatch):
+    wrote: list[tuple] = []
+
+    def write_html(store, run_id, path):
+        wrote.append((store.path, run_id, path))
+        return path
+
+    monkeypatch.setattr(ex, "write_html", write_html)
+    lock = Lock()
+    x, _, said = run_once(tmp_path, monkeypatch, "ok", html=True, lock=lock)
+    run_dir = tmp_path / RUN
+    assert (
+        wrote == [(run_dir / DB_NAME, RUN, run_dir / "report.html")]
+        and f"report: {run_dir / 'report.html'}" in said
+    )
+    assert lock.calls == [("describe", RUN, run_dir), ("release",)] and x.code == 0
+
+    def cannot(store, run_id, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ex, "write_html", cannot)
+    x, _, said = run_once(tmp_path / "b", monkeypatch, "ok", html=True)
+    assert "report not written: [Errno 28] No space left on device" in said and x.code == 0
+
+
+def test_a_run_with_secrets_ends_with_the_key_scan_line(tmp_path, monkeypatch):
+    from tunnelbench.security.keys import scan_line
+
+    monkeypatch.setattr(FakeRunner, "secrets", SimpleNamespace(values=["s3cret"]), raising=False)
+    found = {
+        "secrets": 2,
+        "outputs": ["report.html", "results.sqlite"],
+        "hits": [{"output": "report.html", "offset": 7}],
+    }
+    monkeypatch.setattr(FakeRunner, "scan_outputs", lambda self: found, raising=False)
+
+    def init(self, sc, text, err, results, overrides=None, resume=None) -> None:
+        self.run_id, self.run_dir = RUN, Path(results) / RUN
+        self.run_dir.mkdir(parents=True)
+
+    monkeypatch.setattr(FakeRunner, "__init__", init)
+    _, out, _ = run_once(tmp_path, monkeypatch, "ok")
+    assert out.rstrip().endswith("key scan: KEY MATERIAL FOUND in the outputs: report.html @7")
+    assert scan_line(found)[0] == "key scan: KEY MATERIAL FOUND in the outputs: report.html @7"

@@ -126,3 +126,41 @@ def test_adaptive_repetitions_go_on_until_the_mean_is_precise(tmp_path):
         assert pending == {"internal": everything - {("baseline", "ping")}, "wireguard-go": everything}
     finally:
         store.close()
+
+
+SMALL = """
+name = "small"
+vpns = ["internal", "wireguard-go"]
+[run]
+order = "block"
+repetitions = 3
+max_repetitions = 5
+target_ci_pct = 5
+[[workloads]]
+name = "ping"
+"""
+
+
+def test_a_resumed_block_run_brings_up_a_vpn_for_its_adaptive_repetitions_only_while_imprecise(tmp_path):
+    with hand_store(tmp_path, ("internal", "wireguard-go")) as (st, run_dir):
+        for vpn, values in (("internal", [10.0, 10.1, 9.9]), ("wireguard-go", [10.0, 14.0, 7.0])):
+            for rep, x in enumerate(values, 1):
+                adir = run_dir / vpn / f"r{rep}"
+                adir.mkdir(parents=True)
+                cid = st.start_case("r1", vpn, "baseline", "ping", "ping", {}, rep, 0, "h1", "h2", adir)
+                st.finish_case(cid, "ok", Outcome(samples=[Sample("rtt_p50_ms", x, "ms")]))
+    assert half_width_pct([10.0, 10.1, 9.9]) <= 5 < half_width_pct([10.0, 14.0, 7.0])
+    from tunnelbench.store import Store
+
+    store = Store.open_run_dir(run_dir)
+    try:
+        s = schedule(store, SMALL)
+        s.workloads = s.workloads[:1]  # ping only
+        s.done = {(v, "baseline", "ping", r) for v in ("internal", "wireguard-go") for r in (1, 2, 3)}
+        assert not s.session_needed("internal", [1, 2, 3], None)  # the fixed repetitions are done
+        assert not s.session_needed("internal", [1, 2, 3], None, adaptive=True)  # and its mean is precise
+        assert s.session_needed("wireguard-go", [1, 2, 3], None, adaptive=True)  # repetition 4 is still owed
+        s.done |= {("wireguard-go", "baseline", "ping", r) for r in (4, 5)}
+        assert not s.session_needed("wireguard-go", [1, 2, 3], None, adaptive=True)  # up to max_repetitions
+    finally:
+        store.close()
