@@ -114,3 +114,60 @@ def test_correlated_reorder_tolerance_is_widened_by_the_correlation(monkeypatch,
     assert f"±{100 * tol:.2f}%" in c.detail, c.detail
     assert bool(abs(share - 0.025) <= tol) is ok
     assert c.ok is ok, c
+
+
+def test_delay_duplicate_rtt_and_rate_checks_with_their_tolerances(monkeypatch):
+    """Delays alternating 8 and 12 ms over the base (mean 10, sd 2: a 10 ms ± 2 ms normal profile), every 100th
+    datagram twice (1%: tolerance 3.29 x sqrt(0.01 x 0.99 / 20000) = 0.23%), ping at 2 x 10 ms + the base."""
+    p = Profile(name="d", delay_ms=10, jitter_ms=2, distribution="normal", duplicate_pct=1)
+    recs = [(s, s * 500_000, s * 500_000 + int((ONE_WAY_MS + (8 if s % 2 else 12)) * 1e6)) for s in range(N)]
+    recs += [r for r in recs if r[0] % 100 == 0]  # the copies arrive after the originals
+    got = run(monkeypatch, p, recs)
+    mean, sd, dup, rtt = (
+        got["one-way delay mean"],
+        got["one-way delay sd"],
+        got["duplicate share"],
+        got["ping RTT median"],
+    )
+    assert (mean.configured, mean.measured, mean.ok) == (10.0, pytest.approx(10.0), True)
+    assert mean.detail == "p50 10.00, p95 12.00, p99 12.00; tolerance ±0.25"
+    assert (sd.configured, sd.measured, sd.ok, sd.detail) == (
+        2.0,
+        pytest.approx(2 * math.sqrt(N / (N - 1))),
+        True,
+        "tolerance ±15%",
+    )
+    assert (dup.configured, dup.measured, dup.ok) == (
+        1.0,
+        pytest.approx(1.0),
+        True,
+    ) and dup.detail == "tolerance ±0.23%"
+    # jitter: the median RTT is reported, not judged
+    assert (rtt.configured, rtt.measured, rtt.ok) == (pytest.approx(20.1), pytest.approx(20.1), None)
+    assert rtt.detail == "100 replies; base RTT 0.100 ms; tolerance ±0.40"
+    # uniform jitter's sd is jitter / sqrt(3); 20% off is out of its 15%
+    u = run(monkeypatch, Profile(name="u", delay_ms=10, jitter_ms=2 * math.sqrt(3)), recs[:N])[
+        "one-way delay sd"
+    ]
+    assert u.configured == pytest.approx(2.0) and u.ok is True
+    far = [(s, a, b + (int(0.5e6) if s % 2 else -int(0.5e6))) for s, a, b in recs[:N]]  # sd 2.5
+    assert (
+        run(monkeypatch, Profile(name="n", delay_ms=10, jitter_ms=2, distribution="normal"), far)[
+            "one-way delay sd"
+        ].ok
+        is False
+    )
+
+
+def test_a_profile_out_of_scope_expects_nothing_and_a_rate_is_held_to_90_to_100_percent(monkeypatch):
+    # the profile applies to h3 only: between h1 and h2 nothing is expected (0 delay, 0 loss)
+    p = Profile(name="h3", delay_ms=10, loss_pct=5, hosts=["h3"])
+    got = run(monkeypatch, p, records(N, set()))
+    assert (got["one-way delay mean"].configured, got["loss"].configured, got["loss"].ok) == (0.0, 0.0, True)
+    assert got["ping RTT median"].configured == pytest.approx(RTT_MS)
+    for rate, ok in ((95.0, True), (100.0, True), (89.0, False), (101.0, False)):
+        monkeypatch.setattr(cal_mod, "tcp_rate", lambda *a, r=rate, **k: r)
+        checks = run(monkeypatch, Profile(name="r", rate_mbit=100), [])
+        assert list(checks) == ["TCP goodput at the rate limit"]  # a rate alone needs no probe
+        c = checks["TCP goodput at the rate limit"]
+        assert (c.configured, c.measured, c.ok, c.detail) == (100, rate, ok, "expected 90-100% of the rate")
