@@ -97,6 +97,19 @@ def _session_leaves_no_lab():
         pytest.fail(f"the test session left lab state behind: {left}", pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_ansible_temp(tmp_path_factory):
+    """Ansible makes its local temp folder (~/.ansible/tmp) when it is imported: the session's own instead,
+    so the inventory tests run for a user whose HOME is not writable (nobody, CI's service users) and write
+    nothing in anyone's home. The CLI the tests start inherits it."""
+    if "ANSIBLE_LOCAL_TEMP" in os.environ:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ANSIBLE_LOCAL_TEMP", str(tmp_path_factory.mktemp("ansible")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _private_probe_record(tmp_path_factory, monkeypatch):
     """No test writes the machine's probes.json, which real runs read into their feature records: every

@@ -161,3 +161,87 @@ def test_the_chosen_method_keeps_its_rate_and_beats_unpaired_under_drift():
     _, power_new = sim.count(sim.product, [1.0, 1.0, 1.0, 1.3], 6, "lognormal", "mult", 150, 7)
     _, power_old = sim.count(sim.today, [1.0, 1.0, 1.0, 1.3], 6, "lognormal", "mult", 150, 7)
     assert power_new > 0.6 and power_old < 0.2, (power_new, power_old)
+
+
+def test_unpaired_detectable_difference_is_the_pooled_spread_formula():
+    """Mann-Whitney (no shared rounds): the smallest detectable difference from the pooled standard deviation
+    of the log values (df = N - k), se = sd sqrt(2 / n), 80% power at Holm's first step (alpha / 2m), worked
+    out with scipy's t quantiles; U is scipy's."""
+    g = {"a": [1.0, 1.2, 0.9, 1.1], "b": [2.0, 2.4, 1.9, 2.2], "c": [1.5, 1.4, 1.7, 1.6]}
+    t = B.unpaired(g, "block order")
+    z = [np.log(v) for v in g.values()]
+    df = 12 - 3
+    sd = math.sqrt(sum(float(((v - v.mean()) ** 2).sum()) for v in z) / df)
+    crit = sst.t.ppf(1 - 0.05 / (2 * 3), df) + sst.t.ppf(0.8, df)
+    want = 100 * (math.exp(crit * sd * math.sqrt(2 / 4)) - 1)
+    assert (t.method, t.why, t.log, t.df) == (B.UNPAIRED, "block order", True, df)
+    assert t.mde == pytest.approx(want, rel=1e-9) and t.mde_text("ms") == f"±{want:.0f}%"
+    for p in t.pairs:
+        assert p.u == sst.mannwhitneyu(g[p.a], g[p.b]).statistic
+        assert (p.median_a, p.median_b) == (np.median(g[p.a]), np.median(g[p.b]))
+    # a zero among the values: differences in the metric's unit, not ratios
+    zero = {"a": [0.0, 1.0, 2.0], "b": [3.0, 4.0, 5.0]}
+    t = B.unpaired(zero, "")
+    sd = math.sqrt((2 + 2) / 4)
+    want = (sst.t.ppf(1 - 0.05 / 2, 4) + sst.t.ppf(0.8, 4)) * sd * math.sqrt(2 / 3)
+    assert not t.log and t.mde == pytest.approx(want, rel=1e-9) and t.mde_text("ms") == f"±{want:.3g} ms"
+    one = B.unpaired({"a": [1.0]}, "")  # nothing to compare, no spread to pool
+    assert one.pairs == [] and one.mde is None and one.df is None and one.mde_text() == ""
+
+
+def test_what_cannot_be_compared_within_rounds_says_why():
+    few = B.blocked({"a": {1: 1.0, 2: 1.1, 3: 1.2}, "b": {2: 2.0}, "c": {}})
+    assert few.excluded == {"b": "1 value", "c": "0 values"}
+    assert (few.method, few.why, few.pairs) == (B.UNPAIRED, "fewer than two variants to compare", [])
+    # two VPNs that share no round: no model with rounds as blocks can be fitted
+    apart = B.blocked({"a": {1: 1.0, 2: 1.1}, "b": {3: 2.0, 4: 2.2}, "c": {5: 3.0}})
+    assert (apart.method, apart.why) == (B.UNPAIRED, "too few values for a model with rounds as blocks")
+    assert apart.excluded == {"c": "1 value"} and [(p.a, p.b) for p in apart.pairs] == [("a", "b")]
+
+
+def test_the_method_line_names_the_normality_check_it_rests_on():
+    names = ["a", "b", "c"]
+    y = _rng_run(3, [1.0, 1.1, 1.5])
+    t = B.blocked(_groups(y, names))
+    df = pd.DataFrame(
+        [(n, r, math.log(y[i, r])) for i, n in enumerate(names) for r in range(6)], columns=["v", "r", "y"]
+    )
+    shapiro = sst.shapiro(smf.ols("y ~ C(v) + C(r)", df).fit().resid).pvalue
+    assert (
+        t.method == B.TWO_WAY
+        and t.why == f"residuals consistent with normal (Shapiro-Wilk p = {shapiro:.2g})"
+    )
+    # heavy tails in a run where only 2 rounds hold every VPN: too few for ranks, the model stays, and says so
+    g = _groups(
+        np.array([[1.0, 1.1, 1.0, 9.0, 1.05, 1.0], [2.0, 2.1, 2.0, 2.05, 2.0, 30.0], [3.0, 3.1, 0, 0, 0, 0]]),
+        names,
+    )
+    g["c"] = {1: 3.0, 2: 3.1}
+    t = B.blocked(g)
+    assert t.method == B.TWO_WAY and t.normality_p is not None and t.normality_p < 0.05, t
+    assert t.why == (
+        f"residuals not normal (Shapiro-Wilk p = {t.normality_p:.2g}) but fewer than 3 rounds every VPN has: "
+        "the model stays"
+    )
+    assert t.normality_p == pytest.approx(
+        sst.shapiro(
+            smf.ols(
+                "y ~ C(v) + C(r)",
+                pd.DataFrame(
+                    [(v, r, math.log(x)) for v in g for r, x in g[v].items()], columns=["v", "r", "y"]
+                ),
+            )
+            .fit()
+            .resid
+        ).pvalue,
+        rel=1e-6,
+    )
+
+
+def test_conover_without_spread_is_certain():
+    """Every round ranks the VPNs alike: no spread left (Conover's denominator 0): distinct rank sums are a
+    certain difference (p 0), equal values in every round none (p 1)."""
+    table = np.array([[1.0, 2.0, 2.0, 5.0], [3.0, 4.0, 4.0, 9.0], [0.5, 0.7, 0.7, 0.9]])  # rounds x VPNs
+    p, df = B.conover(table)
+    assert df == (3 - 1) * (4 - 1)
+    assert p[1, 2] == p[2, 1] == 1.0 and p[0, 1] == p[0, 3] == p[1, 3] == p[2, 3] == 0.0

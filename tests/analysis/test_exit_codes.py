@@ -113,3 +113,43 @@ def test_run_exit_code_and_the_log_of_a_piped_run(tmp_path: Path, vpns: list[str
         assert int(done[0][0]) < int(done[1][0]) <= int(total)
     else:
         assert not done
+
+
+def test_the_stores_judgement_counts_labels_profiles_and_the_plan(tmp_path):
+    """judge_store reads a case's VPN, profile, label and repetition apart (a failed tcp case is missing even
+    though the same repetition's ping was ok), the runner's recorded plan per VPN (a VPN that recorded fewer
+    cases than planned misses the rest), and a VPN's reason as its first line, cut at 160 characters."""
+    from synthetic_runs import hand_store
+
+    from tunnelbench.analysis.outcome import PLANNED_KEY, judge_store
+    from tunnelbench.core.results import Outcome, Sample
+    from tunnelbench.store import Store
+
+    why = "mesh did not come up: " + "x" * 200 + "\ntraceback line 2"
+    with hand_store(tmp_path, ("a", "b")) as (st, run_dir):
+        st.set_vpn("r1", "c", "1", "unavailable", why)
+        st.set_env("r1", {PLANNED_KEY: 3})
+        statuses = {
+            ("a", "p1", "tcp"): "ok",
+            ("a", "p1", "ping"): "ok",
+            ("a", "p2", "tcp"): "failed",
+            ("b", "p1", "tcp"): "ok",
+        }
+        for (vpn, profile, label), status in statuses.items():
+            adir = run_dir / vpn / profile / label
+            adir.mkdir(parents=True)
+            cid = st.start_case("r1", vpn, profile, label, label, {}, 1, 0, "h1", "h2", adir)
+            st.finish_case(
+                cid, status, Outcome(samples=[Sample("connect_s", 0.1, "s")]) if status == "ok" else None
+            )
+    st = Store.open_run_dir(run_dir)
+    out = judge_store(st, "r1")
+    st.close()
+    assert (out.code, out.measured, out.planned) == (1, 3, 9)
+    assert out.missing == {"a": 1, "b": 2, "c": 3}
+    short = ("unavailable: " + why)[:159] + "…"
+    assert out.reasons == {"c": short} and len(short) == 160
+    assert (
+        out.line()
+        == f"exit 1: 6 of 9 planned case(s) not measured: a: 1 case(s); b: 2 case(s); c: 3 case(s) ({short})"
+    )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tunnelbench.analysis.analyze import analyze, load_run
-from tunnelbench.analysis.verdict import CaseFacts, judge
+from tunnelbench.analysis.verdict import CaseFacts, judge, min_kept
 from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report.headline import build
 from tunnelbench.store import DB_NAME, Store
@@ -218,3 +218,85 @@ def test_a_planted_tiny_iperf3_buffer_shows_as_the_tools_drops(lab_factory, tmp_
     assert 0.8 * lost <= tool <= 1.05 * lost + 50, (tool, lost)
     assert d[("kern_udp_daemon_drops", "h2")] == 0
     assert judge([CaseFacts(tool_drops=tool)]).kind == "instrument-bound"
+
+
+def test_each_limit_at_its_boundary_and_its_exact_words():
+    """The lines a reader gets, word for word, and each limit just at and just past its line (worked out by
+    hand: min_kept(n) = max(2, ceil(n / 2)))."""
+    assert [min_kept(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [2, 2, 2, 2, 3, 3, 4]
+    quiet, busy = CaseFacts(), CaseFacts(disturbed=True, taken_pct=30.0)
+    # exactly min_kept(4) = 2 quiet of 4: still ranked on them; one fewer: disturbed
+    v = judge([busy, busy, quiet, quiet])
+    assert v.ranked and v.notes == (
+        "something outside the lab took 30% of the lab's CPUs in 2 of 4 repetitions: left out",
+    )
+    v = judge([busy, busy, busy, quiet])
+    assert v.disturbed == ("something outside the lab took 30% of the lab's CPUs in 3 of 4 repetitions",)
+    off = CaseFacts(off_path=True)  # no share recorded: nothing said about it
+    assert judge([off, off, quiet]).off_path == (
+        "the traffic took another path than the scenario's in 2 of 3 repetitions",
+    )
+    v = judge(
+        [CaseFacts(off_path=True, direct_pct=10.0), CaseFacts(off_path=True, direct_pct=35.0), quiet, quiet]
+    )
+    assert v.notes == (
+        "the traffic took another path than the scenario's in 2 of 4 repetitions (10-35% went straight): left out",
+    )
+    # the verdict reads only the kept repetitions: drops in a disturbed one do not make the cell instrument-bound
+    assert judge([CaseFacts(disturbed=True, tool_drops=9), quiet, quiet]).ranked
+    # one datagram dropped on the tool's socket is enough
+    v = judge([CaseFacts(tool_drops=1), quiet])
+    assert v.instrument == ("the measuring tool's own socket dropped 1 datagrams (1 of 2 repetitions)",)
+    # the ceiling: a ratio whose interval reaches 0.9 exactly is the lab's
+    v = judge([quiet], ceiling=(0.8, 0.7, 0.9), baseline_median=1234.0)
+    assert v.instrument == (
+        "the no-VPN baseline (1,234) is not clearly above it (0.80× [0.70–0.90]): the lab's ceiling",
+    )
+    assert judge([quiet], ceiling=(0.8, 0.7, 0.8999)).ranked
+    v = judge([quiet], ceiling=(0.95, 0.91, 0.99))
+    assert v.instrument == (
+        "the no-VPN baseline is not clearly above it (0.95× [0.91–0.99]): the lab's ceiling",
+    )
+    # iperf3's CPU: the interval's low end exactly at 90% flags
+    v = judge([CaseFacts(tool_cpu_pct=90.0)])
+    assert v.instrument == ("iperf3 used 90% [90–90] of a core",)
+    v = judge([quiet], tax_pct=(25.0, 12.0, 38.0))
+    assert v.emulator == ("engine tax +25% [+12–+38] on this VPN's TCP in this engine mode (> 10%)",)
+    v = judge([quiet], tax_pct=12.0)
+    assert v.emulator == ("engine tax +12% on this VPN's TCP in this engine mode (> 10%)",)
+    assert judge([quiet], tax_pct=10.0).ranked and judge([quiet], tax_pct=10.0).notes == ()
+    v = judge([quiet], calibration=("loss 9.5 vs 1 %", "delay 3 vs 2 ms"))
+    assert v.emulator == (
+        "the profile's calibration was out of tolerance (loss 9.5 vs 1 %; delay 3 vs 2 ms)",
+    )
+    assert (
+        v.text
+        == "emulator-bound: the profile's calibration was out of tolerance (loss 9.5 vs 1 %; delay 3 vs 2 ms)"
+    )
+
+
+def test_case_facts_read_each_stored_metric():
+    f = CaseFacts()
+    for name, value in (
+        ("kern_udp_tool_drops", 3.0),
+        ("kern_udp_tool_drops", 4.0),
+        ("iperf_cpu_client_pct", 40.0),
+        ("iperf_cpu_server_pct", 70.0),
+        ("iperf_cpu_client_pct", 55.0),
+        ("engine_bound", 0.0),
+        ("path_direct_pct", 64.0),
+        ("off_path", 0.0),
+    ):
+        f.add(name, value)
+    assert (f.tool_drops, f.tool_cpu_pct, f.engine_bound, f.direct_pct, f.off_path) == (
+        7.0,
+        70.0,
+        False,
+        64.0,
+        False,
+    )
+    f.add("engine_bound", 1.0)
+    assert f.engine_bound and f.left_out is None
+    g = CaseFacts()
+    g.add("iperf_cpu_server_pct", 12.0)  # the first reading is the maximum so far, not 0
+    assert g.tool_cpu_pct == 12.0

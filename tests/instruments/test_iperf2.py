@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from test_parsers_known import FakeClock
 from tree import DATA
 
 from tunnelbench.catalog import WORKLOADS
@@ -182,7 +183,7 @@ class GrowingLog:
         return "".join(self.lines[: self.shown])[-chars:]
 
 
-def test_wait_finals_waits_for_every_streams_whole_test_line():
+def test_wait_finals_waits_for_every_streams_whole_test_line(monkeypatch):
     """The server prints its final lines after the client has gone: wait_finals returns only once each
     stream has one, and with intervals (omit_s = 1) the first 0-1 s interval does not pass for a final."""
     text = (DATA / "iperf2_tcp_server.txt").read_text()
@@ -195,10 +196,13 @@ def test_wait_finals_waits_for_every_streams_whole_test_line():
     proc = GrowingLog(p2, start)  # no final yet; the second stream's comes a line after the first's
     side = iperf2.wait_finals(proc, streams=2, min_end=0.0, timeout=5)
     assert len(side.finals()) == 2 and proc.looks == 2
-    # a server that never prints a final: the wait ends at its timeout with what there is
-    t0 = time.monotonic()
-    side = iperf2.wait_finals(GrowingLog("nothing\n", 1), streams=1, min_end=0.0, timeout=0.3)
-    assert side.reports == [] and 0.3 <= time.monotonic() - t0 < 2
+    # a server that never prints a final: the wait ends at its timeout with what there is, on a fake clock:
+    # looks at 0, 0.05, ..., 0.35 s (8), the last one past the 0.3-s timeout
+    clock = FakeClock(start=0.0)
+    monkeypatch.setattr(iperf2, "time", clock)
+    never = GrowingLog("nothing\n", 1)
+    side = iperf2.wait_finals(never, streams=1, min_end=0.0, timeout=0.3)
+    assert side.reports == [] and never.looks == 8 and clock.monotonic() == pytest.approx(0.35)
 
 
 # -- params ------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelbench.lab.interference import CLK_TCK, PF_KTHREAD, Guard, Reading
+from tunnelbench.lab.interference import CLK_TCK, PF_KTHREAD, Guard, Reading, cpu_set, parse_stat
 
 OWN = 100  # the guard's "this process"
 
@@ -228,3 +228,38 @@ def test_a_planted_busy_process_is_counted_as_its_own_counters_say(tmp_path):
         assert os.getppid() != pid
     finally:
         os.kill(pid, 9)
+
+
+def test_a_stat_line_is_read_by_its_fields_whatever_the_process_calls_itself():
+    """proc(5): field 2 is comm in parentheses (it may hold spaces and ')'), then state, ppid (4), ..., flags
+    (9), utime/stime (14, 15), cutime/cstime (16, 17), starttime (22), ..., policy (41). A line written by
+    hand with each field's number as its value (offset by 1000 so none is 0)."""
+    rest = [str(1000 + n) for n in range(4, 53)]  # fields 4..52
+    line = "4242 (a) b (c) " + "S " + " ".join(rest)
+    st = parse_stat(4242, line)
+    assert st is not None and st.name == "a) b (c" and st.ppid == 1004 and st.flags == 1009
+    assert (st.own, st.children, st.start, st.policy) == (1014 + 1015, 1016 + 1017, 1022, 1041)
+    short = "7 (sh) S " + " ".join(rest[:20])  # an old kernel's line without the scheduling policy
+    st = parse_stat(7, short)
+    assert st is not None and st.policy == 0 and st.start == 1022
+    assert parse_stat(8, "8 sh S 1 2") is None and parse_stat(9, "9 (sh) S x") is None  # no comm, not numbers
+    assert cpu_set("0-2,5") == {0, 1, 2, 5} and cpu_set("3") == {3} and cpu_set("\n") == set()
+
+
+def test_a_reading_in_numbers():
+    """2 CPUs for 10 s = 20 CPU-seconds: 5 s of others = 25%, 1 s of steal = 5%."""
+    r = Reading(10.0, 2, 5.0, 1.0, (("go", 4.0), ("sh", 0.1)))
+    assert (r.other_pct, r.steal_pct, r.taken_pct) == (25.0, 5.0, 30.0)
+    assert r.disturbed(30.0) and not r.disturbed(30.1)
+    assert r.text() == "others took 25% of the lab's 2 CPUs (go 20%); steal 5%"
+    assert r.to_json() == {
+        "wall_s": 10.0,
+        "cpus": 2,
+        "other_pct": 25.0,
+        "steal_pct": 5.0,
+        "top": [["go", 20.0], ["sh", 0.5]],
+    }
+    one = Reading(3.0004, 1, 1.0, 0.0)
+    assert one.text() == "others took 33% of the lab's 1 CPU" and one.to_json()["wall_s"] == 3.0
+    assert one.to_json()["other_pct"] == 33.33
+    assert Reading(0.0, 2, 1.0, 0.0).other_pct == 0.0  # no window: nothing taken

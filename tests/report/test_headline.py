@@ -251,3 +251,65 @@ def test_cases_whose_path_switched_are_named(tmp_path):
         "midvpn tcp @ baseline: the path switched between direct and relayed within 3 of 8 case(s) "
         "(series path_direct_pct per case)"
     ]
+
+
+def _with_env(tmp_path: Path, env: dict) -> list[str]:
+    run_dir = make_store(tmp_path)
+    st = Store(run_dir / DB_NAME)
+    st.set_env(RUN, env)
+    st.close()
+    return [t for t, _ in build(analyze([load_run(run_dir)])).findings]
+
+
+def test_the_machine_line_says_quiet_or_busy_and_what_the_run_did(tmp_path):
+    """runner/guard.py's tally (env `interference`) in one line, worked out by hand: the mean of what was taken
+    is taken_pct_sum / disturbed, the three biggest processes by CPU-seconds, what the run did about it."""
+    quiet = {"mode": "remeasure", "threshold_pct": 10.0, "cases": 40, "disturbed": 0}
+    assert (
+        "machine quiet: nothing outside the lab took 10% or more of its CPUs in any of 40 case(s)"
+        in _with_env(tmp_path / "q", {"interference": quiet})
+    )
+    busy_before = {**quiet, "before_run": {"other_pct": 8.0, "steal_pct": 4.0}}
+    assert (
+        "machine quiet: nothing outside the lab took 10% or more of its CPUs in any of 40 case(s); busy before the "
+        "run (12%)" in _with_env(tmp_path / "b", {"interference": busy_before})
+    )
+    busy = {
+        "mode": "remeasure",
+        "threshold_pct": 10.0,
+        "cases": 40,
+        "disturbed": 4,
+        "remeasured": 3,
+        "kept": 1,
+        "waited_s": 62.4,
+        "steady": 1,
+        "max_taken_pct": 71.0,
+        "taken_pct_sum": 150.0,
+        "top_s": {"go": 120.0, "cc1": 30.5, "rustc": 12.0, "make": 1.0},
+    }
+    assert (
+        "machine busy: 4 of 40 case measurement(s) disturbed (outside the lab took 38% of its CPUs on average, up "
+        "to 71%; by go 120 CPU-s, cc1 30 CPU-s, rustc 12 CPU-s); 3 measured again when quiet; 1 kept as disturbed "
+        "(left out of the ranking); 62 s spent waiting for quiet; the load stayed through 1 wait(s): its cases are "
+        "labelled" in _with_env(tmp_path / "c", {"interference": busy})
+    )
+    label = {**busy, "mode": "label", "kept": 0, "waited_s": 0.0, "steady": 0, "top_s": {}}
+    assert (
+        "machine busy: 4 of 40 case measurement(s) disturbed (outside the lab took 38% of its CPUs on average, up "
+        "to 71%); none kept disturbed" in _with_env(tmp_path / "d", {"interference": label})
+    )
+
+
+def test_the_drift_line_names_the_slow_rounds_only_when_the_reference_moved(tmp_path):
+    pts = [{"when": f"round {r}", "goodput_mbps": g} for r, g in enumerate([1000, 980, 600, 1010], 1)]
+    # median 990, range 410 = 41% of it (>= 25%): a line; below 75% of the median (742.5): round 3
+    assert (
+        "the machine drifted: the raw path's reference ranged 600–1,010 Mbit/s (median 990), slow at round 3; VPNs "
+        "are compared within rounds, which cancels what hit every VPN of a round alike, not load within a round"
+        in _with_env(tmp_path / "a", {"drift.reference": pts})
+    )
+    steady = [{"when": f"round {r}", "goodput_mbps": g} for r, g in enumerate([1000, 900, 1100], 1)]
+    assert not any(
+        "drifted" in t for t in _with_env(tmp_path / "b", {"drift.reference": steady})
+    )  # 20% < 25%
+    assert not any("drifted" in t for t in _with_env(tmp_path / "c", {"drift.reference": pts[:2]}))  # too few

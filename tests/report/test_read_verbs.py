@@ -10,6 +10,7 @@ import errno
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -158,10 +159,12 @@ def test_a_link_planted_as_report_md_is_refused_before_the_work_and_its_target_u
     [
         (["report", "{run}", "--out", "{tmp}/missing/r.html"], "Invalid value for '--out': the folder '{tmp}/missing' does not exist"),
         (["report", "{run}", "--markdown", "{tmp}/missing/r.md"], "Invalid value for '--markdown': the folder '{tmp}/missing' does not exist"),
-        (["report", "{run}", "--out", "/dev/full"], "Invalid value for '--out': /dev/full is not a regular file (crw-rw-rw-)"),
-        (["export", "{run}", "--out", "/dev/full"], "Invalid value for '--out': /dev/full is not a regular file (crw-rw-rw-)"),
-        (["compare", "{run}", "{run}", "--json", "/dev/full"], "Invalid value for '--json': /dev/full is not a regular file"),
-        (["history", "--results", "{tmp}/results", "--out", "/dev/full"], "Invalid value for '--out': /dev/full is not a regular file"),
+        # not a regular file (the issue's /dev/full): a socket in a folder any user can write, as /dev is not
+        # (opening it fails at once where a FIFO would block a write that got past the check)
+        (["report", "{run}", "--out", "{tmp}/sock"], "Invalid value for '--out': {tmp}/sock is not a regular file (srwx"),
+        (["export", "{run}", "--out", "{tmp}/sock"], "Invalid value for '--out': {tmp}/sock is not a regular file (srwx"),
+        (["compare", "{run}", "{run}", "--json", "{tmp}/sock"], "Invalid value for '--json': {tmp}/sock is not a regular file"),
+        (["history", "--results", "{tmp}/results", "--out", "{tmp}/sock"], "Invalid value for '--out': {tmp}/sock is not a regular file"),
         (["history", "--results", "{tmp}/results", "--out", "{tmp}/missing/h.html"], "Invalid value for '--out': the folder '{tmp}/missing' does not exist"),
         (["report", "{run}"], "{run}/report.html is not a regular file (drwx"),  # a folder where the report goes
     ],
@@ -169,6 +172,9 @@ def test_a_link_planted_as_report_md_is_refused_before_the_work_and_its_target_u
 def test_a_destination_the_verb_cannot_write_is_refused_before_the_work(tmp_path, monkeypatch, argv, said):
     d = good_run(tmp_path / "results")
     (d / "report.html").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock"))
+    sock.close()
     no_work(monkeypatch)
     res = tb(*[a.format(run=d, tmp=tmp_path) for a in argv])
     assert_no_traceback(res)

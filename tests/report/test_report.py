@@ -229,10 +229,9 @@ def test_combined_report_of_two_versions(tmp_path):
     assert (tmp_path / "both.md").exists()
 
 
-@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
-def test_exports(tmp_path):
-    """Every exported value (CSV, JSON, their series, the CLI's) is the stored one, row for row, with its case
-    key: the reference is results.sqlite read with sqlite3, not the product's loader."""
+def export_run(tmp_path: Path) -> tuple[Path, Counter, Counter]:
+    """A run whose failing case kept what it measured (WorkloadError.outcome: stored, never exported), and
+    the reference: results.sqlite read with sqlite3, not the product's loader."""
     d = make_run(
         tmp_path,
         "20260101-000000-tbexpo",
@@ -241,20 +240,26 @@ def test_exports(tmp_path):
         fail="fastvpn",
     )
     db = d / DB_NAME
-    # a failing case keeps what it measured (WorkloadError.outcome): stored, but never exported
     con = sqlite3.connect(db)
     with con:
         (failed,) = con.execute("SELECT id FROM \"case\" WHERE status = 'failed'").fetchone()
         con.execute("INSERT INTO metric VALUES (?, 'goodput_mbps', 12345.0, 'Mbit/s', NULL)", (failed,))
         con.execute("INSERT INTO series VALUES (?, 'goodput_mbps', 'Mbit/s', NULL, 1.0, 12345.0)", (failed,))
     con.close()
-    want = Counter(sql(db, OK_METRICS))
-    want_series = Counter(sql(db, OK_SERIES))
+    return d, Counter(sql(db, OK_METRICS)), Counter(sql(db, OK_SERIES))
+
+
+def test_exports(tmp_path):
+    """Every exported value (CSV, JSON, their series) is the stored one, row for row, with its case key and
+    every digit (a value rounded on its way out differs from the store's)."""
+    d, want, want_series = export_run(tmp_path)
     # the reference itself, from make_run's input: per repetition internal stores tcp 2 + tcp-p4 2 + ping 4
     # values, fastvpn also 4 daemon values (2 hosts x CPU, RSS) per tcp case; 3 repetitions; 5 goodput
     # intervals per tcp case, 50 RTTs per ping case
     assert sum(want.values()) == 3 * (8 + 16) and sum(want_series.values()) == 3 * 2 * (5 + 5 + 50)
     assert {k[0] for k in want} == {"20260101-000000-tbexpo"} and {k[2] for k in want} == {"kernel", "1.0"}
+    # most of make_run's values are draws with every digit a double holds: shown to 12 digits, they differ
+    assert sum(float(f"{k[10]:.12g}") != k[10] for k in want) >= len(want) // 2
     run = load_run(d)
     text = to_csv(metric_rows(run))
     assert text.startswith(",".join(COLUMNS) + "\n")
@@ -264,9 +269,33 @@ def test_exports(tmp_path):
         (r["metric"], r["better"]) for r in rows
     }
     doc = json.loads(to_json(run, series=True))
-    assert doc["run"]["id"] == "20260101-000000-tbexpo"
+    db = d / DB_NAME
+    (run_row,) = sql(db, "SELECT id, tag, started, ended, status, tunnelbench_version FROM run")
+    assert (
+        tuple(doc["run"][k] for k in ("id", "tag", "started", "ended", "status", "tunnelbench_version"))
+        == run_row
+    )
+    assert doc["environment"]["kernel"] == "6.1-test" and doc["environment"]["cpu_count"] == "2"
+    assert [tuple(v.values()) for v in doc["vpns"]] == sql(
+        db, "SELECT name, version, status, reason FROM vpn"
+    )
+    cols = "id, vpn, profile, workload, label, params, repetition, attempt, status, error, client, server"
+    cases = [
+        dict(zip(cols.split(", "), r, strict=True)) for r in sql(db, f'SELECT {cols} FROM "case" ORDER BY id')
+    ]
+    for c in cases:
+        c["params"] = json.loads(c["params"])
+    assert sorted(doc["cases"], key=lambda c: c["id"]) == cases
+    assert {c["status"] for c in doc["cases"]} == {"ok", "failed"}  # every case, the failed one too
     same_rows(Counter(map(export_key, doc["metrics"])), want, "JSON metrics")
     same_rows(Counter(map(series_key, doc["series"])), want_series, "JSON series")
+    assert "series" not in json.loads(to_json(run))  # only when asked for
+
+
+@pytest.mark.slow  # 4-8 s (the CLI or a report in a subprocess): out of the fast lane
+def test_exports_from_the_cli(tmp_path):
+    """`tunnelbench export` (JSON to stdout, CSV to a file) writes what the store holds."""
+    d, want, _ = export_run(tmp_path)
     res = tb("export", str(d), "--format", "json")
     assert res.returncode == 0, res.stderr
     same_rows(Counter(map(export_key, json.loads(res.stdout)["metrics"])), want, "CLI JSON metrics")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import tb
 
@@ -170,3 +172,100 @@ def test_cli_prints_bracketed_text_verbatim(tmp_path):
     assert r.returncode != 0
     out = " ".join((r.stdout + r.stderr).split())  # the console wraps long lines
     assert "[impair.profiles.NAME]" in out and "'nosuch[x]'" in out, out
+
+
+def test_command_line_overrides_apply_to_the_scenario_and_are_named_in_its_text(tmp_path):
+    """`run`'s overrides (kept in run.overrides for a resume): each one lands in its field, and the scenario
+    text as run starts with a line naming them in a fixed order."""
+    from tunnelbench.scenario import override_note, with_overrides
+
+    text = 'name = "o"\nvpns = ["internal"]\n[run]\nrepetitions = 2\n[[workloads]]\nname = "ping"\n'
+    plain = with_overrides(text, {}, "t")
+    assert (plain.vpns, plain.run.repetitions, plain.run.flamegraph, plain.lab.backend) == (
+        ["internal"],
+        2,
+        False,
+        "netns",
+    )
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    peers:\n      hosts:\n        a:\n        b:\n")
+    sc = with_overrides(
+        text,
+        {"vpns": ["internal", "wireguard-go"], "repetitions": 5, "profiles": ["low"], "flamegraph": True,
+         "capture": "always", "inventory": str(inv), "insecure": True},
+        "t",
+    )  # fmt: skip
+    assert sc.vpns == ["internal", "wireguard-go"] and sc.run.repetitions == 5 and sc.profiles == ["low"]
+    assert sc.run.flamegraph is True and sc.run.capture == "always"
+    assert (sc.lab.backend, str(sc.lab.inventory), sc.lab.insecure_no_host_key_check) == (
+        "ssh",
+        str(inv),
+        True,
+    )
+    assert override_note(text, (), None, ()) == "# command-line overrides:\n" + text
+    assert override_note(text, ("a", "b"), 4, ("low", "high"), flamegraph=True, capture="all") == (
+        "# command-line overrides: --flamegraph --capture all --vpn a,b --profile low,high --repetitions 4\n"
+        + text
+    )
+
+
+def test_an_unknown_key_is_named_with_its_path_the_closest_key_and_the_allowed_ones():
+    from tunnelbench.scenario import RunCfg, ScenarioError, parse_scenario
+
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(
+            {"vpns": ["internal"], "run": {"repetitons": 3}, "workloads": [{"name": "ping"}]}, "s.toml"
+        )
+    allowed = ", ".join(RunCfg.model_fields)
+    assert str(e.value) == (
+        f"s.toml: invalid scenario\n  run.repetitons: unknown key (did you mean 'repetitions'?); allowed keys here: "
+        f"{allowed}"
+    )
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario({"vpns": ["internal"], "run": {"zzzz": 3}}, "s.toml")
+    assert f"run.zzzz: unknown key; allowed keys here: {allowed}" in str(e.value)  # nothing close: no guess
+
+
+def test_reading_a_scenario_names_what_is_wrong_with_the_file(tmp_path):
+    from importlib import resources
+
+    from tunnelbench.scenario import ScenarioError, builtin_scenarios, load_scenario
+
+    sc, text = load_scenario(None)
+    assert text == resources.files("tunnelbench").joinpath("scenarios/default.toml").read_text()
+    seeds, text = load_scenario(Path("seeds"))  # a bare built-in name, as `tunnelbench list` prints it
+    assert text == resources.files("tunnelbench").joinpath("scenarios/seeds.toml").read_text()
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(tmp_path / "nope.toml")
+    assert str(e.value) == (
+        f"cannot read scenario {tmp_path / 'nope.toml'}: No such file or directory (built-in scenarios: "
+        f"{', '.join(builtin_scenarios())})"
+    )
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'name = "caf\xe9"\n')
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(latin)
+    assert (
+        str(e.value) == f"{latin}: not UTF-8 text (byte 11 is 0xe9); a scenario is a TOML file saved as UTF-8"
+    )
+    suite = tmp_path / "suite.toml"
+    suite.write_text('suite = ["a.toml", "b.toml"]\n')
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(suite)
+    assert str(e.value) == (
+        f"{suite} is a suite of 2 scenarios (a.toml, b.toml): `tunnelbench run` and `tunnelbench plan` take it; "
+        "give one of its parts here"
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text('vpns = ["internal"]\n[run]\nrepetitions = 0\n')
+    with pytest.raises(ScenarioError, match=rf"^{bad}: invalid scenario\n  run.repetitions"):
+        load_scenario(bad)
+
+
+def test_overrides_on_a_scenario_without_run_or_lab_tables():
+    from tunnelbench.scenario import with_overrides
+
+    text = 'vpns = ["internal"]\n[[workloads]]\nname = "ping"\n'
+    sc = with_overrides(text, {"repetitions": 4, "insecure": True, "flamegraph": True}, "t")
+    assert (sc.run.repetitions, sc.lab.insecure_no_host_key_check, sc.run.flamegraph) == (4, True, True)
+    assert with_overrides(text, {"capture": "always"}, "t").run.capture == "always"

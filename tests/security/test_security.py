@@ -302,7 +302,9 @@ interval_s = 0.01
 
 def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
     """A real run (2 interleaved rounds) where only `internal` sends packets off the lab: 2 per host at each
-    bring-up, to TEST-NET-1, which the router drops. Its share is exactly those, summed over both sessions."""
+    bring-up, to TEST-NET-1, which the router drops, and 3 per host unencapsulated to a tunnel address (the
+    tunnel_leak counter's positive control: a VPN that sent before its tunnel was up). Its shares are exactly
+    those, summed over both sessions."""
     import io
     import json
     import tomllib
@@ -326,6 +328,8 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
         host.run(["ping", "-n", "-q", "-c", "2", "-i", "0.01", "-W", "0.1", "192.0.2.1"], check=False)
         # SSDP's multicast group (UPnP discovery, as tailscaled's port mapper sends it): local, not off-lab
         host.run(["ping", "-n", "-q", "-c", "2", "-i", "0.01", "-W", "0.1", "239.255.255.250"], check=False)
+        # a tunnel range address (100.64.0.0/10) no VPN of the run routes: out the underlay, in the clear
+        host.run(["ping", "-n", "-q", "-c", "3", "-i", "0.01", "-W", "0.1", "100.127.255.254"], check=False)
 
     monkeypatch.setattr(internal, "start", probing_start)
     sc = parse_scenario(tomllib.loads(OFFLAB), "offlab test")
@@ -336,6 +340,8 @@ def test_offlab_drops_are_counted_per_vpn(tmp_path: Path, monkeypatch):
     assert int(env["offlab_drops.internal"]) == 2 * 2 * 2  # rounds x hosts x pings
     # and where they went: the router's per-destination set, summed over both sessions
     assert json.loads(env["offlab_dests.internal"]) == {"192.0.2.1": 8} and "offlab_dests.vxlan" not in env
+    # the leak counter counts what it should, and only that: 3 per host and session, none of vxlan's
+    assert int(env["tunnel_leak_drops.internal"]) == 2 * 2 * 3 and int(env["tunnel_leak_drops.vxlan"]) == 0
     for key in ("offlab_drops", "tunnel_leak_drops"):
         shares = [int(env[f"{key}.{vpn}"]) for vpn in ("internal", "vxlan")]
         assert sum(shares) == int(env[f"router.{key}"]), (key, shares)

@@ -48,7 +48,9 @@ class Tally:
 
 
 class CaseGuard:
-    def __init__(self, ctx: RunContext, cfg: InterferenceCfg, guard: Guard | None, unwatched: str = "") -> None:
+    def __init__(
+        self, ctx: RunContext, cfg: InterferenceCfg, guard: Guard | None, unwatched: str = ""
+    ) -> None:
         self.ctx, self.cfg, self.guard = ctx, cfg, guard
         self.tally = Tally(cfg.mode, cfg.max_taken_pct, unwatched=unwatched if guard is None else "")
         self.steady = False  # the last wait for quiet timed out: label, do not wait, until quiet is seen
