@@ -153,6 +153,7 @@ def test_the_json_compare_writes(comparison):
         "p_holm": pytest.approx(comparison.changes[0].p_holm),
         "cliffs_delta": -1.0,
         "verdict": "REGRESSION",
+        "limited": "",  # neither group disturbed nor off-path: gated
     }
 
 

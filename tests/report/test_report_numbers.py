@@ -37,8 +37,9 @@ from tunnelbench.analysis.stats import N_RESAMPLES, SEED
 from tunnelbench.core.results import Outcome, Sample
 from tunnelbench.report import plots
 from tunnelbench.report.full import render_markdown, render_report
+from tunnelbench.report.reading import Reading
 from tunnelbench.report.terminal import print_summary
-from tunnelbench.store import DB_NAME, Store
+from tunnelbench.store import DB_NAME
 
 RUN = "20261128-000000-tbnums"
 BASE = "internal"
@@ -282,7 +283,7 @@ class Views:
 
 
 def render(run_dir: Path) -> Views:
-    a = analyze([load_run(run_dir)])
+    rd = Reading.of(analyze([load_run(run_dir)]))
     plot_tiers: dict[str, dict[str, str]] = {}
     real_to_svg = plots.to_svg
 
@@ -301,16 +302,16 @@ def render(run_dir: Path) -> Views:
 
     plots.to_svg = to_svg
     try:
-        page = render_report(a)
+        page = render_report(rd)
     finally:
         plots.to_svg = real_to_svg
     buf = io.StringIO()
-    store = Store.open_run_dir(run_dir)
     try:
-        print_summary(store, RUN, Console(file=buf, width=250, color_system=None))
+        print_summary(rd, Console(file=buf, width=250, color_system=None))
+        md = render_markdown(rd)
     finally:
-        store.close()
-    return Views(page, render_markdown(a), buf.getvalue(), plot_tiers)
+        rd.close()
+    return Views(page, md, buf.getvalue(), plot_tiers)
 
 
 @pytest.fixture(scope="module")
@@ -577,7 +578,7 @@ def test_the_markdown_summarys_scaling_efficiency_and_failed_cases(tmp_path):
             c[("goodput_mbps", None)] for c in per_case.values() if (c["vpn"], c["label"]) == (vpn, label)
         ]
 
-    md = render_markdown(analyze([load_run(d)]))
+    md = render_markdown(Reading.of(analyze([load_run(d)])))
     line = next(x for x in md.splitlines() if x.startswith("Parallel scaling"))
     for vpn in ("internal", "fastvpn"):
         p4, one = goodput(vpn, "tcp-p4"), goodput(vpn, "tcp")

@@ -230,24 +230,23 @@ def test_what_the_run_says_about_its_folder_a_crash_and_a_full_disk(tmp_path, mo
 def test_the_report_is_written_where_the_run_is_and_the_lab_lock_is_let_go(tmp_path, monkeypatch):
     wrote: list[tuple] = []
 
-    def write_html(store, run_id, path):
-        wrote.append((store.path, run_id, path))
-        return path
+    def write_report(rd, path, markdown):
+        wrote.append((rd.runs[0].run_dir, rd.runs[0].run_id, path, markdown))
 
-    monkeypatch.setattr(ex, "write_html", write_html)
+    monkeypatch.setattr(ex, "write_report", write_report)
     lock = Lock()
     x, _, said = run_once(tmp_path, monkeypatch, "ok", html=True, lock=lock)
     run_dir = tmp_path / RUN
     assert (
-        wrote == [(run_dir / DB_NAME, RUN, run_dir / "report.html")]
+        wrote == [(run_dir, RUN, run_dir / "report.html", run_dir / "report.md")]
         and f"report: {run_dir / 'report.html'}" in said
     )
     assert lock.calls == [("describe", RUN, run_dir), ("release",)] and x.code == 0
 
-    def cannot(store, run_id, path):
+    def cannot(rd, path, markdown):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ex, "write_html", cannot)
+    monkeypatch.setattr(ex, "write_report", cannot)
     x, _, said = run_once(tmp_path / "b", monkeypatch, "ok", html=True)
     assert "report not written: [Errno 28] No space left on device" in said and x.code == 0
 
