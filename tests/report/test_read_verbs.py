@@ -243,6 +243,29 @@ def test_a_folder_other_users_can_write_is_refused_naming_it_and_chmod(
     assert sorted(os.listdir(d)) == ["cases", DB_NAME]
 
 
+@pytest.mark.parametrize("verb", ["report", "export"])
+def test_a_run_named_by_path_in_a_folder_others_can_write_is_refused(tmp_path, monkeypatch, verb):
+    # another user could swap the run folder for a link between the check and the write; a root-owned sticky
+    # parent (/tmp) lets nobody else rename it, so it is accepted
+    root = tmp_path / "shared"
+    d = good_run(root)
+    os.chmod(root, 0o777)
+    no_work(monkeypatch)
+    res = tb(verb, str(d))
+    assert_no_traceback(res)
+    assert res.exit_code == 2, res.output
+    assert lines(res.stderr) == [
+        f"the folder {root} is writable by its group and other users (drwxrwxrwx): another user could replace "
+        f"what tunnelbench reads or writes there; make it yours alone: chmod go-w {root}"
+    ], res.stderr
+    assert sorted(os.listdir(d)) == ["cases", DB_NAME]
+    os.chmod(root, 0o1777)  # sticky, owned by this user
+    monkeypatch.undo()
+    if os.geteuid() == 0:
+        res = tb(verb, str(d))
+        assert res.exit_code == 0, res.output
+
+
 @pytest.mark.root  # chattr +i needs root
 def test_an_immutable_run_folder_is_read_and_its_report_refused_before_the_work(tmp_path):
     d = good_run(tmp_path / "results")

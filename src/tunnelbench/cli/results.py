@@ -22,10 +22,13 @@ if TYPE_CHECKING:
 
 
 def run_folder(ref: str | None, results: Path) -> Path:
-    """The run folder `ref` names (find_run), refused if another user can write it or the results root it
-    was found under."""
+    """The run folder `ref` names (find_run), refused if another user can write it or the folder it is in
+    (the results root it was found under, or the parent of a folder named by its path: another user could
+    swap the run folder for a link between our check and our write)."""
     d = find_run(ref, results)
-    if not (ref and Path(ref).is_dir()):
+    if ref and Path(ref).is_dir():
+        check_private_folder(d.resolve().parent, sticky_ok=True)
+    else:
         check_private_folder(results)
     check_private_folder(d)
     return d

@@ -70,16 +70,19 @@ def check_destination(path: Path) -> None:
     check_target(path)
 
 
-def check_private_folder(folder: Path) -> None:
+def check_private_folder(folder: Path, sticky_ok: bool = False) -> None:
     """Refuse a results root or run folder that another user could write into: writable by group or others,
     or, when running as root, owned by another user (who could plant links there for root to write
-    through, or replace what root reads)."""
+    through, or replace what root reads). `sticky_ok`: the folder only holds the one named entry we use (a
+    run folder's parent), and a root-owned sticky folder (/tmp) lets no other user rename or replace it."""
     try:
         st = os.stat(folder)
     except FileNotFoundError:
         raise FileRefused(f"the folder {folder} does not exist") from None
     if not stat.S_ISDIR(st.st_mode):
         raise FileRefused(f"{folder} is not a folder ({_mode(st)})")
+    if sticky_ok and st.st_mode & stat.S_ISVTX and st.st_uid == 0:
+        return
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         who = " and ".join(
             w for w, bit in (("its group", stat.S_IWGRP), ("other users", stat.S_IWOTH)) if st.st_mode & bit
