@@ -98,7 +98,8 @@ def test_small_run_prints_summary_and_stores_everything(real_run):
     assert "goodput_mbps" not in res.stdout  # the per-metric table is in `report --full`
     db = sqlite3.connect(run_dir / "results.sqlite")
     assert db.execute("SELECT status FROM run").fetchone()[0] == "ok"
-    statuses = db.execute('SELECT vpn, workload, status FROM "case"').fetchall()
+    # an attempt set aside because something outside the lab disturbed it is stored as `disturbed`
+    statuses = db.execute("SELECT vpn, workload, status FROM \"case\" WHERE status != 'disturbed'").fetchall()
     assert len(statuses) == 2 * 3 * 3 and all(s == "ok" for *_, s in statuses)
     env = dict(db.execute("SELECT key, value FROM environment").fetchall())
     assert env["sysctl.net.ipv4.tcp_congestion_control"] and env["kernel"] and "iperf 3" in env["tool.iperf3"]

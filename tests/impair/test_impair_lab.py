@@ -268,7 +268,9 @@ def test_killing_the_engine_mid_case_fails_the_case(tmp_path):
         if p.poll() is None:
             p.kill()
     db = sqlite3.connect(run_dir / "results.sqlite")
-    rows = db.execute('SELECT repetition, attempt, status, error, ended FROM "case" ORDER BY id').fetchall()
+    rows = db.execute(  # not the attempts set aside because the machine was busy (runner/guard.py)
+        "SELECT repetition, attempt, status, error, ended FROM \"case\" WHERE status != 'disturbed' ORDER BY id"
+    ).fetchall()
     failed = [r for r in rows if r[2] == "failed"]
     assert failed, rows
     assert "impaird" in failed[0][3] or "impairment engine" in failed[0][3]

@@ -135,7 +135,8 @@ def test_a_run_records_the_rules_it_installed(tmp_path, monkeypatch):
     assert rows["hosts.firewall"] == "stateful"
     recorded = recorded_rules(rows["hosts.firewall.rules"])
     assert len(recorded) == 9, recorded  # 3 hooks x (established accept, invalid drop, new accept)
-    (case,) = seen
+    assert seen
+    case = seen[-1]  # the measured attempt (one set aside as disturbed by a busy machine may come before)
     assert sorted(case) == ["h1", "h2"]
     for host, (rules, c0, c1) in case.items():
         assert rules == recorded, f"{host}: the kernel holds {rules}, the run recorded {recorded}"

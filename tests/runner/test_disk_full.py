@@ -23,7 +23,7 @@ def small_disk(tmp_path):
         pytest.skip(why)
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tbdiskfull", str(mnt)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tbdiskfull", str(mnt)], check=True)
     try:
         yield mnt
     finally:

@@ -312,6 +312,7 @@ interval_s = 0.01
 @pytest.mark.slow
 def test_run_is_interleaved_seeded_and_stores_tax_and_drift(tmp_path):
     from tunnelbench.impair.backend import impaird_binary
+    from tunnelbench.impair.tax import MAX_ROUNDS, MIN_ROUNDS
 
     p, c = run_scenario(tmp_path, RUN)
     rows = c.execute(
@@ -335,7 +336,9 @@ def test_run_is_interleaved_seeded_and_stores_tax_and_drift(tmp_path):
         for vpn in ("internal", "vxlan"):  # the tax check ran for every VPN, in the mode d1 uses
             t = json.loads(env[f"engine_tax.{vpn}"])
             assert set(t) == {"gso"}, t
-            assert len(t["gso"]["off_mbps"]) == 2 and len(t["gso"]["on_mbps"]) == 2
+            # paired rounds, at least MIN_ROUNDS (an interval needs them), more only while it straddles the line
+            n = len(t["gso"]["off_mbps"])
+            assert MIN_ROUNDS <= n <= MAX_ROUNDS and len(t["gso"]["on_mbps"]) == n, t
             assert all(x > 100 for x in t["gso"]["off_mbps"] + t["gso"]["on_mbps"])
         pl = json.loads(env["cpu.placement"])
         assert pl["mode"] in ("engine-apart", "off")

@@ -225,6 +225,9 @@ class Tailscale(VpnDriver):
             self.infra.write_file(d / "policy.json", json.dumps(self._policy(), indent=2) + "\n", 0o600)
             hs["policy"] = {"mode": "file", "path": str(d / "policy.json")}
         self.infra.write_file(d / "headscale.yaml", json.dumps(hs, indent=2) + "\n", 0o600)
+        # the database holds node and pre-auth keys: made empty and 0600 here, since headscale would make it
+        # 0644 (its umask); SQLite gives the -wal and -shm files the database's mode
+        self.infra.write_file(d / "db.sqlite", "", 0o600)
 
     def _derp_map(self) -> str:
         """YAML (region ids must be integer keys, which JSON cannot express)."""
