@@ -313,3 +313,26 @@ def test_the_drift_line_names_the_slow_rounds_only_when_the_reference_moved(tmp_
         "drifted" in t for t in _with_env(tmp_path / "b", {"drift.reference": steady})
     )  # 20% < 25%
     assert not any("drifted" in t for t in _with_env(tmp_path / "c", {"drift.reference": pts[:2]}))  # too few
+
+
+def test_a_vpn_with_too_few_good_repetitions_is_named_with_its_failed_attempts(tmp_path):
+    # issue 41 point 3: a VPN whose cases failed is not compared, and the headline says why and how many failed
+    import sqlite3
+
+    from synthetic_runs import make_run
+
+    d = make_run(
+        tmp_path, "20261128-000000-tbfew0", {"internal": (1000, 10), "a": (500, 10), "b": (300, 10)}, n=4
+    )
+    db = sqlite3.connect(d / DB_NAME)
+    with db:
+        db.execute(
+            "UPDATE \"case\" SET status = 'failed' WHERE vpn = 'b' AND label = 'tcp' AND repetition > 1"
+        )
+    db.close()
+    text = [t for t, _ in build(analyze([load_run(d)])).findings]
+    line = next((t for t in text if "not compared, too few good repetitions" in t), None)
+    assert line is not None, text
+    assert (
+        line.startswith("tcp goodput: not compared, too few good repetitions: b has ") and "3 failed" in line
+    ), line
