@@ -28,6 +28,7 @@ import scikit_posthocs as sp
 import statsmodels.formula.api as smf
 from rich.console import Console
 from scipy import stats as sst
+from stat_refs import ratio_ref
 from statsmodels.stats.multitest import multipletests
 from synthetic_runs import hand_store
 from test_report import assert_shown
@@ -122,24 +123,6 @@ def bca(x: list[float], stat: Any) -> tuple[float, float]:
         (np.asarray(x),), stat, method="BCa", n_resamples=N_RESAMPLES, rng=np.random.default_rng(SEED)
     )
     return float(r.confidence_interval.low), float(r.confidence_interval.high)
-
-
-def ratio_ref(x: list[float], base: list[float]) -> tuple[float, float, float]:
-    """median(x) / median(base) and scipy's percentile interval, both samples resampled independently."""
-
-    def stat(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
-        return np.median(a, axis=axis) / np.median(b, axis=axis)
-
-    r = sst.bootstrap(
-        (np.asarray(x), np.asarray(base)),
-        stat,
-        paired=False,
-        method="percentile",
-        n_resamples=N_RESAMPLES,
-        rng=np.random.default_rng(SEED),
-    )
-    ci = r.confidence_interval
-    return float(np.median(x) / np.median(base)), float(ci.low), float(ci.high)
 
 
 def cliffs(x: list[float], y: list[float]) -> float:
