@@ -120,6 +120,32 @@ def test_a_reading_counts_only_what_is_outside_the_lab(tmp_path):
     assert r.text().startswith(f"others took {r.other_pct:.0f}% of the lab's 2 CPUs (stress 50%")
 
 
+def test_a_pods_process_is_the_labs_through_its_shim_and_a_strangers_child_is_not(tmp_path):
+    """A Kubernetes pod's iperf3 lives in the pod's own network namespace (the CNI plugin's, not one of the
+    lab's names) and its parent, the containerd shim, was re-parented to init but lives in the lab host's
+    namespace: the pod's CPU is the lab's. The same tree under a shim outside the lab is "other"."""
+    f = FakeProc(tmp_path)
+    f.set(1, "init", 0, 10)
+    f.set(OWN, "tunnelbench", 1, 50)
+    f.set(600, "containerd-shim", 1, 5, lab=True)  # a lab host's shim (ppid 1 after its double fork)
+    f.set(601, "pause", 600, 0)  # the pod's sandbox, in the pod's namespace
+    f.set(602, "sh", 600, 0)
+    f.set(603, "iperf3", 602, 0)  # a grandchild of the shim, in the pod's namespace
+    f.set(800, "containerd-shim", 1, 5)  # a shim of this machine's own containerd, outside the lab
+    f.set(801, "postgres", 800, 0)
+    f.write_stat()
+    g = f.guard()
+    m0 = g.mark()
+    f.t = 2.0
+    f.set(603, "iperf3", 602, 300)
+    f.set(801, "postgres", 800, 120)
+    f.write_stat()
+    r = g.between(m0, g.mark())
+    # only the stranger's postgres: the pod's 300 ticks are the lab's
+    assert r.other_s == pytest.approx(120 / CLK_TCK)
+    assert dict(r.top) == pytest.approx({"postgres": 120 / CLK_TCK})
+
+
 def test_a_zombie_and_a_chain_reaped_in_one_window_are_counted_once(tmp_path):
     f = FakeProc(tmp_path)
     f.set(OWN, "tunnelbench", 1, 0)

@@ -37,6 +37,34 @@ def test_secret_values_of_key_files_and_configs(tmp_path):
     assert b"QUJDREVGR0hJSktMTU5PUFFSU1RVVldY" in got  # one printed line
 
 
+def test_a_database_is_not_read_for_tokens_its_pem_keys_and_secrets_are(tmp_path):
+    """Headscale's SQLite database holds each client's logtail LogID (public: tailscaled prints it in its log
+    on every start) among node and disco keys: read as tokens, it made every tailscale run report "KEY
+    MATERIAL FOUND" in tailscaled.log. Its file and its WAL (SQLite's own bytes, made here by sqlite3) give
+    no token, a PEM key or a `secret = value` inside it still counts, and the same bytes outside a database
+    are read as before."""
+    import sqlite3
+
+    log_id = b"c619fcf007b2d1a6851c2c4f96d17258966e6291396916172a1d5033b4945368"
+    db = tmp_path / "db.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode=wal")
+    con.execute("CREATE TABLE nodes (host_info TEXT)")
+    con.execute("INSERT INTO nodes VALUES (?)", (f'{{"BackendLogID": "{log_id.decode()}"}}',))
+    con.commit()
+    wal = (tmp_path / "db.sqlite-wal").read_bytes()
+    assert log_id in wal  # the row is in the log until a checkpoint
+    assert keys.secret_values(wal) == set()
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    data = db.read_bytes()
+    assert log_id in data and keys.secret_values(data) == set()
+    # a secret the database spells out, and a PEM key in it, are still its values
+    assert keys.secret_values(data + b"\npassword = Zq3xV9kTp2LmN8wR4sY6\n") == {b"Zq3xV9kTp2LmN8wR4sY6"}
+    # the same token in a state file (no database header) is a secret value
+    assert log_id in keys.secret_values(b'{"blob": "' + log_id + b'"}')
+
+
 def _report_run(root: Path) -> Path:
     """A stored run with its real report.html/report.md (synthetic samples: no VPN needed for the outputs)."""
     run_dir = make_run(root, "20260101-000000-tbkeys", {"internal": (1000, 30), "fastvpn": (500, 15)}, n=3)

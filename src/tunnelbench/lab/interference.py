@@ -7,8 +7,10 @@ the lab looks at the machine: every process's CPU time from /proc (utime + stime
 reaped, cutime + cstime, so short-lived processes such as a compiler's are counted through their parent), and
 the VM's steal time from /proc/stat.
 
-A process is the lab's when it is this process, a descendant of it, or lives in one of the lab's network
-namespaces (VPN daemons, measuring tools, the impairment engine); kernel threads are neither (they carry
+A process is the lab's when it is this process, a descendant of it, lives in one of the lab's network
+namespaces (VPN daemons, measuring tools, the impairment engine), or descends from one that does (a pod's
+iperf3 lives in the pod's own namespace, made by the CNI plugin; its parent, the containerd shim of a lab
+host, lives in the host's); kernel threads are neither (they carry
 the lab's own packets), and neither are processes of the idle scheduling class (SCHED_IDLE: they run only on a
 CPU that nothing else wants, as a careful user's background build does). Everything else that may run on the
 lab's CPUs is "other". A reading is the others'
@@ -334,11 +336,10 @@ class Guard:
                 pid = ppid[pid]
             return False
 
-        now: dict[tuple[int, int], _Proc] = {}
         key_of = {p: (p, s.start) for p, s in stats.items()}
-        for p, s in stats.items():
-            key = key_of[p]
-            old = self._procs.get(key)
+        alone: dict[int, bool] = {}  # the lab's by itself: this process's descendant, or in a lab namespace
+        for p in stats:
+            old = self._procs.get(key_of[p])
             lab = descends(p)
             if not lab and (old is None or old.seen < 3 or old.lab):  # a process settles in its netns early
                 try:
@@ -347,6 +348,22 @@ class Guard:
                     lab = False
             elif not lab and old is not None:
                 lab = old.lab
+            alone[p] = lab
+
+        def inherits(pid: int) -> bool:
+            for _ in range(64):  # a bounded walk up the tree: a lab process's descendants are the lab's
+                if alone.get(pid, False):
+                    return True
+                if pid <= 1 or pid not in ppid:
+                    return False
+                pid = ppid[pid]
+            return False
+
+        now: dict[tuple[int, int], _Proc] = {}
+        for p, s in stats.items():
+            key = key_of[p]
+            old = self._procs.get(key)
+            lab = inherits(p)
             allowed = old.allowed if old is not None and not self._recheck else self._allowed(p)
             # the highest totals seen: a zombie's stat shows less than the process used (its threads' time
             # is gone with them), and the parent's reaped time is its whole total

@@ -39,6 +39,8 @@ KV = re.compile(
     rb"(?:0x)?([A-Za-z0-9+/=_.~-]{%d,})" % MIN_SECRET
 )
 TOKEN = re.compile(rb"[A-Za-z0-9+/=_-]{32,}")  # long random-looking runs: state files, key batches
+# SQLite's file header and its write-ahead log's magic numbers (sqlite.org/fileformat2.html)
+DATABASE_MAGIC = (b"SQLite format 3\0", b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
 
 
 @dataclass
@@ -57,8 +59,14 @@ class Secrets:
 def secret_values(data: bytes, workdir: Path | None = None) -> set[bytes]:
     """The secret values in one secret file: PEM private key bodies (as printed, joined, and each line),
     key = value secrets, the whole content of a one-token file, else long random-looking tokens; each
-    base64 32/64-byte key also as hex and each such hex key also as base64 (tools print either)."""
+    base64 32/64-byte key also as hex and each such hex key also as base64 (tools print either).
+
+    A database (SQLite, or its write-ahead log) is secret as a file (mode, removal, sweep) but not read for
+    long tokens: most of Headscale's are public (node and disco keys, each client's logtail LogID, which
+    tailscaled prints in its log on every start), and the secret it holds, the pre-auth key, is the
+    driver's `authkey` file too. Its PEM keys and `key = value` secrets are still read."""
     out: set[bytes] = set()
+    database = data.startswith(DATABASE_MAGIC)
     for m in PEM.finditer(data):
         body = m.group(2).strip()
         out.add(m.group(0))
@@ -69,9 +77,9 @@ def secret_values(data: bytes, workdir: Path | None = None) -> set[bytes]:
     here = str(workdir).encode() if workdir else b"\0"
     out.update(v for v in KV.findall(text) if not v.startswith((b"/", here)))
     stripped = text.strip()
-    if stripped and len(stripped.split()) == 1 and len(stripped) >= MIN_SECRET:
+    if not database and stripped and len(stripped.split()) == 1 and len(stripped) >= MIN_SECRET:
         out.add(stripped)
-    if not out:
+    if not out and not database:
         # a path is a run of word characters and slashes too: base64 without + or = that holds a / is one
         out.update(t for t in TOKEN.findall(text) if b"/" not in t or b"+" in t or b"=" in t)
     for v in list(out):
