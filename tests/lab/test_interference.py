@@ -146,6 +146,55 @@ def test_a_pods_process_is_the_labs_through_its_shim_and_a_strangers_child_is_no
     assert dict(r.top) == pytest.approx({"postgres": 120 / CLK_TCK})
 
 
+def test_steal_counts_from_the_guards_start_and_one_tick_is_a_tick(tmp_path):
+    """The VM's steal counters are cumulative since boot: a reading holds only what was stolen after the
+    guard started (here 300 + 40 ticks before it, 20 + 5 after). A process that used a single tick in the
+    window is counted."""
+    f = FakeProc(tmp_path)
+    f.set(1, "init", 0, 10)
+    f.set(OWN, "tunnelbench", 1, 50)
+    f.set(200, "cron", 1, 7)
+    f.steal = [300, 40]
+    f.write_stat()
+    g = f.guard()
+    m0 = g.mark()
+    f.t = 1.0
+    f.set(200, "cron", 1, 8)
+    f.steal = [320, 45]
+    f.write_stat()
+    m1 = g.mark()
+    r = g.between(m0, m1)
+    assert r.steal_s == pytest.approx(25 / CLK_TCK) and m1.steal_s == pytest.approx(25 / CLK_TCK)
+    assert dict(r.top) == pytest.approx({"cron": 1 / CLK_TCK})
+
+
+def test_a_process_that_joins_a_lab_namespace_early_is_the_labs_and_late_stays_other(tmp_path):
+    """A VPN daemon is started in the root namespace and enters its host's namespace at once (ip netns exec):
+    one that is in a lab namespace by its third sample is the lab's. After that the guard stops looking (a
+    readlink of every process every second), so one that enters later stays "other"."""
+    f = FakeProc(tmp_path)
+    f.set(1, "init", 0, 10)
+    f.set(OWN, "tunnelbench", 1, 50)
+    f.set(300, "early", 1, 0)
+    f.set(400, "late", 1, 0)
+    f.write_stat()
+    g = f.guard()
+    g.mark()  # sample 1 of both
+    f.t = 1.0
+    f.set(300, "early", 1, 0, lab=True)  # in a lab namespace at its 2nd sample
+    g.mark()
+    f.t = 2.0
+    g.mark()  # 400's third sample, still outside
+    f.t = 3.0
+    f.set(400, "late", 1, 0, lab=True)  # enters after its third sample
+    m0 = g.mark()
+    f.t = 5.0
+    f.set(300, "early", 1, 100, lab=True)
+    f.set(400, "late", 1, 60, lab=True)
+    r = g.between(m0, g.mark())
+    assert dict(r.top) == pytest.approx({"late": 60 / CLK_TCK})
+
+
 def test_a_zombie_and_a_chain_reaped_in_one_window_are_counted_once(tmp_path):
     f = FakeProc(tmp_path)
     f.set(OWN, "tunnelbench", 1, 0)

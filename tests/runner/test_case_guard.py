@@ -8,6 +8,8 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from tunnelbench.lab.interference import Mark, Reading
 from tunnelbench.runner.guard import ENV_KEY, CaseGuard
 from tunnelbench.scenario import InterferenceCfg
@@ -166,3 +168,30 @@ def test_hosts_the_guard_cannot_read_are_said_unwatched_not_quiet():
     cg.check_before_run(0)
     ((text, tone),) = _machine_line(ctx.env)
     assert text.startswith("machine quiet") and tone == "ok"
+
+
+def test_the_tally_adds_up_over_many_cases(tmp_path):
+    """The headline's counts are sums over the run, each worked out by hand: four disturbed attempts (two
+    measured again, one kept over the limit, one kept under steady load), two waits that came quiet (4 s and 6 s) and two that timed out (steady load),
+    the mean share the disturbed attempts lost, the top process summed and sorted by seconds."""
+    ctx = _ctx()
+    busy_b = Reading(2.0, 2, 1.0, 0.0, (("cc1", 0.6), ("stress-ng", 0.4)))
+    g = Script([BUSY, BUSY], [(True, 4.0), (True, 6.0), (False, 5.0), (False, 5.0)])
+    cg = CaseGuard(ctx, InterferenceCfg(remeasures=2, quiet_wait_s=30, budget_s=300), g)  # type: ignore[arg-type]
+    assert cg.decide(BUSY, 0, tmp_path) == "remeasure"
+    cg.remeasure(2.0)  # waits 4 s, quiet
+    assert cg.decide(busy_b, 1, tmp_path) == "remeasure"
+    cg.remeasure(3.0)  # waits 6 s, quiet
+    assert cg.decide(BUSY, 2, tmp_path) == "keep"  # the third attempt is over the limit: kept
+    cg.before_case()  # busy: waits 5 s in vain: steady
+    cg.steady = False  # seen quiet, then busy again before the next case
+    cg.before_case()  # a second wait in vain
+    assert cg.decide(BUSY, 0, tmp_path) == "keep"  # steady load: kept without measuring again
+    t = json.loads(json.dumps(ctx.env[ENV_KEY]))
+    assert (t["cases"], t["disturbed"], t["remeasured"], t["kept"], t["steady"]) == (4, 4, 2, 2, 2)
+    assert t["waited_s"] == 4.0 + 6.0 + 5.0 + 5.0
+    assert t["spent_s"] == 2.0 + 3.0 + 20.0
+    # BUSY: 1.9 CPU-s of 2 CPUs x 2 s = 47.5%; busy_b: 1.0 of 4 = 25%; summed over the four attempts
+    assert cg.tally.taken_pct_sum == 47.5 + 25.0 + 47.5 + 47.5 and cg.tally.max_taken_pct == 47.5
+    assert t["top_s"] == pytest.approx({"stress-ng": 1.9 * 3 + 0.4, "cc1": 0.6})
+    assert list(t["top_s"]) == ["stress-ng", "cc1"]  # the largest first
