@@ -75,7 +75,13 @@ class CaseRunner:
             )
             t0 = time.monotonic()
             cctx = CaseContext(
-                mesh, client, server, adir, t0 + self.timeout(wl), {"mss": self.sc.fairness.mss}, b.lab
+                mesh,
+                client,
+                server,
+                adir,
+                t0 + self.timeout(wl),
+                {"mss": self.sc.fairness.mss, "kube": self.sc.lab.kube_options()},
+                b.lab,
             )
             diag = self._diagnostics(adir, mesh, client)
             try:
