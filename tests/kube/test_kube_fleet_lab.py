@@ -114,7 +114,7 @@ def cluster(lab_factory, tmp_path):
     from tunnelbench.kube.labcluster import LabCluster
 
     lab = lab_factory(3)
-    lc = LabCluster(lab.hosts[0], list(lab.hosts[1:]), lab.router, lab.tag, lab.run_dir / "kube-ext")
+    lc = LabCluster(lab, lab.hosts[0], list(lab.hosts[1:]), lab.run_dir / "kube-ext")
     try:
         lc.up()
         yield lc

@@ -102,7 +102,7 @@ def pod_manifest(
     secret: str | None,
     pull: str = "Never",
 ) -> dict[str, Any]:
-    """One client pod: privileged (a TUN device and NET_ADMIN for the VPN client; notes/kubernetes.md: runc
+    """One client pod: privileged (a TUN device and NET_ADMIN for the VPN client; runc
     1.2.0-1.2.3 drop the TUN device rule for unprivileged containers), pinned by nodeName, never restarted,
     no service account token, its identity mounted read-only."""
     mounts = [{"name": "identity", "mountPath": FILES_MOUNT, "readOnly": True}] if secret else []

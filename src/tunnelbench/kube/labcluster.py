@@ -18,17 +18,19 @@ from tunnelbench.kube.access import Forwarder, kubeconfig, write_kubeconfig
 from tunnelbench.kube.cluster import Cluster, ClusterError
 from tunnelbench.kube.fleetimage import FLEET_IMAGE, ensure_image
 from tunnelbench.kube.layer import layer_for
+from tunnelbench.lab.base import Lab
 from tunnelbench.lab.host import Host
-from tunnelbench.vpns.base import MeshSpec
 from tunnelbench.vpns.internal import Internal
 from tunnelbench.vpns.mesh import Mesh
+from tunnelbench.vpns.session import end_mesh, make_mesh, start_mesh
 
 _CLUSTERS: dict[int, LabCluster] = {}  # id(the VPN's mesh) -> its lab cluster
 
 
 class LabCluster:
-    def __init__(self, control: Host, workers: list[Host], router: Host | None, tag: str, root: Path):
-        self.control, self.workers, self.router, self.tag, self.root = control, workers, router, tag, root
+    def __init__(self, lab: Lab, control: Host, workers: list[Host], root: Path):
+        self.lab, self.control, self.workers, self.root = lab, control, workers, root
+        self.router, self.tag = lab.router, lab.tag
         self.mesh: Mesh | None = None
         self.cluster: Cluster | None = None
         self.forwarder: Forwarder | None = None
@@ -42,8 +44,8 @@ class LabCluster:
             raise ClusterError("the lab's own cluster runs in the namespace lab only")
         self.root.mkdir(parents=True, exist_ok=True)
         hosts = [self.control, *self.workers]
-        self.mesh = Mesh(Internal(MeshSpec(hosts=hosts, tag=self.tag, workdir=self.root)))
-        self.mesh.start()
+        self.mesh = make_mesh(Internal, self.lab, hosts=hosts)
+        start_mesh(self.mesh, None, warm_up=False)
         lay = layer_for(self.mesh, self.control, self.workers, self.router, self.tag, self.root)
         self.cluster = cluster = lay.ensure_cluster()
         archive, self.image_digest = ensure_image()
@@ -66,21 +68,19 @@ class LabCluster:
             self.kubeconfig.unlink()  # it holds a private key
         left: list[str] = []
         if self.mesh is not None:
-            self.mesh.stop()  # its layer (the cluster, the overlay) first
-            left = list(self.mesh.layer_leftovers)
+            left = end_mesh(self.mesh)  # its layer (the cluster, the overlay) first
+            left += self.mesh.layer_leftovers
             self.mesh = None
         self.cluster = None
         return left
 
 
-def lab_cluster_for(
-    vpn_mesh: Mesh, control: Host, workers: list[Host], router: Host | None, tag: str, root: Path
-) -> LabCluster:
+def lab_cluster_for(vpn_mesh: Mesh, lab: Lab, control: Host, workers: list[Host], root: Path) -> LabCluster:
     """The VPN mesh's lab cluster, brought up on first use and registered to go before that mesh stops."""
     lc = _CLUSTERS.get(id(vpn_mesh))
     if lc is not None and lc in vpn_mesh.layers:
         return lc
-    lc = LabCluster(control, workers, router, tag, root)
+    lc = LabCluster(lab, control, workers, root)
     try:
         lc.up()
     except BaseException:

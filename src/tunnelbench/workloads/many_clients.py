@@ -263,9 +263,7 @@ def run_on_kubernetes(p: ManyClientsParams, ctx: CaseContext) -> Outcome:
                 raise WorkloadError(f"the lab's own cluster takes the lab's last {KUBE_HOSTS} hosts, which the VPN "
                                     f"must not run on: set lab.hosts_per_vpn to at most lab.hosts - {KUBE_HOSTS}")  # fmt: skip
             try:
-                lc = lab_cluster_for(
-                    ctx.mesh, hosts[0], hosts[1:], ctx.lab.router, tag, ctx.lab.run_dir / "kube-fleet"
-                )
+                lc = lab_cluster_for(ctx.mesh, ctx.lab, hosts[0], hosts[1:], ctx.lab.run_dir / "kube-fleet")
             except ClusterError as e:
                 raise WorkloadError(f"the lab's cluster did not come up: {e}") from None
             path, image, pull = lc.kubeconfig, lc.image, "Never"
