@@ -352,6 +352,21 @@ class Guard:
             # is gone with them), and the parent's reaped time is its whole total
             own, kids = (max(s.own, old.own), max(s.children, old.children)) if old else (s.own, s.children)
             now[key] = _Proc(s.name, s.ppid, own, kids, lab, allowed, (old.seen + 1) if old else 1)
+        # a child of a lab process is the lab's wherever it lives (a pod's processes under a lab node's container
+        # shim run in the pod's own network namespace, which is not one of the lab's)
+        by_pid = {k[0]: k for k in now}
+        for key, cur in now.items():
+            if cur.lab:
+                continue
+            pid = cur.ppid
+            for _ in range(64):
+                parent = now.get(by_pid.get(pid, (0, 0)))
+                if parent is None:
+                    break
+                if parent.lab:
+                    cur.lab = True
+                    break
+                pid = parent.ppid
         # a vanished process's whole time reaches its parent's children time when it is reaped: not again.
         # Its whole time includes what it reaped itself since its last sample (a subshell that reaped a
         # pytest, then ended too): credits flow up through processes that vanished in the same window

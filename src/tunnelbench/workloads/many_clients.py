@@ -129,6 +129,9 @@ class ManyClients(Workload):
     def hosts_needed(self) -> int:
         return 2 if self.params.on == "kubernetes" else self.params.clients + 1
 
+    def pair_path(self) -> bool:
+        return False  # N clients (hosts or pods) call the server
+
     def expected_seconds(self) -> float:
         p = self.params
         pods = (
