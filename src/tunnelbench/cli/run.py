@@ -390,6 +390,8 @@ def _print_plan(sc: Scenario, results: Path) -> float:
     from tunnelbench.workloads.pods import KUBE_WORKLOADS
 
     kube_wls = [w.name for w in sc.build_workloads() if w.name in KUBE_WORKLOADS]
+    if sc.lab.clients_on == "kubernetes" and not sc.lab.kubeconfig:  # the lab's own cluster
+        kube_wls.append("many_clients (lab.backend = kubernetes, no kubeconfig)")
     if kube_wls:  # opt-in, never built on first use (kube/build.py)
         from tunnelbench.kube import build as kube_build
 

@@ -112,8 +112,8 @@ class ManyClients(Workload):
         MetricSpec("clients_calling", "count", "none", "clients with at least one successful call"),
         MetricSpec("schedule_lag_p99_ms", "ms", "lower", "call start behind schedule (generator saturation)"),
         MetricSpec("generator_cpu_pct", "%", "none", "load generator CPU, % of one core summed over workers"),
-        MetricSpec("connect_p50_ms", "ms", "lower", "pods: median time from a client's start to its first answer "
-                   "through the tunnel"),
+        MetricSpec("connect_p50_ms", "ms", "lower", "pods: median time from a client's loop start (its VPN client "
+                   "just started, its device up) to its first answer through the tunnel"),
         MetricSpec("connect_max_ms", "ms", "lower", "pods: the slowest client's connect time"),
         MetricSpec("clients_connected", "count", "none", "pods: clients that reached the server through the tunnel"),
         MetricSpec("server_peers", "count", "none", "pods: the VPN server's connected peers when the window opened "
