@@ -355,7 +355,7 @@ class Guard:
         # a child of a lab process is the lab's wherever it lives (a pod's processes under a lab node's container
         # shim run in the pod's own network namespace, which is not one of the lab's)
         by_pid = {k[0]: k for k in now}
-        for key, cur in now.items():
+        for cur in now.values():
             if cur.lab:
                 continue
             pid = cur.ppid
