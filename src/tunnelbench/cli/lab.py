@@ -186,7 +186,7 @@ def clean(
         try:
             gone = kube_clean(kubeconfig)
         except FleetError as e:
-            err.print(Text(str(e), style="red"))
+            err.print(Text(str(e), style="red"), soft_wrap=True)
             sys.exit(2)
         for x in gone:
             console.print(f"removed {x} (cluster of {kubeconfig})")

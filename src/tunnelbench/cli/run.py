@@ -196,7 +196,7 @@ def _kube_preflight(sc: Scenario) -> None:
         assert sc.lab.kubeconfig is not None
         preflight(Path(sc.lab.kubeconfig), sc.lab.kube_namespace, sc.lab.kube_image)
     except FleetError as e:
-        err.print(Text(str(e), style="red"))
+        err.print(Text(str(e), style="red"), soft_wrap=True)  # one line, whatever the width
         sys.exit(2)
 
 
