@@ -229,3 +229,11 @@ def test_backend_kubernetes_puts_many_clients_on_pods_and_kube_fields_need_it() 
     spread["workloads"][0]["spread"] = "random"
     with pytest.raises(ScenarioError, match="even"):
         parse_scenario(spread)
+
+
+def test_a_kubeconfig_that_cannot_be_used_is_one_error_naming_it_and_the_fix(tmp_path) -> None:
+    bad = tmp_path / "kc.yaml"
+    bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    with pytest.raises(FleetError) as e:
+        Remote(bad).nodes()
+    assert str(bad) in str(e.value) and "--kubeconfig PATH or lab.kubeconfig" in str(e.value)
