@@ -10,6 +10,7 @@ is its own peer). The pods' tunnel addresses follow the mesh's hosts in the mesh
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,7 +48,8 @@ def pod_addresses(prefix: str, mesh_hosts: int, n: int) -> list[str]:
 
 def wait_for(what: str, test: str, tries: int = 200) -> str:
     """busybox sh: poll `test` every 50 ms up to `tries` times, then print the VPN's log and exit 4."""
+    say = shlex.quote(f"{what} did not appear")
     return (
-        f"i=0; until {test}; do i=$((i+1)); if [ $i -gt {tries} ]; then echo '{what} did not appear' >&2; "
+        f"i=0; until {test}; do i=$((i+1)); if [ $i -gt {tries} ]; then echo {say} >&2; "
         f"cat {POD_LOG} >&2; exit 4; fi; usleep 50000; done"
     )
