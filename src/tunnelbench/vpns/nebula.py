@@ -334,7 +334,15 @@ class Nebula(VpnDriver):
             "key": f"{FILES_DIR}/host.key",
         }
         conf["static_host_map"] = {server_ip: [f"{server.public_ip}:{LISTEN_PORT}"]}
-        conf["lighthouse"] = {"am_lighthouse": False, "interval": 60, "hosts": [server_ip]}
+        # the pod's own addresses (the pod network's) mean nothing outside its node: never offered to the server
+        # (the server would probe them through the lab's router); it is reached at its node's masquerade
+        local = {"0.0.0.0/0": False, "::/0": False}
+        conf["lighthouse"] = {
+            "am_lighthouse": False,
+            "interval": 60,
+            "hosts": [server_ip],
+            "local_allow_list": local,
+        }
         conf["listen"] = {"host": "0.0.0.0", "port": 0, "batch": LISTEN_BATCH}
         conf["routines"] = 1
         conf["relay"] = {"am_relay": False, "use_relays": False, "relays": []}
