@@ -48,6 +48,10 @@ class LabCluster:
         start_mesh(self.mesh, None, warm_up=False)
         lay = layer_for(self.mesh, self.control, self.workers, self.router, self.tag, self.root)
         self.cluster = cluster = lay.ensure_cluster()
+        # a late reply to a deleted pod (the node's conntrack still maps it to the pod's address) goes nowhere, not
+        # to the lab's router: the nodes' routes to live pods and to the other nodes' /24s are more specific
+        for h in self.workers:
+            h.run(["ip", "route", "replace", "unreachable", str(config.POD_NETWORK)])
         archive, self.image_digest = ensure_image()
         for w in cluster.workers:
             w.ctr(["-n", "k8s.io", "images", "import", str(archive)], timeout=300)
@@ -67,6 +71,8 @@ class LabCluster:
         with contextlib.suppress(OSError):
             self.kubeconfig.unlink()  # it holds a private key
         left: list[str] = []
+        for h in self.workers:
+            h.run(["ip", "route", "del", "unreachable", str(config.POD_NETWORK)], check=False)
         if self.mesh is not None:
             left = end_mesh(self.mesh)  # its layer (the cluster, the overlay) first
             left += self.mesh.layer_leftovers
