@@ -234,7 +234,7 @@ class WireguardGo(VpnDriver):
             f"LOG_LEVEL=error wireguard-go -f {tun} >{POD_LOG} 2>&1 &",
             wait_for("wireguard-go's UAPI socket", f"[ -S /var/run/wireguard/{tun}.sock ]"),
             # the socket file can appear a moment before the daemon accepts on it (start() retries alike)
-            f"n=0; until wg setconf {tun} {FILES_DIR}/wg.conf; do n=$((n+1)); [ $n -gt 40 ] && exit 5; usleep 100000; done",
+            f"n=0; until wg setconf {tun} {FILES_DIR}/wg.conf; do n=$((n+1)); [ $n -gt 300 ] && exit 5; usleep 100000; done",
             f"ip addr add $(cat {FILES_DIR}/address) dev {tun}",
             f"ip link set {tun} mtu {self.mtu} up",
         ])  # fmt: skip
