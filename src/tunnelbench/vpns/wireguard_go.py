@@ -190,6 +190,8 @@ class WireguardGo(VpnDriver):
         def b64(raw: bytes) -> str:
             return base64.b64encode(raw).decode()
 
+        if not server.remote:  # the pods' daemons are this machine's too: one inotify instance each
+            raise_inotify_limit(n + len(self.spec.hosts))
         wg = server.binary("wg", self.installs)
         ifname = self.ifname(server)
         server_ip = self.tunnel_ip(server)
