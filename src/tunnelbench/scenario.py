@@ -469,6 +469,8 @@ class Scenario(Strict):
     def _ssh_workloads(self) -> Scenario:
         if self.lab.backend == "ssh":
             for w in self.workloads:
+                if w.name == "many_clients" and self.lab.clients_on == "kubernetes":
+                    continue  # its clients are pods; the server is an inventory host
                 why = WORKLOADS[w.name].namespace_lab_only
                 if why:
                     raise ValueError(
@@ -596,6 +598,11 @@ def invalid(source: str, problems: list[str]) -> str:
 
 
 def parse_scenario(data: dict[str, Any], source: str = "scenario") -> Scenario:
+    lab = data.get("lab")
+    if isinstance(lab, dict) and lab.get("backend") == "kubernetes":  # many_clients' clients become pods
+        for w in data.get("workloads") or []:
+            if isinstance(w, dict) and w.get("name") == "many_clients":
+                w.setdefault("on", "kubernetes")
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as e:
@@ -651,7 +658,13 @@ def with_overrides(text: str, overrides: dict[str, Any], source: str) -> Scenari
     """The scenario of `text` with the command-line overrides of `run` (as kept in run.overrides)."""
     data = toml_data(text, source)
     if overrides.get("inventory"):
-        data.setdefault("lab", {}).update(backend="ssh", inventory=overrides["inventory"])
+        lab = data.setdefault("lab", {})
+        lab.update(
+            backend="kubernetes" if lab.get("backend") == "kubernetes" else "ssh",
+            inventory=overrides["inventory"],
+        )
+    if overrides.get("kubeconfig"):
+        data.setdefault("lab", {}).update(backend="kubernetes", kubeconfig=overrides["kubeconfig"])
     if overrides.get("insecure"):
         data.setdefault("lab", {})["insecure_no_host_key_check"] = True
     if overrides.get("vpns"):

@@ -162,12 +162,36 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
     help="also undo what runs left on the SSH hosts of this inventory",
 )
 @click.option("--insecure-no-host-key-check", "insecure", is_flag=True, help="do not verify SSH host keys")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="also delete, in this Kubernetes cluster, every namespace, pod and secret labelled by a tunnelbench "
+    "run (many_clients on Kubernetes)",
+)
 @click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...")
 def clean(
-    run_ids: tuple[str, ...], force: bool, inventory: Path | None = None, insecure: bool = False
+    run_ids: tuple[str, ...],
+    force: bool,
+    inventory: Path | None = None,
+    insecure: bool = False,
+    kubeconfig: Path | None = None,
 ) -> None:
     """Remove namespaces, processes and files that crashed or killed runs left (from their journals only):
-    every registered run's, or only those of the RUN_IDs given."""
+    every registered run's, or only those of the RUN_IDs given; with --kubeconfig, also the cluster's objects
+    of tunnelbench runs (they carry the run label)."""
+    if kubeconfig is not None:
+        from tunnelbench.kube.fleet import FleetError
+        from tunnelbench.kube.remote import clean as kube_clean
+
+        try:
+            gone = kube_clean(kubeconfig)
+        except FleetError as e:
+            err.print(Text(str(e), style="red"), soft_wrap=True)
+            sys.exit(2)
+        for x in gone:
+            console.print(f"removed {x} (cluster of {kubeconfig})")
+        if not gone:
+            console.print(f"nothing of tunnelbench in the cluster of {kubeconfig}")
     need_root()
     import tunnelbench.impair.backend  # noqa: F401  (registers the undo of what impairment journals)
     import tunnelbench.kube.system  # noqa: F401  (registers the undo of the Kubernetes layer's global state)

@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     help="run on the real hosts of this Ansible inventory (INI or YAML) over SSH (lab.backend = ssh)",
 )
 @click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="many_clients' clients as pods of this Kubernetes cluster (lab.backend = kubernetes, lab.kubeconfig)",
+)
+@click.option(
     "--insecure-no-host-key-check",
     "insecure",
     is_flag=True,
@@ -90,6 +95,7 @@ def run(
     flamegraph: bool = False,
     capture: str | None = None,
     no_build: bool = False,
+    kubeconfig: Path | None = None,
 ) -> None:
     """Run a scenario (the built-in default when none is given) and print the summary.
 
@@ -150,6 +156,7 @@ def run(
                 k: v
                 for k, v in {
                     "inventory": str(inventory.resolve()) if inventory else None,
+                    "kubeconfig": str(kubeconfig.resolve()) if kubeconfig else None,
                     "insecure": insecure,
                     "vpns": [v for arg in vpns for v in arg.split(",")],
                     "repetitions": repetitions,
@@ -171,7 +178,26 @@ def run(
     except ScenarioError as e:
         err.print(Text(f"{e}", style="red"))
         sys.exit(2)
+    if sc.lab.clients_on == "kubernetes" and sc.lab.kubeconfig and plan is None:
+        _kube_preflight(sc)
     sys.exit(_execute(sc, text, overrides, plan, results, no_html, not no_build))
+
+
+def _kube_preflight(sc: Scenario) -> None:
+    """A user's cluster is asked before any lab comes up: its nodes, then a server-side dry run of one client
+    pod in the namespace the run will use; a refusal is one line, exit 2, nothing left in the cluster."""
+    from tunnelbench.kube.fleet import FleetError
+    from tunnelbench.kube.fleetrun import preflight
+
+    try:
+        if not sc.lab.kube_image:
+            raise FleetError("lab.kube_image: a user's cluster pulls the client pod image from a registry; push "
+                             "it there (docs/real-hosts.md) and name it in the scenario's [lab] table")  # fmt: skip
+        assert sc.lab.kubeconfig is not None
+        preflight(Path(sc.lab.kubeconfig), sc.lab.kube_namespace, sc.lab.kube_image)
+    except FleetError as e:
+        err.print(Text(str(e), style="red"), soft_wrap=True)  # one line, whatever the width
+        sys.exit(2)
 
 
 def _execute(
@@ -364,6 +390,8 @@ def _print_plan(sc: Scenario, results: Path) -> float:
     from tunnelbench.workloads.pods import KUBE_WORKLOADS
 
     kube_wls = [w.name for w in sc.build_workloads() if w.name in KUBE_WORKLOADS]
+    if sc.lab.clients_on == "kubernetes" and not sc.lab.kubeconfig:  # the lab's own cluster
+        kube_wls.append("many_clients (lab.backend = kubernetes, no kubeconfig)")
     if kube_wls:  # opt-in, never built on first use (kube/build.py)
         from tunnelbench.kube import build as kube_build
 

@@ -21,7 +21,7 @@ worker_rlimit_nofile 65536;
 events {{ worker_connections 16384; }}
 http {{
   access_log off;
-  client_body_temp_path {d}/tmp/body;
+{http_extra}  client_body_temp_path {d}/tmp/body;
   proxy_temp_path {d}/tmp/proxy;
   fastcgi_temp_path {d}/tmp/fastcgi;
   uwsgi_temp_path {d}/tmp/uwsgi;
@@ -35,7 +35,7 @@ http {{
     listen {ip}:{port}{ssl} backlog=4096;
 {tls}    root {root};
     {api}
-  }}
+{server_extra}  }}
 }}
 """
 API_OK = 'location = /api { default_type text/plain; return 200 "OK\\n"; }'
@@ -73,10 +73,12 @@ def start_nginx(
     workers: int = 1,
     tls: tuple[Path, Path] | None = None,
     api_json: bool = False,
+    http_extra: str = "",
+    server_extra: str = "",
 ) -> Process:
     """Start nginx on `host` listening on ip:port; everything it writes stays under `workdir`, a folder on
     `host`. `tls` = (certificate, key) serves HTTPS; `api_json` serves `<root>/api.json` at /api instead of
-    "OK"."""
+    "OK". `http_extra`, `server_extra`: lines added to the http and server blocks (many_clients' barrier)."""
     d = workdir
     root = root or d / "www"
     subs = ("tmp/body", "tmp/proxy", "tmp/fastcgi", "tmp/uwsgi", "tmp/scgi")
@@ -94,6 +96,8 @@ def start_nginx(
             ssl=" ssl" if tls else "",
             tls=tls_conf,
             api=API_JSON if api_json else API_OK,
+            http_extra=http_extra,
+            server_extra=server_extra,
         ),
     )
     argv = [tool("nginx"), "-p", str(d), "-c", str(conf), "-e", str(d / "error.log"), "-g", "daemon off;"]

@@ -334,6 +334,7 @@ def apiserver_argv(apiserver: Path, advertise: str, pki: Pki) -> list[str]:
         f"--service-account-signing-key-file={pki.key('sa')}",
         "--authorization-mode=Node,RBAC",
         "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",  # many_clients' VPN-client pods (kube/fleet.py); Pod Security still applies
         f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
         f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
         # the node's InternalIP (its tunnel address), never a DNS lookup of its name (none answers in the lab)

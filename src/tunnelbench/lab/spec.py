@@ -14,8 +14,43 @@ NatType = Literal["full-cone", "address-restricted", "port-restricted", "symmetr
 
 class LabCfg(Strict):
     backend: Literal["netns", "ssh"] = Field(
-        "netns", description="netns = namespaces on this machine; ssh = real hosts from lab.inventory"
+        "netns",
+        description="netns = namespaces on this machine; ssh = real hosts from lab.inventory; kubernetes = "
+        "many_clients' clients are pods of a Kubernetes cluster (lab.kubeconfig, or the lab's own on its last "
+        "three hosts), the other hosts namespaces (or the inventory's hosts with lab.inventory)",
     )
+    clients_on: Literal["hosts", "kubernetes"] = Field(
+        "hosts", description='set by backend = "kubernetes": where many_clients\' clients run'
+    )
+    kubeconfig: str | None = Field(
+        None,
+        description="backend = \"kubernetes\": the cluster's kubeconfig (its current context); none = the lab's "
+        "own cluster, brought up on the lab's last three hosts",
+    )
+    kube_namespace: str | None = Field(
+        None,
+        description="a namespace made beforehand (privileged pods allowed) for the client pods; none = the run "
+        "makes its own, labelled with the run's tag, and deletes it",
+    )
+    kube_image: str | None = Field(
+        None,
+        description="the client pod image in your registry (REGISTRY/tunnelbench-fleet@sha256:..., "
+        "docs/real-hosts.md); needed with a kubeconfig",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes(cls, data: object) -> object:
+        """backend = "kubernetes" is the namespace lab (or, with an inventory, the SSH lab) whose many_clients
+        clients are pods."""
+        if isinstance(data, dict) and data.get("backend") == "kubernetes":
+            return {
+                **data,
+                "backend": "ssh" if data.get("inventory") else "netns",
+                "clients_on": "kubernetes",
+            }
+        return data
+
     inventory: str | None = Field(
         None, description="Ansible inventory (INI or YAML, read by Ansible) of the hosts (backend ssh)"
     )
@@ -119,4 +154,17 @@ class LabCfg(Strict):
             raise ValueError("backend 'ssh' needs inventory = \"path/to/inventory.yaml\" (or --inventory)")
         if self.backend == "netns" and self.inventory:
             raise ValueError('inventory is only used with backend = "ssh"')
+        if self.clients_on != "kubernetes":
+            for name in ("kubeconfig", "kube_namespace", "kube_image"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f'{name} is only used with backend = "kubernetes" (or --kubeconfig)')
+        elif self.kubeconfig is None and self.backend == "ssh":
+            raise ValueError('backend = "kubernetes" with an inventory needs kubeconfig = "PATH" (or --kubeconfig): '
+                             "the lab's own cluster runs in namespaces only")  # fmt: skip
         return self
+
+    def kube_options(self) -> dict[str, str | None] | None:
+        """What many_clients on Kubernetes is told (CaseContext.options["kube"]); None: not on Kubernetes."""
+        if self.clients_on != "kubernetes":
+            return None
+        return {"kubeconfig": self.kubeconfig, "namespace": self.kube_namespace, "image": self.kube_image}

@@ -75,7 +75,13 @@ class CaseRunner:
             )
             t0 = time.monotonic()
             cctx = CaseContext(
-                mesh, client, server, adir, t0 + self.timeout(wl), {"mss": self.sc.fairness.mss}, b.lab
+                mesh,
+                client,
+                server,
+                adir,
+                t0 + self.timeout(wl),
+                {"mss": self.sc.fairness.mss, "kube": self.sc.lab.kube_options()},
+                b.lab,
             )
             diag = self._diagnostics(adir, mesh, client)
             try:
@@ -90,7 +96,7 @@ class CaseRunner:
                 kern0 = counters.sample(kern_hosts)  # kernel drop counters (lab/counters.py)
                 # a workload whose server talks to more hosts than the client (many_clients) has no pair path
                 # to confirm: the router would count its other clients' bytes as "relayed"
-                path0 = self._path_counters() if wl.hosts_needed() <= 2 else None
+                path0 = self._path_counters() if wl.pair_path() else None
                 track = None
                 if path0 is not None and b.path_watch is not None:
                     track = pathcheck.PathTrack(b.path_watch)

@@ -32,6 +32,7 @@ from tunnelbench.vpns.install import (
     source_label,
     upstream_version,
 )
+from tunnelbench.vpns.podclients import PodClients
 
 
 @dataclass
@@ -473,6 +474,13 @@ class VpnDriver(ABC):
         """Cut `host` off the running mesh the way the VPN's operator would (`revocation`), leaving its
         daemons running; returns what was done. Restarting the mesh (stop, start every host) undoes it."""
         raise NotImplementedError(f"{self.name}: revocation not supported")
+
+    def pod_clients(self, server: Host, n: int, names: list[str]) -> PodClients:
+        """`n` clients of the running mesh that are Kubernetes pods, not lab hosts (vpns/podclients.py): one
+        identity each, joined through `server`. Drivers without a recipe for it say so here."""
+        raise NotImplementedError(
+            f"{self.name}: no recipe for VPN clients in pods (wireguard-go and nebula have one)"
+        )
 
     def stop_links(self, host: Host) -> list[str]:
         """The interfaces the daemon may leave behind on `host`, deleted after stop (default: its tunnel

@@ -12,6 +12,7 @@ import re
 
 from tunnelbench.lab.host import Host
 from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.podclients import PodClient, PodClients
 
 MTU_VARIANT = re.compile(r"mtu([0-9]{3,4})")  # ASCII digits: `\d` takes any script's
 MTU_RANGE = (576, 9000)  # IPv4 minimum (below 1280 the kernel takes IPv6 off the link; internal is IPv4)
@@ -33,6 +34,10 @@ class Internal(VpnDriver):
 
     def configure(self) -> None:
         pass
+
+    def pod_clients(self, server: Host, n: int, names: list[str]) -> PodClients:
+        """No VPN: the pods call the server's underlay address (their nodes masquerade them); no identity."""
+        return PodClients(self.key, [PodClient(nm, "", {}) for nm in names], server.public_ip, "", ())
 
     def start(self, host: Host) -> None:
         if self.underlay_mtu is None:

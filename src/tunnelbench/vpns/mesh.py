@@ -12,6 +12,7 @@ from typing import Protocol
 from tunnelbench.core.results import Outcome
 from tunnelbench.lab.host import CommandError, Host, Process
 from tunnelbench.vpns.base import VpnDriver
+from tunnelbench.vpns.podclients import PodClients
 
 # fping (5.1, Debian 12) forgets a probe 10 s after sending it (seqmap.c, SEQMAP_TIMEOUT_IN_S): a later reply
 # is dropped as unknown, so a round trip of 10 s or more (Goethals et al.'s 5000 ms one way) never counts.
@@ -53,6 +54,11 @@ class Mesh:
 
     def tunnel_ip(self, host: Host) -> str:
         return self.driver.tunnel_ip(host)
+
+    def pod_clients(self, server: Host, n: int, names: list[str]) -> PodClients:
+        """Clients of this mesh that run in Kubernetes pods (vpns/podclients.py); NotImplementedError when the
+        driver has no recipe for them."""
+        return self.driver.pod_clients(server, n, names)
 
     def expect_delay(self, delay_ms: float, jitter_ms: float) -> float:
         """The path now delays each way by `delay_ms` with `jitter_ms`: a readiness probe waits for its reply

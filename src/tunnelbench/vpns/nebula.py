@@ -40,6 +40,7 @@ nebula running anywhere) forgets the blocklist, so the revoked host rejoins."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +52,7 @@ from tunnelbench.vpns.acl import NOT_APPLIED, OFF, AclMode, acl_option, acl_poli
 from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver, udp_socket_buffer
 from tunnelbench.vpns.features import fact
 from tunnelbench.vpns.install import Apt, GoModule
+from tunnelbench.vpns.podclients import FILES_DIR, POD_LOG, PodClient, PodClients, pod_addresses, wait_for
 
 # documentation pages the feature record cites
 NEBULA_PUNCHY = "https://nebula.defined.net/docs/config/punchy"
@@ -307,6 +309,72 @@ class Nebula(VpnDriver):
 
     def _write_config(self, host: Host) -> None:
         host.write_file(self._config_path(host), json.dumps(self._config(host), indent=2) + "\n", 0o600)
+
+    # -- clients in pods ---------------------------------------------------------------------------
+    def pod_clients(self, server: Host, n: int, names: list[str]) -> PodClients:
+        """Each pod its own certificate (name = the pod's, its own address), signed by the mesh's CA on the
+        signer host (`nebula-cert sign` makes the key pair there; the key goes only into the pod's Secret);
+        the server admits them unchanged. The pod's config: the server as its lighthouse and only static host.
+        The server's peer count: the distinct pod certificates its log shows a handshake with."""
+        if self.spec.topology != "star" or server is not self.spec.hub:
+            raise NotImplementedError(
+                'nebula: pod clients join a star around the server (lab.topology = "star")'
+            )
+        signer = self.spec.hosts[0]
+        cert = signer.binary("nebula-cert", self.installs)
+        ca = self._ca_dir()
+        addrs = pod_addresses(self.tunnel_prefix, len(self.spec.hosts), n)
+        flag = self.settings.get("cert_address_flag", "-networks")
+        server_ip = self.tunnel_ip(server)
+        tun = "tbneb"
+        conf = self._config(server)
+        conf["pki"] = {
+            "ca": f"{FILES_DIR}/ca.crt",
+            "cert": f"{FILES_DIR}/host.crt",
+            "key": f"{FILES_DIR}/host.key",
+        }
+        conf["static_host_map"] = {server_ip: [f"{server.public_ip}:{LISTEN_PORT}"]}
+        # the pod's own addresses (the pod network's) mean nothing outside its node: never offered to the server
+        # (the server would probe them through the lab's router); it is reached at its node's masquerade
+        local = {"0.0.0.0/0": False, "::/0": False}
+        conf["lighthouse"] = {
+            "am_lighthouse": False,
+            "interval": 60,
+            "hosts": [server_ip],
+            "local_allow_list": local,
+        }
+        conf["listen"] = {"host": "0.0.0.0", "port": 0, "batch": LISTEN_BATCH}
+        conf["routines"] = 1
+        conf["relay"] = {"am_relay": False, "use_relays": False, "relays": []}
+        conf["tun"] = {**conf["tun"], "dev": tun}
+        conf["firewall"] = {**conf["firewall"], "inbound": [{"port": "any", "proto": "any", "host": "any"}]}
+        config = json.dumps(conf, indent=1).encode()
+        ca_crt = signer.read_file(ca / "ca.crt")
+        work = ca / "pods"
+        signer.mkdir(work)
+        clients = []
+        for name, ip in zip(names, addrs, strict=True):
+            crt, key = work / f"{name}.crt", work / f"{name}.key"
+            signer.run([cert, "sign", "-ca-crt", str(ca / "ca.crt"), "-ca-key", str(ca / "ca.key"), "-name", name,
+                        flag, f"{ip}/{self.tunnel_prefixlen}", "-out-crt", str(crt), "-out-key", str(key)])  # fmt: skip
+            files = {"ca.crt": ca_crt, "host.crt": signer.read_file(crt),
+                     "host.key": signer.read_file(key), "config.yml": config}  # fmt: skip
+            signer.run(["rm", "-f", str(key)])  # the key lives on in the pod's Secret only
+            clients.append(PodClient(name, ip, files))
+        log = self.host_dir(server) / "daemon.log"
+        wanted = set(names)
+
+        def peer_count() -> int:
+            text = server.read_file(log).decode(errors="replace")
+            return len({m for m in re.findall(r'certName="?([A-Za-z0-9._-]+)', text) if m in wanted})
+
+        setup = "\n".join(
+            [
+                f"nebula -config {FILES_DIR}/config.yml >{POD_LOG} 2>&1 &",
+                wait_for("nebula's tun device", f"ip link show {tun} >/dev/null 2>&1"),
+            ]
+        )
+        return PodClients(self.key, clients, server_ip, setup, ("nebula",), peer_count, lambda: None)
 
     # -- revocation --------------------------------------------------------------------------------
     def fingerprint(self, host: Host) -> str:

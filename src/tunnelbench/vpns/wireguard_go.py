@@ -35,6 +35,7 @@ from tunnelbench.lab.host import Host, Process
 from tunnelbench.vpns.base import TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import wireguard_record
 from tunnelbench.vpns.install import Apt, GoModule, Source
+from tunnelbench.vpns.podclients import FILES_DIR, POD_LOG, PodClient, PodClients, pod_addresses, wait_for
 
 LISTEN_PORT = 51820
 UAPI_DIR = Path("/var/run/wireguard")
@@ -172,6 +173,74 @@ class WireguardGo(VpnDriver):
         for h in others:
             h.run([h.binary("wg", self.installs), "set", self.ifname(h), "peer", pub, "remove"])
         return f"wg set <if> peer {pub} remove on {', '.join(h.name for h in others)}"
+
+    def pod_clients(self, server: Host, n: int, names: list[str]) -> PodClients:
+        """Each pod its own key pair (made here, X25519), added to the server's interface as one peer with its
+        /32 (no endpoint: the pod starts the handshake); the pod runs wireguard-go + `wg setconf`. The server's
+        peer count is the peers with a handshake (`wg show IF latest-handshakes`)."""
+        if self.name != "wireguard-go":  # its kernel and boringtun children: the pods would run wireguard-go
+            raise NotImplementedError(
+                f"{self.name}: no recipe for VPN clients in pods (wireguard-go has one)"
+            )
+        import base64
+
+        from cryptography.hazmat.primitives import serialization as ser
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+        def b64(raw: bytes) -> str:
+            return base64.b64encode(raw).decode()
+
+        if not server.remote:  # the pods' daemons are this machine's too: one inotify instance each
+            raise_inotify_limit(n + len(self.spec.hosts))
+        wg = server.binary("wg", self.installs)
+        ifname = self.ifname(server)
+        server_ip = self.tunnel_ip(server)
+        addrs = pod_addresses(self.tunnel_prefix, len(self.spec.hosts), n)
+        clients, pubs = [], []
+        raw = ser.Encoding.Raw
+        for name, ip in zip(names, addrs, strict=True):
+            k = X25519PrivateKey.generate()
+            priv = b64(k.private_bytes(raw, ser.PrivateFormat.Raw, ser.NoEncryption()))
+            pub = b64(k.public_key().public_bytes(raw, ser.PublicFormat.Raw))
+            pubs.append(pub)
+            conf = (f"[Interface]\nPrivateKey = {priv}\n\n[Peer]\nPublicKey = {self.keys[server.name][1]}\n"
+                    f"Endpoint = {server.public_ip}:{LISTEN_PORT}\nAllowedIPs = {server_ip}/32\n"
+                    "PersistentKeepalive = 25\n")  # fmt: skip
+            clients.append(
+                PodClient(
+                    name, ip, {"wg.conf": conf.encode(), "address": f"{ip}/{self.tunnel_prefixlen}".encode()}
+                )
+            )
+        for i in range(0, n, 100):  # one `wg set` per 100 peers (the command line stays short)
+            cmd = [wg, "set", ifname]
+            for pub, ip in zip(pubs[i : i + 100], addrs[i : i + 100], strict=True):
+                cmd += ["peer", pub, "allowed-ips", f"{ip}/32"]
+            server.run(cmd)
+
+        def peer_count() -> int:
+            out = server.run([wg, "show", ifname, "latest-handshakes"]).stdout
+            mine = set(pubs)
+            return sum(1 for line in out.splitlines() if line.split()[:1] and line.split()[0] in mine
+                       and line.split()[1] != "0")  # fmt: skip
+
+        def undo() -> None:
+            for i in range(0, n, 100):
+                cmd = [wg, "set", ifname]
+                for pub in pubs[i : i + 100]:
+                    cmd += ["peer", pub, "remove"]
+                server.run(cmd, check=False)
+
+        tun = "tbwg"
+        setup = "\n".join([
+            "mkdir -p /var/run/wireguard",
+            f"LOG_LEVEL=error wireguard-go -f {tun} >{POD_LOG} 2>&1 &",
+            wait_for("wireguard-go's UAPI socket", f"[ -S /var/run/wireguard/{tun}.sock ]"),
+            # the socket file can appear a moment before the daemon accepts on it (start() retries alike)
+            f"n=0; until wg setconf {tun} {FILES_DIR}/wg.conf; do n=$((n+1)); [ $n -gt 300 ] && exit 5; usleep 100000; done",
+            f"ip addr add $(cat {FILES_DIR}/address) dev {tun}",
+            f"ip link set {tun} mtu {self.mtu} up",
+        ])  # fmt: skip
+        return PodClients(self.key, clients, server_ip, setup, ("wireguard-go", "wg"), peer_count, undo)
 
     def _spawn_daemon(self, host: Host, ifname: str, d: Path) -> Process:
         # -f keeps it in the foreground so the PID we hold is the daemon's

@@ -114,5 +114,10 @@ class Workload(ABC):
         runs on fewer (lab.hosts_per_vpn) as skipped."""
         return 2
 
+    def pair_path(self) -> bool:
+        """Whether the case's traffic is between its client and server host only (the runner confirms that
+        pair's path on the router); not so when the server talks to more hosts, or to pods."""
+        return self.hosts_needed() <= 2
+
     @abstractmethod
     def run(self, ctx: CaseContext) -> Outcome: ...

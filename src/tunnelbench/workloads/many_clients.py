@@ -9,19 +9,30 @@ socket(); a socket stays in the namespace it was made in) and drives them all fr
 1000 clients cost two processes, not 1000 curl loops. Needs the namespace lab (the SSH lab has no netns).
 
 A sweep over N is one scenario entry per N (labels many-clients-n5, -n25, ...) on a lab with as many hosts
-as the largest N plus the server. `schedule_lag_p99_ms` tells when the generator itself fell behind."""
+as the largest N plus the server. `schedule_lag_p99_ms` tells when the generator itself fell behind.
+
+`on = "kubernetes"` (set for every many_clients entry by `[lab] backend = "kubernetes"`): the N clients are
+pods of a Kubernetes cluster instead (kube/fleetrun.py), each running its own VPN client with its own identity
+(vpns/podclients.py) and the same call loop (kube/tbcall), spread over the nodes as `spread` says; the server
+host (the VPN's server side, nginx, the impairment) stays a host of the lab, outside the cluster. The cluster
+is the kubeconfig's (`--kubeconfig`, lab.kubeconfig), or without one the lab's own, brought up on the lab's last
+three hosts (kube/labcluster.py) and reached through a kubeconfig all the same. Besides the metrics above
+such a case stores each client's connect time, the server's peer count when the window opened, and per node
+its pods and its share of the calls (host = the node); its kube.json names the nodes, their versions and
+where every pod ran."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tunnelbench.core.metrics import MetricSpec
 from tunnelbench.core.results import Outcome
@@ -51,6 +62,27 @@ class ManyClientsParams(Params):
     )
     workers: int = Field(2, ge=1, le=16, description="load-generator processes sharing the clients")
     server_workers: int = Field(2, ge=1, le=16, description="nginx worker processes")
+    on: Literal["hosts", "kubernetes"] = Field(
+        "hosts",
+        description="hosts = each client a lab host (namespaces); kubernetes = each client a pod of a cluster "
+        '(set by lab.backend = "kubernetes")',
+    )
+    spread: str | dict[str, int] = Field(
+        "even",
+        description='on = "kubernetes": "even" (round-robin over the Ready, untainted nodes) or pods per node, '
+        "e.g. { h4 = 6, h5 = 4 } (they must add up to clients)",
+    )
+
+    @field_validator("spread")
+    @classmethod
+    def _spread(cls, v: str | dict[str, int]) -> str | dict[str, int]:
+        if isinstance(v, str) and v != "even":
+            raise ValueError(
+                f'{v!r}: use "even" or a table of pods per node, e.g. {{ node-a = 5, node-b = 5 }}'
+            )
+        if isinstance(v, dict) and (not v or any(c < 1 for c in v.values())):
+            raise ValueError("a table of pods per node needs at least one node and counts of 1 or more")
+        return v
 
 
 class ManyClients(Workload):
@@ -80,21 +112,39 @@ class ManyClients(Workload):
         MetricSpec("clients_calling", "count", "none", "clients with at least one successful call"),
         MetricSpec("schedule_lag_p99_ms", "ms", "lower", "call start behind schedule (generator saturation)"),
         MetricSpec("generator_cpu_pct", "%", "none", "load generator CPU, % of one core summed over workers"),
-    )
+        MetricSpec("connect_p50_ms", "ms", "lower", "pods: median time from a client's loop start (its VPN client "
+                   "just started, its device up) to its first answer through the tunnel"),
+        MetricSpec("connect_max_ms", "ms", "lower", "pods: the slowest client's connect time"),
+        MetricSpec("clients_connected", "count", "none", "pods: clients that reached the server through the tunnel"),
+        MetricSpec("server_peers", "count", "none", "pods: the VPN server's connected peers when the window opened "
+                   "(each client its own peer: equals clients)"),
+        MetricSpec("pods_on_node", "count", "none", "pods: client pods on a node (host = the node, read from the API)"),
+        MetricSpec("node_calls_share_pct", "%", "none", "pods: a node's share of the calls (host = the node)"),
+        MetricSpec("nodes_used", "count", "none", "pods: nodes that ran client pods"),
+    )  # fmt: skip
 
     def label(self) -> str:
-        return f"many-clients-n{self.params.clients}"
+        return f"many-clients-{'k8s-' if self.params.on == 'kubernetes' else ''}n{self.params.clients}"
 
     def hosts_needed(self) -> int:
-        return self.params.clients + 1
+        return 2 if self.params.on == "kubernetes" else self.params.clients + 1
+
+    def pair_path(self) -> bool:
+        return False  # N clients (hosts or pods) call the server
 
     def expected_seconds(self) -> float:
-        return self.params.duration_s + self.params.timeout_s + 5 + self.params.clients / 100
+        p = self.params
+        pods = (
+            150 + 1.5 * p.clients if p.on == "kubernetes" else 0
+        )  # a cluster's bring-up, the pods' start and end
+        return p.duration_s + p.timeout_s + 5 + p.clients / 100 + pods
 
     def typical_seconds(self, cases: int = 1) -> float:
         return self.params.duration_s + TOOL_START_S
 
     def run(self, ctx: CaseContext) -> Outcome:
+        if self.params.on == "kubernetes":
+            return run_on_kubernetes(self.params, ctx)
         p = self.params
         clients = [h for h in ctx.mesh.hosts if h is not ctx.server][: p.clients]
         if len(clients) < p.clients and ctx.lab is not None and len(ctx.mesh.hosts) < len(ctx.lab.hosts):
@@ -157,26 +207,111 @@ class ManyClients(Workload):
                 pr.stop(grace=1)
             stop_nginx(nginx, ndir)
         rows = np.concatenate([np.load(ctx.artifact_dir / f"calls-{w}.npy") for w in range(len(procs))])
-        # columns: client, scheduled offset s, lag ms, latency ms, status (1 ok, 0 error, -1 timeout)
-        out = Outcome(measure_s=p.duration_s)
-        n = len(rows)
-        if n == 0:
-            raise WorkloadError("no call was made")
-        ok = rows[rows[:, 4] == 1]
-        out.add("calls", n)
-        out.add("failure_rate_pct", 100.0 * (n - len(ok)) / n)
-        out.add("timeouts", int((rows[:, 4] == -1).sum()))
-        out.add("calls_per_s", len(ok) / p.duration_s)
-        out.add("clients_calling", len(np.unique(ok[:, 0])) if len(ok) else 0)
-        add_percentiles(out, "schedule_lag", rows[:, 2], "ms", (99,))
+        out = outcome_from_rows(rows, p.duration_s)
         cpu = [json.loads(f.read_text()) for f in ctx.artifact_dir.glob("calls-*.cpu.json")]
         if cpu:  # the load generator's own CPU (% of one core, summed over workers): is the tool the limit?
             out.add("generator_cpu_pct", sum(100 * c["cpu_s"] / c["wall_s"] for c in cpu if c["wall_s"] > 0))
-        if len(ok):
-            add_percentiles(out, "response", ok[:, 3], "ms", (25, 50, 75, 90, 99))
-            out.add("response_mean_ms", float(ok[:, 3].mean()))
-            out.add("response_max_ms", float(ok[:, 3].max()))
         return out
+
+
+def outcome_from_rows(rows: np.ndarray, duration_s: float) -> Outcome:
+    """The metrics of the calls, wherever they were made. Rows: client, scheduled offset s, lag ms, latency ms,
+    status (1 ok, 0 error, -1 timeout)."""
+    out = Outcome(measure_s=duration_s)
+    n = len(rows)
+    if n == 0:
+        raise WorkloadError("no call was made")
+    ok = rows[rows[:, 4] == 1]
+    out.add("calls", n)
+    out.add("failure_rate_pct", 100.0 * (n - len(ok)) / n)
+    out.add("timeouts", int((rows[:, 4] == -1).sum()))
+    out.add("calls_per_s", len(ok) / duration_s)
+    out.add("clients_calling", len(np.unique(ok[:, 0])) if len(ok) else 0)
+    add_percentiles(out, "schedule_lag", rows[:, 2], "ms", (99,))
+    if len(ok):
+        add_percentiles(out, "response", ok[:, 3], "ms", (25, 50, 75, 90, 99))
+        out.add("response_mean_ms", float(ok[:, 3].mean()))
+        out.add("response_max_ms", float(ok[:, 3].max()))
+    return out
+
+
+# -- on Kubernetes -------------------------------------------------------------------------------------
+_CASES = itertools.count(1)  # pod and identity names are unique per case (a server's log outlives a case)
+KUBE_HOSTS = 3  # the lab's own cluster: a control plane and two workers, the lab's last hosts
+
+
+def run_on_kubernetes(p: ManyClientsParams, ctx: CaseContext) -> Outcome:
+    """The N clients as pods of the kubeconfig's cluster (or the lab's own), the server a host of the lab."""
+    from tunnelbench.kube.fleet import CallLoop, FleetError
+    from tunnelbench.kube.fleetrun import Barrier, Where, run_fleet
+    from tunnelbench.kube.remote import Remote
+
+    kube: dict[str, Any] = ctx.options.get("kube") or {}
+    tag = ctx.lab.tag if ctx.lab is not None else "tb"
+    image, pull = kube.get("image"), "IfNotPresent"
+    try:
+        if kube.get("kubeconfig"):
+            path = Path(kube["kubeconfig"])
+            if not image:
+                raise WorkloadError("lab.kube_image: a user's cluster pulls the client image from a registry; "
+                                    "push it there and name it (docs/real-hosts.md)")  # fmt: skip
+        else:
+            from tunnelbench.kube.cluster import ClusterError
+            from tunnelbench.kube.labcluster import lab_cluster_for
+
+            if ctx.lab is None or ctx.client.remote:
+                raise NotApplicable("the lab's own cluster runs in the namespace lab; give a kubeconfig")
+            hosts = list(ctx.lab.hosts)[-KUBE_HOSTS:]
+            if len(ctx.lab.hosts) < KUBE_HOSTS + 1 or set(hosts) & set(ctx.mesh.hosts):
+                raise WorkloadError(f"the lab's own cluster takes the lab's last {KUBE_HOSTS} hosts, which the VPN "
+                                    f"must not run on: set lab.hosts_per_vpn to at most lab.hosts - {KUBE_HOSTS}")  # fmt: skip
+            try:
+                lc = lab_cluster_for(ctx.mesh, ctx.lab, hosts[0], hosts[1:], ctx.lab.run_dir / "kube-fleet")
+            except ClusterError as e:
+                raise WorkloadError(f"the lab's cluster did not come up: {e}") from None
+            path, image, pull = lc.kubeconfig, lc.image, "Never"
+        seq = next(_CASES)
+        names = [f"tb{seq}c{i}" for i in range(p.clients)]
+        try:
+            pods = ctx.mesh.pod_clients(ctx.server, p.clients, names)
+        except NotImplementedError as e:
+            raise NotApplicable(str(e)) from None
+        except ValueError as e:
+            raise WorkloadError(str(e)) from None
+        where = Where(Remote(path), tag, str(image), pull, kube.get("namespace"))
+        ndir = ctx.folder_on(ctx.server, "nginx")
+        http_extra, server_extra = Barrier.nginx_lines(ndir)
+        nginx = start_nginx(ctx.server, pods.target_ip, REST_PORT, ndir, workers=p.server_workers,
+                            http_extra=http_extra, server_extra=server_extra)  # fmt: skip
+        try:
+            loop = CallLoop(pods.target_ip, REST_PORT, p.clients, p.interval_s, p.duration_s, p.timeout_s)
+            res = run_fleet(where, pods, ctx.server, ndir, loop, p.spread, ctx.artifact_dir)
+        finally:
+            stop_nginx(nginx, ndir)
+    except FleetError as e:
+        raise WorkloadError(str(e)) from None
+    from tunnelbench.kube.fleet import call_rows
+
+    out = outcome_from_rows(call_rows(res.logs), p.duration_s)
+    connect = [lg.connect_ms for lg in res.logs if lg.connect_ms is not None]
+    out.add("clients_connected", len(connect))
+    if connect:
+        out.add("connect_p50_ms", float(np.percentile(connect, 50)))
+        out.add("connect_max_ms", max(connect))
+    if res.peers is not None:
+        out.add("server_peers", res.peers)
+    calls: dict[str, int] = {}
+    pods_on: dict[str, int] = {}
+    for node, lg in zip(res.nodes_of, res.logs, strict=True):
+        pods_on[node] = pods_on.get(node, 0) + 1
+        calls[node] = calls.get(node, 0) + len(lg.calls)
+    total = sum(calls.values())
+    for node in sorted(pods_on):
+        out.add("pods_on_node", pods_on[node], host=node)
+        out.add("node_calls_share_pct", 100.0 * calls[node] / total if total else 0.0, host=node)
+    out.add("nodes_used", len(pods_on))
+    out.artifacts.append(ctx.artifact_dir / "kube.json")
+    return out
 
 
 # -- the load generator (runs as its own process: python -m tunnelbench.workloads.many_clients SPEC) -------
