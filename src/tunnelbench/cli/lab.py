@@ -195,6 +195,7 @@ def clean(
     need_root()
     import tunnelbench.impair.backend  # noqa: F401  (registers the undo of what impairment journals)
     import tunnelbench.kube.system  # noqa: F401  (registers the undo of the Kubernetes layer's global state)
+    import tunnelbench.lab.raised  # noqa: F401  (registers the undo of a limit a driver raised)
     import tunnelbench.security.keys  # noqa: F401  (registers the sweep of a dead run's secret files)
     from tunnelbench.lab.clean import CleanReport, clean_all, clean_run
     from tunnelbench.lab.journal import registered_runs

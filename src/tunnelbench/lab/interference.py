@@ -327,20 +327,11 @@ class Guard:
         inodes = self._netns_inodes()
         ppid = {p: s.ppid for p, s in stats.items()}
 
-        def descends(pid: int) -> bool:
-            for _ in range(64):  # a bounded walk up the tree
-                if pid == self.own_pid:
-                    return True
-                if pid <= 1 or pid not in ppid:
-                    return False
-                pid = ppid[pid]
-            return False
-
         key_of = {p: (p, s.start) for p, s in stats.items()}
-        alone: dict[int, bool] = {}  # the lab's by itself: this process's descendant, or in a lab namespace
+        alone: dict[int, bool] = {}  # the lab's by itself: this process, or one in a lab namespace
         for p in stats:
             old = self._procs.get(key_of[p])
-            lab = descends(p)
+            lab = p == self.own_pid
             if not lab and (old is None or old.seen < 3 or old.lab):  # a process settles in its netns early
                 try:
                     lab = os.readlink(self.proc / str(p) / "ns" / "net") in inodes
@@ -351,7 +342,7 @@ class Guard:
             alone[p] = lab
 
         def inherits(pid: int) -> bool:
-            for _ in range(64):  # a bounded walk up the tree: a lab process's descendants are the lab's
+            for _ in range(64):  # a bounded walk up the tree: this process's and a lab process's descendants
                 if alone.get(pid, False):
                     return True
                 if pid <= 1 or pid not in ppid:

@@ -487,6 +487,11 @@ class VpnDriver(ABC):
         interface, `ifname`)."""
         return [self.ifname(host)]
 
+    def after_mesh(self) -> list[str]:
+        """After every host stopped: put back what the driver changed for the whole machine (a raised limit);
+        what could not be (default: nothing changed)."""
+        return []
+
     def after_stop(self, host: Host) -> None:
         """Remove what the daemon leaves behind on exit: the interfaces `stop_links` names that are still
         there. A driver with more to remove (sockets, pid files) extends this and calls super() first."""

@@ -93,15 +93,18 @@ class Mesh:
                 self.layer_leftovers += layer.stop()
             except Exception as e:  # noqa: BLE001 - the mesh still stops; the leftover check names it
                 self.layer_leftovers.append(f"{type(layer).__name__} teardown failed: {e}"[:400])
-        hub = self._star_hub()
-        if hub is None:
-            for h in self.hosts:
-                self.driver.stop(h)
-            return
         try:
-            self._each_spoke(self.driver.stop, hub)
+            hub = self._star_hub()
+            if hub is None:
+                for h in self.hosts:
+                    self.driver.stop(h)
+                return
+            try:
+                self._each_spoke(self.driver.stop, hub)
+            finally:
+                self.driver.stop(hub)
         finally:
-            self.driver.stop(hub)
+            self.layer_leftovers += self.driver.after_mesh()
 
     def _each_spoke(self, step: Callable[[Host], None], hub: Host) -> None:
         """step(spoke) for every spoke, SPOKES_AT_ONCE at a time; every spoke is attempted, the first error raised.

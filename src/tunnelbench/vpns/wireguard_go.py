@@ -27,12 +27,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from tunnelbench.lab.host import Host, Process
-from tunnelbench.vpns.base import TunnelOptions, VpnDriver
+from tunnelbench.lab.journaling import HostJournaling
+from tunnelbench.lab.raised import raise_at_least, restore
+from tunnelbench.vpns.base import MeshSpec, TunnelOptions, VpnDriver
 from tunnelbench.vpns.features import wireguard_record
 from tunnelbench.vpns.install import Apt, GoModule, Source
 from tunnelbench.vpns.podclients import FILES_DIR, POD_LOG, PodClient, PodClients, pod_addresses, wait_for
@@ -62,16 +64,14 @@ os.execvpe(sys.argv[2], sys.argv[2:], {**os.environ, "WG_TUN_FD": str(fd)})
 """
 
 
-def raise_inotify_limit(daemons: int) -> None:
+INOTIFY = "fs.inotify.max_user_instances"
+
+
+def inotify_needed(daemons: int) -> int:
     """Each daemon watches its UAPI socket with an inotify instance; Linux allows 128 per user by default,
-    so a many-client lab (Goethals et al.) would stop at the 129th daemon ("too many open files"). Only raised,
-    never lowered; only on this machine (an SSH lab's hosts run one daemon each)."""
-    knob = Path("/proc/sys/fs/inotify/max_user_instances")
-    try:
-        if daemons > 64 and int(knob.read_text()) < daemons + 256:
-            knob.write_text(str(daemons + 256))
-    except OSError:
-        pass
+    so a many-client lab (Goethals et al.) would stop at the 129th daemon ("too many open files"): room for
+    these daemons and 256 more (the machine's own watchers), from 64 daemons up (0: leave it alone)."""
+    return daemons + 256 if daemons > 64 else 0
 
 
 class WireguardGo(VpnDriver):
@@ -114,9 +114,13 @@ class WireguardGo(VpnDriver):
             .removeprefix("v")
         )
 
+    def __init__(self, spec: MeshSpec) -> None:
+        super().__init__(spec)
+        self._raised: list[tuple[dict[str, Any], HostJournaling | None]] = []  # limits after_mesh puts back
+
     def configure(self) -> None:
         self.keys: dict[str, tuple[Path, str]] = {}
-        raise_inotify_limit(len(self.spec.hosts))
+        self._raise_inotify(len(self.spec.hosts))
         for h in self.spec.hosts:
             d = self.host_dir(h)
             priv = h.run([h.binary("wg", self.installs), "genkey"]).stdout.strip()
@@ -191,7 +195,7 @@ class WireguardGo(VpnDriver):
             return base64.b64encode(raw).decode()
 
         if not server.remote:  # the pods' daemons are this machine's too: one inotify instance each
-            raise_inotify_limit(n + len(self.spec.hosts))
+            self._raise_inotify(n + len(self.spec.hosts))
         wg = server.binary("wg", self.installs)
         ifname = self.ifname(server)
         server_ip = self.tunnel_ip(server)
@@ -276,6 +280,21 @@ class WireguardGo(VpnDriver):
             if not any(seen.values())
             else "mixed"
         )
+
+    def _raise_inotify(self, daemons: int) -> None:
+        """Only on this machine (an SSH lab's hosts run one daemon each), journaled, put back by after_mesh."""
+        need = inotify_needed(daemons)
+        local = [h for h in self.spec.hosts if not h.remote]
+        if not need or not local:
+            return
+        journal = local[0].journal
+        entry = raise_at_least(INOTIFY, need, journal)
+        if entry is not None:
+            self._raised.append((entry, journal))
+
+    def after_mesh(self) -> list[str]:
+        raised, self._raised = self._raised, []
+        return [p for entry, journal in reversed(raised) for p in restore(entry, journal)]
 
     def after_stop(self, host: Host) -> None:
         super().after_stop(host)
