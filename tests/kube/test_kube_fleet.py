@@ -237,3 +237,63 @@ def test_a_kubeconfig_that_cannot_be_used_is_one_error_naming_it_and_the_fix(tmp
     with pytest.raises(FleetError) as e:
         Remote(bad).nodes()
     assert str(bad) in str(e.value) and "--kubeconfig PATH or lab.kubeconfig" in str(e.value)
+
+
+class _Cluster:
+    """A cluster's labelled objects, as the API lists them; what clean deletes."""
+
+    def __init__(self) -> None:
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Namespace, Pod, Secret
+
+        def meta(name: str, run: str, ns: str | None = None) -> ObjectMeta:
+            return ObjectMeta(name=name, namespace=ns, labels={fleet.RUN_LABEL: run})
+
+        self.objects = {
+            Namespace: [Namespace(metadata=meta("tb-tbdead", "tbdead")), Namespace(metadata=meta("tb-tblive", "tblive"))],
+            Pod: [Pod(metadata=meta("c0", "tbdead", "tb-tbdead")), Pod(metadata=meta("c0", "tblive", "tb-tblive")),
+                  Pod(metadata=meta("c1", "tbold", "team-a"))],
+            Secret: [Secret(metadata=meta("c1", "tbold", "team-a")), Secret(metadata=meta("c0", "tblive", "tb-tblive"))],
+        }  # fmt: skip
+        self.deleted: list[str] = []
+
+    def list(self, res, namespace=None, labels=None):  # type: ignore[no-untyped-def]
+        assert labels == {fleet.RUN_LABEL: None}  # only what carries the run label is ever listed
+        return list(self.objects[res])
+
+    def delete(self, res, name, namespace=None):  # type: ignore[no-untyped-def]
+        self.deleted.append(f"{res.__name__} {namespace + '/' if namespace else ''}{name}")
+
+    def get(self, res, name):  # type: ignore[no-untyped-def]
+        from lightkube import ApiError
+
+        req = httpx2.Request("GET", "https://127.0.0.1:6443/api/v1/namespaces/" + name)
+        status = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "reason": "NotFound",
+            "code": 404,
+        }
+        raise ApiError(request=req, response=httpx2.Response(404, json=status, request=req))
+
+
+def test_clean_kubeconfig_removes_dead_runs_objects_and_leaves_a_live_runs_alone(tmp_path) -> None:
+    from tunnelbench.kube.remote import clean
+
+    def run(**kw):  # type: ignore[no-untyped-def]
+        c = _Cluster()
+        r = Remote.__new__(Remote)
+        r.client = c  # type: ignore[assignment]
+        done, kept = clean(tmp_path / "kc", wait_s=1, remote=r, **kw)
+        return c.deleted, done, kept
+
+    deleted, done, kept = run(live={"tblive"})
+    # the dead run's namespace (its pod goes with it) and a pre-made namespace's labelled pod and secret
+    assert deleted == ["Namespace tb-tbdead", "Pod team-a/c1", "Secret team-a/c1"]
+    assert done == ["namespace tb-tbdead", "pod team-a/c1", "secret team-a/c1"]
+    assert kept == ["run label tblive: the run is still running on this machine; left alone"]
+    deleted, _, kept = run(only={"tbold"})  # clean RUN_ID: that run's objects only
+    assert deleted == ["Pod team-a/c1", "Secret team-a/c1"] and kept == []
+    deleted, _, _ = run()  # --force, or no live run here: every run's
+    assert deleted[:2] == ["Namespace tb-tbdead", "Namespace tb-tblive"] and len(deleted) == 4

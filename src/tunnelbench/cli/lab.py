@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -154,6 +155,34 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
         console.print(t, highlight=False)
 
 
+def _clean_cluster(kubeconfig: Path, run_ids: tuple[str, ...], force: bool) -> None:
+    """The cluster's part of clean: the RUN_IDs' objects (or every run's), never a run still running here
+    (unless --force); the registry is read as far as this user may (a user's cluster needs no root)."""
+    from tunnelbench.kube.fleet import RUN_LABEL, FleetError, labels
+    from tunnelbench.kube.remote import clean as kube_clean
+    from tunnelbench.lab.journal import registered_runs
+    from tunnelbench.lab.tags import tag_of
+
+    def label(run_id: str) -> str:
+        return labels(tag_of(run_id) or run_id)[RUN_LABEL]
+
+    live: set[str] = set()
+    if not force:
+        with contextlib.suppress(OSError):
+            live = {label(r.run_id) for r in registered_runs() if r.owner_alive()}
+    try:
+        gone, kept = kube_clean(kubeconfig, only={label(x) for x in run_ids} if run_ids else None, live=live)
+    except FleetError as e:
+        err.print(Text(str(e), style="red"), soft_wrap=True)
+        sys.exit(2)
+    for x in gone:
+        console.print(f"removed {x} (cluster of {kubeconfig})")
+    for x in kept:
+        console.print(Text(f"{x} (cluster of {kubeconfig}; --force to remove it)", style="yellow"))
+    if not gone and not kept:
+        console.print(f"nothing of tunnelbench in the cluster of {kubeconfig}")
+
+
 @main.command()
 @click.option("--force", is_flag=True, help="also clean runs whose process is still alive")
 @click.option(
@@ -165,8 +194,8 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
 @click.option(
     "--kubeconfig",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="also delete, in this Kubernetes cluster, every namespace, pod and secret labelled by a tunnelbench "
-    "run (many_clients on Kubernetes)",
+    help="also delete, in this Kubernetes cluster, the namespaces, pods and secrets labelled by tunnelbench "
+    "runs (many_clients on Kubernetes): the RUN_IDs' or every run's, never a run still running here (--force)",
 )
 @click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...")
 def clean(
@@ -180,18 +209,7 @@ def clean(
     every registered run's, or only those of the RUN_IDs given; with --kubeconfig, also the cluster's objects
     of tunnelbench runs (they carry the run label)."""
     if kubeconfig is not None:
-        from tunnelbench.kube.fleet import FleetError
-        from tunnelbench.kube.remote import clean as kube_clean
-
-        try:
-            gone = kube_clean(kubeconfig)
-        except FleetError as e:
-            err.print(Text(str(e), style="red"), soft_wrap=True)
-            sys.exit(2)
-        for x in gone:
-            console.print(f"removed {x} (cluster of {kubeconfig})")
-        if not gone:
-            console.print(f"nothing of tunnelbench in the cluster of {kubeconfig}")
+        _clean_cluster(kubeconfig, run_ids, force)
     need_root()
     import tunnelbench.impair.backend  # noqa: F401  (registers the undo of what impairment journals)
     import tunnelbench.kube.system  # noqa: F401  (registers the undo of the Kubernetes layer's global state)

@@ -97,27 +97,47 @@ class Remote:
             self.client.deletecollection(res, namespace=namespace, labels={RUN_LABEL: tag_label})  # type: ignore[call-overload]
 
 
-def clean(kubeconfig: Path, wait_s: float = 120.0) -> list[str]:
-    """After a kill: delete every namespace, pod and secret carrying RUN_LABEL (any run's); what was deleted."""
-    r = Remote(kubeconfig)
+def clean(
+    kubeconfig: Path,
+    wait_s: float = 120.0,
+    only: set[str] | None = None,
+    live: set[str] | None = None,
+    remote: Remote | None = None,
+) -> tuple[list[str], list[str]]:
+    """After a kill: delete the namespaces, pods and secrets carrying RUN_LABEL: every run's, or only the runs
+    whose label value is in `only`; never those of `live` (runs still running on this machine: a live run's
+    pods are not leftovers). (What was deleted, what was left alone and why.)"""
+    r = remote or Remote(kubeconfig)
+    live = live or set()
     done: list[str] = []
+    kept: dict[str, str] = {}
+
+    def ours(meta: Any) -> bool:
+        run = str((meta.labels or {}).get(RUN_LABEL, ""))
+        if only is not None and run not in only:
+            return False
+        if run in live:
+            kept[run] = f"run label {run}: the run is still running on this machine; left alone"
+            return False
+        return True
+
     try:
-        namespaces = [_dict(n) for n in r.client.list(Namespace, labels={RUN_LABEL: None})]
-        for ns in namespaces:
-            name = ns["metadata"]["name"]
+        namespaces = [n for n in r.client.list(Namespace, labels={RUN_LABEL: None}) if ours(n.metadata)]
+        names = {n.metadata.name for n in namespaces if n.metadata is not None and n.metadata.name}
+        for name in sorted(names):
             r.client.delete(Namespace, name)
             done.append(f"namespace {name}")
         for res, kind in ((Pod, "pod"), (Secret, "secret")):
             for obj in r.client.list(res, namespace="*", labels={RUN_LABEL: None}):
                 meta = obj.metadata  # type: ignore[attr-defined]
                 assert meta is not None and meta.name is not None
-                if any(meta.namespace == n["metadata"]["name"] for n in namespaces):
-                    continue  # goes with its namespace
+                if meta.namespace in names or not ours(meta):
+                    continue  # goes with its namespace, or not to be touched
                 r.client.delete(res, meta.name, namespace=meta.namespace)
                 done.append(f"{kind} {meta.namespace}/{meta.name}")
         end = time.monotonic() + wait_s
-        while time.monotonic() < end and any(r.namespace_exists(n["metadata"]["name"]) for n in namespaces):
+        while time.monotonic() < end and any(r.namespace_exists(n) for n in names):
             time.sleep(0.5)
     except (ApiError, httpx2.HTTPError) as e:
         raise FleetError(f"clean --kubeconfig {kubeconfig}: {e}") from None
-    return done
+    return done, sorted(kept.values())
