@@ -133,7 +133,7 @@ def test_pod_logs_give_the_known_percentiles_failure_rate_and_connect_times() ->
     assert a.connect_ms == 412.5 and b.connect_ms == 1012.0 and a.t0 == 1764370000.0
     assert a.ended and b.ended and len(a.calls) == 3 and len(b.calls) == 3
     assert b.other == ['time="2026-11-29T00:00:00Z" level=info msg="Handshake message sent"']
-    rows = fleet.call_rows([a, b])
+    rows = fleet.call_rows([a, b], 0.25, 0.75)
     assert rows.shape == (6, 5) and list(rows[:, 0]) == [0, 0, 0, 1, 1, 1]
     out = outcome_from_rows(rows, 15.0)
     got = {s.name: s.value for s in out.samples}
@@ -145,6 +145,24 @@ def test_pod_logs_give_the_known_percentiles_failure_rate_and_connect_times() ->
     assert got["response_p75_ms"] == pytest.approx(32.5)
     assert got["response_max_ms"] == 40.0 and got["response_mean_ms"] == 25.0
     assert got["clients_calling"] == 2 and got["calls_per_s"] == pytest.approx(4 / 15)
+
+
+def test_a_client_that_never_learnt_the_start_fails_each_of_its_scheduled_calls() -> None:
+    # by hand: 4 clients, a call every 0.25 s for 1 s, staggered 0.25 * i / 4: client 3 at 0.1875, 0.4375, ...
+    assert fleet.slots(0, 4, 0.25, 1.0) == [0.0, 0.25, 0.5, 0.75]
+    assert fleet.slots(3, 4, 0.25, 1.0) == [0.1875, 0.4375, 0.6875, 0.9375]
+    a = fleet.parse_pod_log(POD_A)  # 3 calls made: 2 ok, 1 timeout
+    never = fleet.parse_pod_log('{"ev":"connected","ms":5000.0}\n')  # asked once, then lost the tunnel
+    rows = fleet.call_rows([a, never, never, never], 0.25, 1.0)
+    assert rows.shape == (3 + 12, 5)
+    lost = rows[rows[:, 0] == 3]
+    assert list(lost[:, 1]) == [0.1875, 0.4375, 0.6875, 0.9375] and set(lost[:, 4]) == {fleet.NO_TUNNEL}
+    got = {s.name: s.value for s in outcome_from_rows(rows, 1.0).samples}
+    assert got["calls"] == 15 and got["failure_rate_pct"] == pytest.approx(100 * 13 / 15)
+    assert got["timeouts"] == 1 and got["clients_calling"] == 1
+    # NaN lags left out: POD_A's 0.08, 0.12, 0.3 ms, p99 = 0.12 + 0.98 * 0.18 (linear, as numpy's default)
+    assert got["schedule_lag_p99_ms"] == pytest.approx(0.2964)
+    assert got["response_p50_ms"] == pytest.approx(15.0)  # its two answers, 10 and 20 ms
 
 
 def test_a_log_without_calls_parses_to_nothing_measured() -> None:
@@ -297,3 +315,71 @@ def test_clean_kubeconfig_removes_dead_runs_objects_and_leaves_a_live_runs_alone
     assert deleted == ["Pod team-a/c1", "Secret team-a/c1"] and kept == []
     deleted, _, _ = run()  # --force, or no live run here: every run's
     assert deleted[:2] == ["Namespace tb-tbdead", "Namespace tb-tblive"] and len(deleted) == 4
+
+
+def test_a_kept_client_image_made_from_other_inputs_is_made_again(tmp_path, monkeypatch) -> None:
+    from tunnelbench.kube import fleetimage
+
+    monkeypatch.setattr(fleetimage.build, "images_dir", lambda: tmp_path)
+    monkeypatch.setattr(fleetimage, "inputs_key", lambda: "sha256:now")
+    (tmp_path / "fleet.tar").write_bytes(b"an archive")
+    built: list[str] = []
+
+    def build_tbcall(out):  # type: ignore[no-untyped-def]
+        built.append(str(out))
+        raise fleetimage.InstallError("built again")
+
+    monkeypatch.setattr(fleetimage, "build_tbcall", build_tbcall)
+    (tmp_path / "fleet.json").write_text(json.dumps({"manifest": "sha256:kept", "inputs": "sha256:now"}))
+    assert fleetimage.ensure_image() == (tmp_path / "fleet.tar", "sha256:kept") and built == []
+    for kept in ({"manifest": "sha256:kept", "inputs": "sha256:before"}, {"manifest": "sha256:kept"}):
+        (tmp_path / "fleet.json").write_text(
+            json.dumps(kept)
+        )  # an edited tbcall, or a record from before keys
+        with pytest.raises(fleetimage.InstallError, match="built again"):
+            fleetimage.ensure_image()
+    assert len(built) == 2
+
+
+def test_the_image_key_follows_the_request_loops_source(tmp_path, monkeypatch) -> None:
+    from tunnelbench.kube import fleetimage
+
+    src = tmp_path / "main.go"
+    src.write_text("package main\n")
+    monkeypatch.setattr(fleetimage, "TBCALL_SRC", src)
+    monkeypatch.setattr(fleetimage, "find_binary", lambda name, installs: None)
+    one = fleetimage.inputs_key()
+    src.write_text("package main // edited\n")
+    assert fleetimage.inputs_key() != one
+
+
+class _Pods:
+    """The API's view of a fleet after its window: pod phases and logs."""
+
+    def __init__(self, phases: dict[str, str], logs: dict[str, str]) -> None:
+        self.phases, self.logs, self.log_reads = phases, logs, 0
+
+    def pods(self, namespace, tag_label):  # type: ignore[no-untyped-def]
+        return [{"metadata": {"name": k}, "status": {"phase": v}} for k, v in self.phases.items()]
+
+    def log(self, namespace, name):  # type: ignore[no-untyped-def]
+        self.log_reads += 1
+        return self.logs[name]
+
+
+def test_after_the_window_pods_still_at_the_barrier_are_not_waited_for(monkeypatch) -> None:
+    from tunnelbench.kube import fleetrun
+
+    monkeypatch.setattr(fleetrun, "SETTLE_S", 0.0)
+    monkeypatch.setattr(fleetrun.time, "sleep", lambda s: None)
+    loop = fleet.CallLoop("10.1.0.2", 8082, 3, 0.25, 1.0, 0.0)
+    started = '{"ev":"go","t0":1.0}\n'
+    api = _Pods({"c0": "Succeeded", "c1": "Running", "c2": "Running"}, {"c1": "", "c2": ""})
+    w = fleetrun.Where(api, "tbtest", "img")  # type: ignore[arg-type]
+    assert len(fleetrun._wait_finished(w, "ns", 3, loop)) == 3  # c1, c2 never started: not waited for
+    # a pod that started its window and still calls is waited for, up to the limit, then named
+    api = _Pods({"c0": "Succeeded", "c1": "Running", "c2": "Running"}, {"c1": started, "c2": ""})
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(fleetrun.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(FleetError, match=r"still running .* \['c1', 'c2'\]"):
+        fleetrun._wait_finished(fleetrun.Where(api, "tbtest", "img"), "ns", 3, loop)  # type: ignore[arg-type]

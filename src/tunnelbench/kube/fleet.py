@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -236,10 +237,30 @@ def parse_pod_log(text: str) -> PodLog:
     return out
 
 
-def call_rows(logs: list[PodLog]) -> np.ndarray:
+NO_TUNNEL = -2  # a call's status when its client never got through the tunnel to learn the window's start
+
+
+def slots(index: int, clients: int, interval_s: float, duration_s: float) -> list[float]:
+    """The calls client `index` is scheduled to make in the window (tbcall: staggered by interval * index / N)."""
+    first = interval_s * index / clients
+    return [first + k * interval_s for k in range(max(0, math.ceil((duration_s - first) / interval_s)))]
+
+
+def call_rows(logs: list[PodLog], interval_s: float, duration_s: float) -> np.ndarray:
     """The calls of every pod as the namespace generator's rows: client, scheduled offset s, lag ms, latency
-    ms, status (1 ok, 0 error, -1 timeout)."""
-    rows = [(float(i), s, lag, ms, float(st)) for i, lg in enumerate(logs) for s, lag, ms, st in lg.calls]
+    ms, status (1 ok, 0 error, -1 timeout). A client that never learnt the start (no tunnel to the server for
+    the whole barrier wait: heavy loss, a delay beyond the call timeout, a client that failed) made none: each
+    of its scheduled calls is a failure, status NO_TUNNEL, its lag and latency unknown (NaN), as the seed
+    counts a request without an answer within the timeout."""
+    rows: list[tuple[float, float, float, float, float]] = []
+    for i, lg in enumerate(logs):
+        if lg.t0 is None:
+            nan = float("nan")
+            rows += [
+                (float(i), s, nan, nan, float(NO_TUNNEL)) for s in slots(i, len(logs), interval_s, duration_s)
+            ]
+        else:
+            rows += [(float(i), s, lag, ms, float(st)) for s, lag, ms, st in lg.calls]
     return np.array(rows, dtype=float).reshape(-1, 5)
 
 

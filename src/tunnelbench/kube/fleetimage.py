@@ -66,12 +66,25 @@ def inputs(tbcall: Path) -> build.ImageInputs:
     return inp
 
 
+def inputs_key() -> str:
+    """What the image is made from: the request loop's source, the Go toolchain, each VPN binary. A kept image
+    made from other inputs (an edited tbcall, an upgraded wireguard-go) is made again."""
+    parts = [oci.digest(TBCALL_SRC.read_bytes()), GO_TOOLCHAIN]
+    for name, installs in sorted(VPN_BINARIES.items()):
+        found = find_binary(name, installs)
+        parts.append(f"{name}={oci.digest(Path(found).resolve().read_bytes()) if found else 'missing'}")
+    return oci.digest(" ".join(parts).encode())
+
+
 def ensure_image() -> tuple[Path, str]:
     """(archive, its manifest digest): made once, kept in the Kubernetes build's images folder. A lab node
     imports the archive (containerd names it FLEET_IMAGE); a user's registry copy is named by the digest."""
     rec = record_path()
+    key = inputs_key()
     if archive_path().is_file() and rec.is_file():
-        return archive_path(), str(json.loads(rec.read_text())["manifest"])
+        kept = json.loads(rec.read_text())
+        if kept.get("inputs") == key:  # the same request loop source, toolchain and VPN binaries
+            return archive_path(), str(kept["manifest"])
     build.images_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tb-fleet-") as tmp:
         tbcall = Path(tmp) / "tbcall"
@@ -85,5 +98,5 @@ def ensure_image() -> tuple[Path, str]:
         files = {dest: {"source": str(src) if dest != "usr/local/bin/tbcall" else "kube/tbcall/main.go",
                         "sha256": oci.digest(src.read_bytes())} for dest, src in sorted(inp.files.items())}  # fmt: skip
     rec.write_text(json.dumps({"name": img.name, "manifest": img.manifest_digest, "go": GO_TOOLCHAIN,
-                               "files": files}, indent=1) + "\n")  # fmt: skip
+                               "inputs": key, "files": files}, indent=1) + "\n")  # fmt: skip
     return archive_path(), img.manifest_digest

@@ -43,6 +43,7 @@ from tunnelbench.lab.host import Host
 from tunnelbench.vpns.podclients import PodClients
 
 BARRIER_MARGIN_S = 2.0  # T is this far ahead of the moment the last client asked
+SETTLE_S = 5.0  # after the window and a call timeout, a pod still running without a start never got one
 
 
 @dataclass
@@ -115,6 +116,26 @@ def _wait_pods(
         time.sleep(1.0)
 
 
+def _wait_finished(w: Where, ns: str, n: int, loop: CallLoop) -> list[dict[str, Any]]:
+    """After the window: every pod ended, but for those still at the barrier a call timeout after the window
+    (they never learnt the start: their log has no "go" line) which the namespace's deletion ends."""
+    settle = time.monotonic() + loop.timeout_s + SETTLE_S
+    end = settle + 55 + 0.2 * n
+    tag_label = labels(w.tag)["tunnelbench.io/run"]
+    waiting: set[str] | None = None  # the pods that started their window and have not ended
+    while True:
+        listed = w.remote.pods(ns, tag_label)
+        running = {p["metadata"]["name"] for p in listed if _phase(p) not in ("Succeeded", "Failed")}
+        if waiting is None and time.monotonic() > settle:
+            waiting = {x for x in running if parse_pod_log(w.remote.log(ns, x)).t0 is not None}
+        if len(listed) == n and not (running if waiting is None else running & waiting):
+            return listed
+        if time.monotonic() > end:
+            raise FleetError(f"client pods still running {loop.timeout_s + 60 + 0.2 * n:.0f} s after the window: "
+                             f"{sorted(running)[:5]}")  # fmt: skip
+        time.sleep(1.0)
+
+
 def _tail(w: Where, ns: str, name: str) -> str:
     try:
         return " | ".join(w.remote.log(ns, name).strip().splitlines()[-6:])[:500]
@@ -172,9 +193,15 @@ def run_fleet(
             if len(asked) >= n:
                 break
             if time.monotonic() > end:
+                # the seed's degradation sweeps (90-100% loss, delays beyond the call timeout): clients that never
+                # get through are measured as failures, not a failed case; the window opens for those that did
                 missing = sorted(set(range(n)) - asked)
-                raise FleetError(f"{len(missing)} of {n} clients never reached the server through the tunnel "
-                                 f"(e.g. {pods.clients[missing[0]].name}: {_tail(w, ns, pods.clients[missing[0]].name)})")  # fmt: skip
+                record["barrier_incomplete"] = {
+                    "asked": len(asked),
+                    "clients": n,
+                    "example": f"{pods.clients[missing[0]].name}: {_tail(w, ns, pods.clients[missing[0]].name)}",
+                }
+                break
             time.sleep(0.5)
         timings["barrier_s"] = round(time.monotonic() - t_start, 2)
         peers = pods.peer_count()
@@ -182,7 +209,7 @@ def run_fleet(
         barrier.open(t0)
         record["window_start_unix"] = t0
         time.sleep(max(0.0, t0 - time.time()) + loop.duration_s)
-        done = _wait_pods(w, ns, n, ("Succeeded", "Failed"), loop.timeout_s + 60 + 0.2 * n, "to finish")
+        done = _wait_finished(w, ns, n, loop)
         timings["window_end_s"] = round(time.monotonic() - t_start, 2)
         by_name = {p["metadata"]["name"]: p for p in done}
         logs, nodes_of = [], []

@@ -116,6 +116,8 @@ class ManyClients(Workload):
                    "just started, its device up) to its first answer through the tunnel"),
         MetricSpec("connect_max_ms", "ms", "lower", "pods: the slowest client's connect time"),
         MetricSpec("clients_connected", "count", "none", "pods: clients that reached the server through the tunnel"),
+        MetricSpec("clients_without_start", "count", "none", "pods: clients that never learnt the window's start "
+                   "through the tunnel (the barrier's wait ran out): each of their calls counted as failed"),
         MetricSpec("server_peers", "count", "none", "pods: the VPN server's connected peers when the window opened "
                    "(each client its own peer: equals clients)"),
         MetricSpec("pods_on_node", "count", "none", "pods: client pods on a node (host = the node, read from the API)"),
@@ -216,7 +218,7 @@ class ManyClients(Workload):
 
 def outcome_from_rows(rows: np.ndarray, duration_s: float) -> Outcome:
     """The metrics of the calls, wherever they were made. Rows: client, scheduled offset s, lag ms, latency ms,
-    status (1 ok, 0 error, -1 timeout)."""
+    status (1 ok, 0 error, -1 timeout, -2 no tunnel: a pod that never learnt the start, lag and latency NaN)."""
     out = Outcome(measure_s=duration_s)
     n = len(rows)
     if n == 0:
@@ -227,7 +229,8 @@ def outcome_from_rows(rows: np.ndarray, duration_s: float) -> Outcome:
     out.add("timeouts", int((rows[:, 4] == -1).sum()))
     out.add("calls_per_s", len(ok) / duration_s)
     out.add("clients_calling", len(np.unique(ok[:, 0])) if len(ok) else 0)
-    add_percentiles(out, "schedule_lag", rows[:, 2], "ms", (99,))
+    lag = rows[:, 2]
+    add_percentiles(out, "schedule_lag", lag[~np.isnan(lag)], "ms", (99,))
     if len(ok):
         add_percentiles(out, "response", ok[:, 3], "ms", (25, 50, 75, 90, 99))
         out.add("response_mean_ms", float(ok[:, 3].mean()))
@@ -292,9 +295,10 @@ def run_on_kubernetes(p: ManyClientsParams, ctx: CaseContext) -> Outcome:
         raise WorkloadError(str(e)) from None
     from tunnelbench.kube.fleet import call_rows
 
-    out = outcome_from_rows(call_rows(res.logs), p.duration_s)
+    out = outcome_from_rows(call_rows(res.logs, p.interval_s, p.duration_s), p.duration_s)
     connect = [lg.connect_ms for lg in res.logs if lg.connect_ms is not None]
     out.add("clients_connected", len(connect))
+    out.add("clients_without_start", sum(lg.t0 is None for lg in res.logs))
     if connect:
         out.add("connect_p50_ms", float(np.percentile(connect, 50)))
         out.add("connect_max_ms", max(connect))

@@ -11,7 +11,8 @@
 //	{"ev":"end","calls":K}
 //
 // Barrier: GET /tb-go?c=ID every poll seconds until it answers 200 with T in its body (the product writes the
-// file when every client has asked once: the server's log of the asks names each ID).
+// file when every client has asked once, the server's log of the asks naming each ID, or when its wait for them
+// ran out: a client that never got through then has no "go" line, and the product counts its calls as failed).
 package main
 
 import (
@@ -87,7 +88,9 @@ func main() {
 	connected := false
 	var t0 float64
 	for {
-		status, body, err := get(addr, *server, fmt.Sprintf("/tb-go?c=%d", *id), 2*time.Second)
+		// as long as a call may take: under the seed's delays (1000 ms each way: a new connection and its GET
+		// take two round trips, 4 s) a shorter wait would never see the barrier through a working tunnel
+		status, body, err := get(addr, *server, fmt.Sprintf("/tb-go?c=%d", *id), to)
 		if err == nil && status > 0 && !connected {
 			connected = true
 			fmt.Printf("{\"ev\":\"connected\",\"ms\":%.3f}\n", float64(time.Since(start).Microseconds())/1000)
