@@ -133,7 +133,7 @@ def test_pod_logs_give_the_known_percentiles_failure_rate_and_connect_times() ->
     assert a.connect_ms == 412.5 and b.connect_ms == 1012.0 and a.t0 == 1764370000.0
     assert a.ended and b.ended and len(a.calls) == 3 and len(b.calls) == 3
     assert b.other == ['time="2026-11-29T00:00:00Z" level=info msg="Handshake message sent"']
-    rows = fleet.call_rows([a, b], 0.25, 0.75)
+    rows = fleet.call_rows([a, b], 0.25, 0.75, 10.0)
     assert rows.shape == (6, 5) and list(rows[:, 0]) == [0, 0, 0, 1, 1, 1]
     out = outcome_from_rows(rows, 15.0)
     got = {s.name: s.value for s in out.samples}
@@ -147,18 +147,28 @@ def test_pod_logs_give_the_known_percentiles_failure_rate_and_connect_times() ->
     assert got["clients_calling"] == 2 and got["calls_per_s"] == pytest.approx(4 / 15)
 
 
-def test_a_client_that_never_learnt_the_start_fails_each_of_its_scheduled_calls() -> None:
+def test_a_client_without_a_call_in_the_window_fails_each_call_it_would_have_made() -> None:
     # by hand: 4 clients, a call every 0.25 s for 1 s, staggered 0.25 * i / 4: client 3 at 0.1875, 0.4375, ...
     assert fleet.slots(0, 4, 0.25, 1.0) == [0.0, 0.25, 0.5, 0.75]
     assert fleet.slots(3, 4, 0.25, 1.0) == [0.1875, 0.4375, 0.6875, 0.9375]
+    # the seed's loop: 15 s, 250 ms, 10-s timeout; a call that times out at 0 s ends at 10 s, the next slot
+    # after it is 10.25 s, which ends past the window: two calls (tbcall's schedule, kube/tbcall/main.go)
+    assert fleet.slots(0, 50, 0.25, 15.0, 10.0) == [0.0, 10.25]
+    assert fleet.slots(49, 50, 0.25, 15.0, 10.0) == pytest.approx([0.245, 10.495])
+    assert len(fleet.slots(0, 1, 0.25, 30.0, 10.0)) == 3  # 0, 10.25, 20.5
     a = fleet.parse_pod_log(POD_A)  # 3 calls made: 2 ok, 1 timeout
     never = fleet.parse_pod_log('{"ev":"connected","ms":5000.0}\n')  # asked once, then lost the tunnel
-    rows = fleet.call_rows([a, never, never, never], 0.25, 1.0)
-    assert rows.shape == (3 + 12, 5)
+    late = fleet.parse_pod_log(
+        '{"ev":"go","t0":1764370000.0}\n{"ev":"end","calls":0}\n'
+    )  # start after the window
+    rows = fleet.call_rows([a, never, late, never], 0.25, 1.0, 0.6)
+    # each call of the three without calls takes 0.6 s: at its first slot, then the first slot after it ends
+    assert rows.shape == (3 + 3 * 2, 5)
     lost = rows[rows[:, 0] == 3]
-    assert list(lost[:, 1]) == [0.1875, 0.4375, 0.6875, 0.9375] and set(lost[:, 4]) == {fleet.NO_TUNNEL}
+    assert list(lost[:, 1]) == [0.1875, 0.9375] and set(lost[:, 4]) == {fleet.NO_TUNNEL}
+    assert list(rows[rows[:, 0] == 2][:, 1]) == [0.125, 0.875]
     got = {s.name: s.value for s in outcome_from_rows(rows, 1.0).samples}
-    assert got["calls"] == 15 and got["failure_rate_pct"] == pytest.approx(100 * 13 / 15)
+    assert got["calls"] == 9 and got["failure_rate_pct"] == pytest.approx(100 * 7 / 9)
     assert got["timeouts"] == 1 and got["clients_calling"] == 1
     # NaN lags left out: POD_A's 0.08, 0.12, 0.3 ms, p99 = 0.12 + 0.98 * 0.18 (linear, as numpy's default)
     assert got["schedule_lag_p99_ms"] == pytest.approx(0.2964)

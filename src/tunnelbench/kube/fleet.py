@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -237,28 +236,40 @@ def parse_pod_log(text: str) -> PodLog:
     return out
 
 
-NO_TUNNEL = -2  # a call's status when its client never got through the tunnel to learn the window's start
+NO_TUNNEL = (
+    -2
+)  # a call's status when its client made no call in the window: no way through the tunnel to the server
 
 
-def slots(index: int, clients: int, interval_s: float, duration_s: float) -> list[float]:
-    """The calls client `index` is scheduled to make in the window (tbcall: staggered by interval * index / N)."""
+def slots(
+    index: int, clients: int, interval_s: float, duration_s: float, takes_s: float = 0.0
+) -> list[float]:
+    """When client `index` calls in the window if each call takes `takes_s`, as tbcall schedules them: staggered
+    by interval * index / N, one every interval, a call longer than that pushing the next to the first slot after
+    it ended (kube/tbcall/main.go)."""
     first = interval_s * index / clients
-    return [first + k * interval_s for k in range(max(0, math.ceil((duration_s - first) / interval_s)))]
+    out: list[float] = []
+    k = 0
+    while (sched := first + k * interval_s) < duration_s:
+        out.append(sched)
+        k += 1
+        if takes_s > interval_s:
+            k = max(k, int((sched + takes_s - first) / interval_s) + 1)
+    return out
 
 
-def call_rows(logs: list[PodLog], interval_s: float, duration_s: float) -> np.ndarray:
+def call_rows(logs: list[PodLog], interval_s: float, duration_s: float, timeout_s: float) -> np.ndarray:
     """The calls of every pod as the namespace generator's rows: client, scheduled offset s, lag ms, latency
-    ms, status (1 ok, 0 error, -1 timeout). A client that never learnt the start (no tunnel to the server for
-    the whole barrier wait: heavy loss, a delay beyond the call timeout, a client that failed) made none: each
-    of its scheduled calls is a failure, status NO_TUNNEL, its lag and latency unknown (NaN), as the seed
-    counts a request without an answer within the timeout."""
+    ms, status (1 ok, 0 error, -1 timeout). A client that made no call in the window (it never learnt the start
+    through the tunnel, or learnt it after the window: heavy loss, a delay beyond the call timeout) is counted as
+    a client of the namespace lab without a path counts: each call it would have made fails after the timeout
+    (two in a 15-s window with the seed's 10-s timeout), status NO_TUNNEL, lag and latency unknown (NaN)."""
     rows: list[tuple[float, float, float, float, float]] = []
+    nan = float("nan")
     for i, lg in enumerate(logs):
-        if lg.t0 is None:
-            nan = float("nan")
-            rows += [
-                (float(i), s, nan, nan, float(NO_TUNNEL)) for s in slots(i, len(logs), interval_s, duration_s)
-            ]
+        if not lg.calls:
+            lost = slots(i, len(logs), interval_s, duration_s, timeout_s)
+            rows += [(float(i), s, nan, nan, float(NO_TUNNEL)) for s in lost]
         else:
             rows += [(float(i), s, lag, ms, float(st)) for s, lag, ms, st in lg.calls]
     return np.array(rows, dtype=float).reshape(-1, 5)
