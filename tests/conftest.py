@@ -303,3 +303,16 @@ def mesh_factory(lab_factory):
     for m in made:
         m.stop()
         assert m.leftovers() == []
+
+
+@pytest.fixture
+def cluster_parts() -> None:
+    """The Kubernetes lab tests' precondition: the lab, and the opt-in build (`tunnelbench install kubernetes`);
+    skips with exactly why (build.NOT_CACHED)."""
+    from tunnelbench.kube import build
+
+    why = lab_missing()
+    if why:
+        pytest.skip(why)
+    if not build.installed():
+        pytest.skip(build.NOT_CACHED)

@@ -18,21 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import lab_missing, tb
+from conftest import tb
 
-from tunnelbench.kube import build
 from tunnelbench.kube.system import KUBELET_SYSCTLS, hierarchies, read_sysctls
 
-pytestmark = [pytest.mark.lab, pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def _needs_cluster_parts() -> None:
-    why = lab_missing()
-    if why:
-        pytest.skip(why)
-    if not build.installed():
-        pytest.skip(build.NOT_CACHED)
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.usefixtures("cluster_parts")]
 
 
 def scenario(vpn: str, duration_s: int, api_count: int) -> str:

@@ -23,20 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import lab_missing, tb
+from conftest import tb
 
-from tunnelbench.kube import build
-
-pytestmark = [pytest.mark.lab, pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def _needs_cluster_parts() -> None:
-    why = lab_missing()
-    if why:
-        pytest.skip(why)
-    if not build.installed():
-        pytest.skip(build.NOT_CACHED)
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.usefixtures("cluster_parts")]
 
 
 def scenario(vpn: str, clients: int, duration_s: int, lab_extra: str = "", spread: str = '"even"') -> str:

@@ -338,26 +338,3 @@ def test_a_reading_in_numbers():
     assert one.text() == "others took 33% of the lab's 1 CPU" and one.to_json()["wall_s"] == 3.0
     assert one.to_json()["other_pct"] == 33.33
     assert Reading(0.0, 2, 1.0, 0.0).other_pct == 0.0  # no window: nothing taken
-
-
-def test_a_pods_process_under_a_lab_nodes_shim_is_the_labs(tmp_path):
-    """A Kubernetes pod's process lives in the pod's own network namespace (not one of the lab's), a child of
-    the container shim, which lives in the lab node's namespace and was reparented to init: it is the lab's."""
-    f = FakeProc(tmp_path)
-    f.set(1, "init", 0, 10)
-    f.set(OWN, "tunnelbench", 1, 50)
-    f.set(600, "containerd-shim", 1, 5, lab=True)
-    f.set(601, "tbcall", 600, 10)  # the pod's request loop, in its pod's namespace
-    f.set(602, "wireguard-go", 601, 10)
-    f.set(700, "stress", 1, 10)
-    f.write_stat()
-    g = f.guard()
-    m0 = g.mark()
-    f.t = 2.0
-    f.set(601, "tbcall", 600, 110)
-    f.set(602, "wireguard-go", 601, 210)
-    f.set(700, "stress", 1, 40)  # +30 ticks: the only other
-    f.write_stat()
-    r = g.between(m0, g.mark())
-    assert r.other_s == pytest.approx(30 / CLK_TCK)
-    assert dict(r.top) == pytest.approx({"stress": 30 / CLK_TCK})
