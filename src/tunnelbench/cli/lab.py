@@ -158,13 +158,13 @@ def bench_engine(seconds: float, vpns: str, placement: str, rounds: int) -> None
 def _clean_cluster(kubeconfig: Path, run_ids: tuple[str, ...], force: bool) -> None:
     """The cluster's part of clean: the RUN_IDs' objects (or every run's), never a run still running here
     (unless --force); the registry is read as far as this user may (a user's cluster needs no root)."""
-    from tunnelbench.kube.fleet import RUN_LABEL, FleetError, labels
+    from tunnelbench.kube.fleet import FleetError, run_label
     from tunnelbench.kube.remote import clean as kube_clean
     from tunnelbench.lab.journal import registered_runs
     from tunnelbench.lab.tags import tag_of
 
     def label(run_id: str) -> str:
-        return labels(tag_of(run_id) or run_id)[RUN_LABEL]
+        return run_label(tag_of(run_id) or run_id)
 
     live: set[str] = set()
     if not force:

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from tunnelbench.vpns.podclients import FILES_DIR, POD_LOG
+
 RUN_LABEL = "tunnelbench.io/run"
 MANAGED_LABEL = "app.kubernetes.io/managed-by"
 MANAGER = "tunnelbench"
 CONTAINER = "client"
-FILES_MOUNT = "/etc/tb"
 PRIVILEGED_NS_LABEL = "pod-security.kubernetes.io/enforce"
 
 
@@ -38,8 +39,13 @@ def namespace_name(tag: str) -> str:
     return name[:63].rstrip("-")
 
 
+def run_label(tag: str) -> str:
+    """The value of RUN_LABEL on everything a run makes: its tag, as the namespace name spells it."""
+    return namespace_name(tag).removeprefix("tb-")
+
+
 def labels(tag: str) -> dict[str, str]:
-    return {RUN_LABEL: namespace_name(tag).removeprefix("tb-"), MANAGED_LABEL: MANAGER}
+    return {RUN_LABEL: run_label(tag), MANAGED_LABEL: MANAGER}
 
 
 def namespace_manifest(name: str, tag: str) -> dict[str, Any]:
@@ -83,12 +89,12 @@ class CallLoop:
 
 
 def pod_script(setup: str, loop: list[str]) -> str:
-    """The pod's shell: the VPN up (its daemon's output in /tmp/vpn.log), then the request loop as PID 1's
-    child; a loop that fails prints the VPN's log tail after its own lines."""
+    """The pod's shell: the VPN up (its daemon's output in POD_LOG), then the request loop as PID 1's child; a
+    loop that fails prints the VPN's log tail after its own lines."""
     body = setup.strip()
     run = " ".join(loop)
     return (("set -e\n" + body + "\nset +e\n") if body else "") + (
-        f"{run}\nrc=$?\n[ $rc -ne 0 ] && [ -f /tmp/vpn.log ] && tail -n 20 /tmp/vpn.log >&2\nexit $rc\n"
+        f"{run}\nrc=$?\n[ $rc -ne 0 ] && [ -f {POD_LOG} ] && tail -n 20 {POD_LOG} >&2\nexit $rc\n"
     )
 
 
@@ -105,7 +111,7 @@ def pod_manifest(
     """One client pod: privileged (a TUN device and NET_ADMIN for the VPN client; runc
     1.2.0-1.2.3 drop the TUN device rule for unprivileged containers), pinned by nodeName, never restarted,
     no service account token, its identity mounted read-only."""
-    mounts = [{"name": "identity", "mountPath": FILES_MOUNT, "readOnly": True}] if secret else []
+    mounts = [{"name": "identity", "mountPath": FILES_DIR, "readOnly": True}] if secret else []
     volumes = [{"name": "identity", "secret": {"secretName": secret, "defaultMode": 0o400}}] if secret else []
     return {
         "apiVersion": "v1",
@@ -236,9 +242,8 @@ def parse_pod_log(text: str) -> PodLog:
     return out
 
 
-NO_TUNNEL = (
-    -2
-)  # a call's status when its client made no call in the window: no way through the tunnel to the server
+# a call's status when its client made no call in the window: no way through the tunnel to the server
+NO_TUNNEL = -2
 
 
 def slots(

@@ -27,7 +27,6 @@ from tunnelbench.kube.fleet import (
     FleetError,
     PodLog,
     barrier_ids,
-    labels,
     namespace_manifest,
     namespace_name,
     node_record,
@@ -35,6 +34,7 @@ from tunnelbench.kube.fleet import (
     place,
     pod_manifest,
     pod_script,
+    run_label,
     schedulable,
     secret_manifest,
 )
@@ -99,7 +99,7 @@ def _wait_pods(
     w: Where, ns: str, n: int, want: tuple[str, ...], timeout: float, what: str
 ) -> list[dict[str, Any]]:
     end = time.monotonic() + timeout
-    tag_label = labels(w.tag)["tunnelbench.io/run"]
+    tag_label = run_label(w.tag)
     while True:
         pods = w.remote.pods(ns, tag_label)
         failed = [p for p in pods if _phase(p) == "Failed" and "Failed" not in want]
@@ -119,9 +119,10 @@ def _wait_pods(
 def _wait_finished(w: Where, ns: str, n: int, loop: CallLoop) -> list[dict[str, Any]]:
     """After the window: every pod ended, but for those still at the barrier a call timeout after the window
     (they never learnt the start: their log has no "go" line) which the namespace's deletion ends."""
+    limit_s = loop.timeout_s + 60 + 0.2 * n
     settle = time.monotonic() + loop.timeout_s + SETTLE_S
-    end = settle + 55 + 0.2 * n
-    tag_label = labels(w.tag)["tunnelbench.io/run"]
+    end = time.monotonic() + limit_s
+    tag_label = run_label(w.tag)
     waiting: set[str] | None = None  # the pods that started their window and have not ended
     while True:
         listed = w.remote.pods(ns, tag_label)
@@ -131,7 +132,7 @@ def _wait_finished(w: Where, ns: str, n: int, loop: CallLoop) -> list[dict[str, 
         if len(listed) == n and not (running if waiting is None else running & waiting):
             return listed
         if time.monotonic() > end:
-            raise FleetError(f"client pods still running {loop.timeout_s + 60 + 0.2 * n:.0f} s after the window: "
+            raise FleetError(f"client pods still running {limit_s:.0f} s after the window: "
                              f"{sorted(running)[:5]}")  # fmt: skip
         time.sleep(1.0)
 
@@ -230,7 +231,7 @@ def run_fleet(
                 gone = w.remote.delete_namespace(ns)
                 record["namespace_deleted"] = gone
             elif not own:
-                w.remote.delete_labelled(ns, labels(w.tag)["tunnelbench.io/run"])
+                w.remote.delete_labelled(ns, run_label(w.tag))
         finally:
             pods.undo()
             timings["cleanup_s"] = round(time.monotonic() - t1, 2)
